@@ -1,0 +1,5 @@
+"""Errors a user can fix: the CLI prints them as one line and exits with code 2."""
+
+
+class UserError(Exception):
+    """Bad input: the message names the problem and the fix."""
