@@ -1,0 +1,115 @@
+"""Lower a LLaVA model's PyTorch modules into ONNX components with named symbolic dimensions.
+
+The vision graph stacks every hidden state and selects the feature layer, as Hugging Face computes it, so the
+layers after the feature layer are still in the graph: removing them is the job of a pass that reports it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import warnings
+
+import onnx
+import torch
+from torch.export import Dim
+from transformers.cache_utils import DynamicCache
+
+OPSET = 23
+
+
+class VisionWithProjector(torch.nn.Module):
+    def __init__(self, llava, feature_layer: int, strategy: str):
+        super().__init__()
+        self.tower = llava.model.vision_tower
+        self.projector = llava.model.multi_modal_projector
+        self.feature_layer = feature_layer
+        self.strategy = strategy
+
+    def forward(self, pixel_values):
+        hidden = torch.stack(self.tower(pixel_values, output_hidden_states=True).hidden_states)
+        selected = hidden[self.feature_layer]
+        if self.strategy == "default":
+            selected = selected[:, 1:]
+        return self.projector(selected)
+
+
+class TokenEmbedding(torch.nn.Module):
+    def __init__(self, llava):
+        super().__init__()
+        self.embed = llava.model.language_model.embed_tokens
+
+    def forward(self, input_ids):
+        return self.embed(input_ids)
+
+
+class DecoderWithCache(torch.nn.Module):
+    """Prefill and decode through one graph: past K/V in, logits and present K/V out."""
+
+    def __init__(self, llava):
+        super().__init__()
+        self.lm = llava.model.language_model
+        self.head = llava.lm_head
+
+    def forward(self, inputs_embeds, attention_mask, position_ids, past):
+        cache = DynamicCache(config=self.lm.config)
+        for i in range(0, len(past), 2):
+            cache.update(past[i], past[i + 1], i // 2)
+        out = self.lm(inputs_embeds=inputs_embeds, attention_mask=attention_mask, position_ids=position_ids,
+                      cache=cache, use_cache=True)
+        present = [t for layer in cache.layers for t in (layer.keys, layer.values)]
+        return (self.head(out.last_hidden_state), *present)
+
+
+def kv_names(num_layers: int, prefix: str) -> list[str]:
+    return [f"{prefix}.{i}.{kind}" for i in range(num_layers) for kind in ("key", "value")]
+
+
+def _export(module, args, dynamic_shapes, input_names, output_names) -> onnx.ModelProto:
+    with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
+        warnings.simplefilter("ignore")
+        program = torch.onnx.export(module, args, dynamo=True, opset_version=OPSET, dynamic_shapes=dynamic_shapes,
+                                    input_names=input_names, output_names=output_names, verbose=False)
+    return strip_provenance(program.model_proto)
+
+
+def strip_provenance(model: onnx.ModelProto) -> onnx.ModelProto:
+    """Drop the exporter's per-node stack traces: they hold absolute paths, which would break reproducible hashes."""
+    for node in model.graph.node:
+        del node.metadata_props[:]
+        node.doc_string = ""
+    return model
+
+
+def export_vision(llava, feature_layer: int, strategy: str, image_size: tuple[int, int]) -> onnx.ModelProto:
+    module = VisionWithProjector(llava, feature_layer, strategy).eval()
+    example = torch.randn(2, 3, *image_size)
+    return _export(module, (example,), {"pixel_values": {0: Dim("num_images", min=1, max=64)}},
+                   ["pixel_values"], ["image_features"])
+
+
+def export_embedding(llava) -> onnx.ModelProto:
+    example = torch.zeros(2, 5, dtype=torch.int64)
+    dims = {"input_ids": {0: Dim("batch", min=1, max=64), 1: Dim("seq", min=1, max=65536)}}
+    return _export(TokenEmbedding(llava).eval(), (example,), dims, ["input_ids"], ["inputs_embeds"])
+
+
+def export_decoder(llava, num_layers: int, kv_heads: int, head_dim: int, hidden: int) -> onnx.ModelProto:
+    batch, seq, past_len = 2, 5, 3
+    batch_dim, seq_dim = Dim("batch", min=1, max=64), Dim("seq", min=1, max=65536)
+    past_dim, total_dim = Dim("past", min=0, max=65536), Dim("total", min=1, max=131072)
+    example = (
+        torch.randn(batch, seq, hidden),
+        torch.ones(batch, past_len + seq, dtype=torch.int64),
+        torch.arange(past_len, past_len + seq).repeat(batch, 1),
+        [torch.randn(batch, kv_heads, past_len, head_dim) for _ in range(2 * num_layers)],
+    )
+    dims = {
+        "inputs_embeds": {0: batch_dim, 1: seq_dim},
+        "attention_mask": {0: batch_dim, 1: total_dim},
+        "position_ids": {0: batch_dim, 1: seq_dim},
+        "past": [{0: batch_dim, 2: past_dim}] * (2 * num_layers),
+    }
+    inputs = ["inputs_embeds", "attention_mask", "position_ids", *kv_names(num_layers, "past")]
+    outputs = ["logits", *kv_names(num_layers, "present")]
+    return _export(DecoderWithCache(llava).eval(), example, dims, inputs, outputs)

@@ -1,0 +1,88 @@
+"""The unified IR: the model as a graph of components, each an ONNX graph or a preprocessing spec.
+
+Components talk through a contract (named tensors with named symbolic dimensions), so a pass that changes
+one component can be checked against what its neighbours expect.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    name: str
+    dtype: str
+    shape: tuple[int | str, ...]
+
+    def to_json(self) -> dict[str, Any]:
+        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> "TensorSpec":
+        return cls(d["name"], d["dtype"], tuple(d["shape"]))
+
+
+@dataclass
+class Component:
+    """One stage of the model. `onnx` holds its graph; `spec` holds a non-ONNX stage (preprocessing)."""
+
+    name: str
+    inputs: list[TensorSpec]
+    outputs: list[TensorSpec]
+    onnx: onnx.ModelProto | None = None
+    spec: dict[str, Any] | None = None
+    metadata: dict[str, Any] = field(default_factory=dict)
+
+    def node_count(self) -> int:
+        return len(self.onnx.graph.node) if self.onnx is not None else 0
+
+    def param_count(self) -> int:
+        if self.onnx is None:
+            return 0
+        return int(sum(np.prod(t.dims, dtype=np.int64) for t in self.onnx.graph.initializer))
+
+    def initializer(self, name: str) -> np.ndarray:
+        for t in self.onnx.graph.initializer:
+            if t.name == name:
+                return numpy_helper.to_array(t)
+        raise KeyError(name)
+
+
+@dataclass
+class ModelIR:
+    """All components, model facts shared between them, tokenizer assets, and the properties passes rely on."""
+
+    components: dict[str, Component]
+    config: dict[str, Any]
+    assets: dict[str, bytes]
+    properties: set[str] = field(default_factory=set)
+
+    def onnx_components(self) -> list[Component]:
+        return [c for c in self.components.values() if c.onnx is not None]
+
+
+ONNX_DTYPES = {
+    onnx.TensorProto.FLOAT: "float32",
+    onnx.TensorProto.FLOAT16: "float16",
+    onnx.TensorProto.BFLOAT16: "bfloat16",
+    onnx.TensorProto.INT64: "int64",
+    onnx.TensorProto.INT32: "int32",
+    onnx.TensorProto.BOOL: "bool",
+}
+
+
+def graph_io(model: onnx.ModelProto, which: str) -> list[TensorSpec]:
+    """The declared inputs or outputs of an ONNX graph as TensorSpecs (dim_param names kept)."""
+    values = model.graph.input if which == "inputs" else model.graph.output
+    specs = []
+    for v in values:
+        t = v.type.tensor_type
+        dims = tuple(d.dim_param if d.dim_param else d.dim_value for d in t.shape.dim)
+        specs.append(TensorSpec(v.name, ONNX_DTYPES.get(t.elem_type, str(t.elem_type)), dims))
+    return specs

@@ -1,0 +1,52 @@
+"""Small graph-rewrite helpers shared by passes: constants, producers, use replacement, dead-node removal."""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import onnx_graphsurgeon as gs
+from onnx import numpy_helper
+
+
+def producers(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
+    return {out: node for node in graph.node for out in node.output}
+
+
+def const_value(graph: onnx.GraphProto, name: str) -> np.ndarray | None:
+    """The value of an initializer or Constant-node output, or None when the tensor is computed."""
+    for t in graph.initializer:
+        if t.name == name:
+            return numpy_helper.to_array(t)
+    node = producers(graph).get(name)
+    if node is not None and node.op_type == "Constant":
+        return numpy_helper.to_array(node.attribute[0].t)
+    return None
+
+
+def attr(node: onnx.NodeProto, name: str, default=None):
+    return next((onnx.helper.get_attribute_value(a) for a in node.attribute if a.name == name), default)
+
+
+def replace_uses(graph: onnx.GraphProto, old: str, new: str) -> None:
+    """Point every consumer of `old` at `new`; a graph output named `old` is kept through an Identity."""
+    for node in graph.node:
+        for i, name in enumerate(node.input):
+            if name == old:
+                node.input[i] = new
+    if any(o.name == old for o in graph.output):
+        graph.node.append(onnx.helper.make_node("Identity", [new], [old], name=f"{old}_identity"))
+
+
+def cleanup(model: onnx.ModelProto, fold_constants: bool = False) -> onnx.ModelProto:
+    """Remove nodes and initializers no output depends on (and optionally fold constants), keeping model metadata."""
+    graph = gs.import_onnx(model)
+    if fold_constants:
+        graph.fold_constants(error_ok=False)
+    graph.cleanup(remove_unused_graph_inputs=False).toposort()
+    out = gs.export_onnx(graph, do_type_check=True)
+    out.ir_version = model.ir_version
+    out.producer_name, out.producer_version = model.producer_name, model.producer_version
+    del out.opset_import[:]
+    out.opset_import.extend(model.opset_import)
+    out.metadata_props.extend(model.metadata_props)
+    return out

@@ -1,0 +1,33 @@
+"""What every pass declares: a name, a typed config, the components it accepts, what it requires and provides."""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+from pydantic import BaseModel, ConfigDict
+
+from mmtrt.ir.graph import ModelIR
+
+
+class PassConfig(BaseModel):
+    """Base for pass configs: unknown keys are errors, so a typo never silently takes a default."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class Pass:
+    """A graph pass. `run` changes the IR in place and returns what it changed, for the pass report."""
+
+    name: ClassVar[str]
+    Config: ClassVar[type[PassConfig]] = PassConfig
+    components: ClassVar[tuple[str, ...]]
+    requires: ClassVar[frozenset[str]] = frozenset()
+    provides: ClassVar[frozenset[str]] = frozenset()
+    removes: ClassVar[frozenset[str]] = frozenset()
+    lossy: ClassVar[bool] = False
+
+    def __init__(self, config: PassConfig):
+        self.config = config
+
+    def run(self, ir: ModelIR) -> dict[str, Any]:
+        raise NotImplementedError

@@ -1,0 +1,71 @@
+"""Resolve the recipe's pass list against the registry (at plan time, before heavy work) and run it."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from pydantic import ValidationError
+
+from mmtrt.errors import UserError
+from mmtrt.ir.graph import ModelIR
+from mmtrt.pipeline.instruments import Instrument
+from mmtrt.pipeline.pass_base import Pass
+from mmtrt.pipeline.registry import get_pass
+from mmtrt.recipe import Recipe, format_validation_error
+
+
+@dataclass
+class PassPlan:
+    passes: list[Pass]
+    properties_after: set[str]
+
+
+def plan_passes(recipe: Recipe, properties: set[str], components: set[str]) -> PassPlan:
+    """Instantiate every pass with its validated config and check the requires/provides chain."""
+    props = set(properties)
+    passes = []
+    for i, (name, raw) in enumerate(recipe.pass_list()):
+        cls = get_pass(name)
+        where = f"passes[{i}].{name}"
+        try:
+            config = cls.Config.model_validate(raw or {})
+        except ValidationError as exc:
+            raise UserError(format_validation_error(exc, cls.Config, where)) from None
+        missing = sorted(cls.requires - props)
+        if missing:
+            raise UserError(f"{where} requires {', '.join(missing)}, which the model or an earlier pass must provide; "
+                            f"reorder the passes or remove {name}")
+        absent = sorted(set(cls.components) - components)
+        if absent:
+            raise UserError(f"{where} works on components {', '.join(absent)}, which this model lacks; remove {name}")
+        props = (props - cls.removes) | cls.provides
+        passes.append(cls(config))
+    return PassPlan(passes, props)
+
+
+def component_stats(ir: ModelIR, names) -> dict[str, dict[str, int]]:
+    return {n: {"nodes": ir.components[n].node_count(), "params": ir.components[n].param_count()} for n in names}
+
+
+def run_passes(passes: list[Pass], ir: ModelIR, instruments: list[Instrument]) -> list[dict]:
+    """Run each pass with every instrument around it; returns one report per pass."""
+    reports = []
+    for p in passes:
+        before = component_stats(ir, p.components)
+        for inst in instruments:
+            inst.before(p, ir)
+        changes = p.run(ir)
+        ir.properties = (ir.properties - p.removes) | p.provides
+        after = component_stats(ir, p.components)
+        report = {
+            "pass": p.name,
+            "config": p.config.model_dump(),
+            "lossy": p.lossy,
+            "components": {n: {f"{k}_{w}": s[n][k] for w, s in (("before", before), ("after", after)) for k in s[n]}
+                           for n in p.components},
+            "changes": changes,
+        }
+        for inst in reversed(instruments):
+            inst.after(p, ir, report)
+        reports.append(report)
+    return reports

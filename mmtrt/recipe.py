@@ -1,0 +1,132 @@
+"""The recipe: a strict schema, so that a misspelled key fails loudly instead of being ignored."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any, Literal
+
+import yaml
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from mmtrt.errors import UserError
+
+Backend = Literal["torchvision", "onnxruntime", "tensorrt", "tensorrt-llm"]
+ZOO_MODELS = ("tiny-llava",)
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class ModelSource(Strict):
+    source: Literal["hf", "zoo"] = Field(description="Where the model comes from: `hf` (a saved checkpoint folder) or `zoo` (built in).")
+    path: str | None = Field(None, description="`hf` only: the folder `save_pretrained` wrote; relative paths are relative to the recipe file.")
+    name: str | None = Field(None, description=f"`zoo` only: one of {', '.join(ZOO_MODELS)}.")
+
+    @model_validator(mode="after")
+    def _one_location(self) -> "ModelSource":
+        if self.source == "hf" and not self.path:
+            raise ValueError("model.source hf needs model.path (the checkpoint folder)")
+        if self.source == "zoo" and self.name not in ZOO_MODELS:
+            raise ValueError(f"model.name must be one of {', '.join(ZOO_MODELS)} for source zoo, got {self.name!r}")
+        return self
+
+
+class Range(Strict):
+    min: int = Field(ge=0, description="Smallest value the bundle accepts.")
+    opt: int = Field(ge=0, description="The value the engines are tuned for.")
+    max: int = Field(ge=1, description="Largest value the bundle accepts.")
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "Range":
+        if not self.min <= self.opt <= self.max:
+            raise ValueError(f"needs min <= opt <= max, got {self.min}, {self.opt}, {self.max}")
+        return self
+
+
+class ImageEnvelope(Strict):
+    min_side: int = Field(16, ge=1, description="Smallest image side, in pixels, that the runtime accepts.")
+    max_side: int = Field(4096, ge=1, description="Largest image side, in pixels, that the runtime accepts.")
+
+
+class Envelope(Strict):
+    batch: Range = Field(Range(min=1, opt=1, max=4), description="Requests run together (images and prompts).")
+    image: ImageEnvelope = Field(ImageEnvelope(), description="Image sizes the runtime accepts before preprocessing.")
+    prompt_tokens: Range = Field(Range(min=1, opt=32, max=256), description="Prompt length in tokens after the chat template, image tokens not counted.")
+    max_new_tokens: int = Field(64, ge=1, description="Most tokens one request may generate; sizes the KV cache.")
+
+
+class PartitionPolicy(Strict):
+    preprocess: list[Backend] = Field(["torchvision"], description="Backends for image preprocessing, most preferred first.")
+    vision: list[Backend] = Field(["tensorrt", "onnxruntime"], description="Backends for the vision encoder and projector, most preferred first.")
+    embed: list[Backend] = Field(["onnxruntime"], description="Backends for the token embedding, most preferred first.")
+    llm: list[Backend] = Field(["tensorrt-llm", "tensorrt", "onnxruntime"], description="Backends for the LLM decoder, most preferred first.")
+
+
+class Output(Strict):
+    external_data_threshold: int = Field(1024, ge=0, description="Initializers of at least this many bytes go to each ONNX file's external data file.")
+
+
+class Recipe(Strict):
+    model: ModelSource = Field(description="The model to compile.")
+    passes: list[dict[str, dict[str, Any]]] = Field([], description="Graph passes in order, each a one-key mapping from pass name to its config.")
+    envelope: Envelope = Field(Envelope(), description="The inputs the bundle must accept; every profile derives from it.")
+    partition: PartitionPolicy = Field(PartitionPolicy(), description="Preferred backend per component, with fallbacks.")
+    output: Output = Field(Output(), description="How the bundle is written.")
+
+    @model_validator(mode="after")
+    def _one_key_passes(self) -> "Recipe":
+        for i, entry in enumerate(self.passes):
+            if len(entry) != 1:
+                raise ValueError(f"passes[{i}] must be a one-key mapping like `- graph_cleanup: {{}}`, got keys {sorted(entry)}")
+        return self
+
+    def pass_list(self) -> list[tuple[str, dict[str, Any]]]:
+        return [next(iter(entry.items())) for entry in self.passes]
+
+    def digest(self) -> str:
+        return hashlib.sha256(json.dumps(self.model_dump(), sort_keys=True).encode()).hexdigest()
+
+
+def format_validation_error(err: ValidationError, root: type[BaseModel], where: str) -> str:
+    """One line per problem: the key, where it is, and what is allowed there."""
+    lines = []
+    for e in err.errors():
+        loc = [str(p) for p in e["loc"]]
+        path = ".".join(loc) or "(top level)"
+        if e["type"] == "extra_forbidden":
+            parent = ".".join(loc[:-1]) or "the top level"
+            allowed = ", ".join(_allowed_keys(root, e["loc"][:-1]))
+            lines.append(f"{where}: unknown key '{loc[-1]}' in {parent}; allowed keys: {allowed}")
+        else:
+            lines.append(f"{where}: {path}: {e['msg']}")
+    return "; ".join(lines)
+
+
+def _allowed_keys(root: type[BaseModel], loc: tuple) -> list[str]:
+    cls: Any = root
+    for part in loc:
+        field = cls.model_fields.get(part) if isinstance(part, str) else None
+        if field is None:
+            return list(cls.model_fields)
+        cls = field.annotation
+    return list(cls.model_fields)
+
+
+def load_recipe(path: str | Path) -> tuple[Recipe, Path]:
+    """Parse and validate a recipe file; returns the recipe and the folder relative paths resolve against."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"recipe file {path} does not exist; pass the path of a YAML recipe")
+    try:
+        data = yaml.safe_load(path.read_text())
+    except yaml.YAMLError as exc:
+        raise UserError(f"{path}: not valid YAML ({str(exc).splitlines()[0]}); fix the syntax") from None
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: a recipe is a mapping with at least `model:`; see docs/RECIPES.md")
+    try:
+        return Recipe.model_validate(data), path.resolve().parent
+    except ValidationError as exc:
+        raise UserError(format_validation_error(exc, Recipe, str(path))) from None

@@ -1,0 +1,101 @@
+"""`zoo:tiny-llava`: a small LLaVA with random weights from a fixed seed, for fast end-to-end tests.
+
+It is a real `LlavaForConditionalGeneration` with a processor and an offline byte-level tokenizer, so it takes
+exactly the path a Hugging Face checkpoint takes. Weights are drawn wider than usual so that greedy decoding
+has logit margins far above float error.
+"""
+
+from __future__ import annotations
+
+import torch
+from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+from transformers import (
+    CLIPImageProcessor,
+    CLIPVisionConfig,
+    GenerationConfig,
+    LlamaConfig,
+    LlavaConfig,
+    LlavaForConditionalGeneration,
+    LlavaProcessor,
+    PreTrainedTokenizerFast,
+    SiglipImageProcessor,
+    SiglipVisionConfig,
+)
+from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+SEED = 1234
+IMAGE_TOKEN = "<image>"
+SPECIAL_TOKENS = ["<|im_start|>", "<|im_end|>", IMAGE_TOKEN, "<pad>"]
+CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
+    "{% if message['content'] is string %}{{ message['content'] }}{% else %}"
+    "{% for item in message['content'] %}{% if item['type'] == 'image' %}<image>\n"
+    "{% elif item['type'] == 'text' %}{{ item['text'] }}{% endif %}{% endfor %}{% endif %}"
+    "<|im_end|>\n{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
+
+
+def byte_tokenizer() -> PreTrainedTokenizerFast:
+    """A byte-level tokenizer with no merges: 256 byte tokens and the chat's special tokens, built offline."""
+    vocab = {ch: i for i, ch in enumerate(bytes_to_unicode().values())}
+    tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    tok.add_special_tokens(SPECIAL_TOKENS)
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tok,
+        eos_token="<|im_end|>",
+        pad_token="<pad>",
+        extra_special_tokens={"image_token": IMAGE_TOKEN},
+        chat_template=CHAT_TEMPLATE,
+    )
+
+
+def _vision(tower: str, image_size: int, patch_size: int, hidden: int, layers: int):
+    common = dict(hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=layers,
+                  num_attention_heads=4, image_size=image_size, patch_size=patch_size)
+    if tower == "clip":
+        return CLIPVisionConfig(projection_dim=hidden, **common), CLIPImageProcessor(
+            size={"shortest_edge": image_size}, crop_size={"height": image_size, "width": image_size})
+    if tower == "siglip":
+        return SiglipVisionConfig(**common), SiglipImageProcessor(size={"height": image_size, "width": image_size})
+    raise ValueError(f"unknown tower {tower!r}")
+
+
+def build_tiny_llava(
+    tower: str = "clip",
+    image_size: int = 64,
+    patch_size: int = 8,
+    vision_hidden: int = 64,
+    vision_layers: int = 4,
+    hidden: int = 128,
+    layers: int = 4,
+    heads: int = 4,
+    kv_heads: int = 2,
+    seed: int = SEED,
+) -> tuple[LlavaForConditionalGeneration, LlavaProcessor]:
+    """The model and its processor; the same arguments always give the same weights."""
+    tokenizer = byte_tokenizer()
+    vision_config, image_processor = _vision(tower, image_size, patch_size, vision_hidden, vision_layers)
+    text_config = LlamaConfig(
+        vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=3 * hidden, num_hidden_layers=layers,
+        num_attention_heads=heads, num_key_value_heads=kv_heads, max_position_embeddings=2048,
+        initializer_range=0.1, tie_word_embeddings=False,
+    )
+    strategy = "default" if tower == "clip" else "full"
+    config = LlavaConfig(
+        vision_config=vision_config, text_config=text_config,
+        image_token_id=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
+        vision_feature_layer=-2, vision_feature_select_strategy=strategy, projector_hidden_act="gelu",
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = LlavaForConditionalGeneration(config).eval()
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, do_sample=False)
+    processor = LlavaProcessor(
+        image_processor=image_processor, tokenizer=tokenizer, patch_size=patch_size,
+        vision_feature_select_strategy=strategy, chat_template=CHAT_TEMPLATE, image_token=IMAGE_TOKEN,
+        num_additional_image_tokens=1 if tower == "clip" else 0,
+    )
+    return model, processor

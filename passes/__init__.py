@@ -1,0 +1,1 @@
+"""mmtrt's graph passes, one per file, registered through the `mmtrt.passes` entry point group."""

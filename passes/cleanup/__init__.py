@@ -1,0 +1,1 @@
+"""Lossless passes that remove work without changing any output."""
