@@ -16,6 +16,8 @@ from mmtrt.ir.preprocess import spec_from_image_processor
 from mmtrt.recipe import ModelSource
 
 CHECKPOINT_FILES = ("config.json",)
+COMPONENTS = ("preprocess", "vision", "embed", "llm")
+FRONTEND_PROPERTIES = frozenset({"vision.hidden_state_stack", "llm.kv_cache.hf"})
 
 
 def load_source(source: ModelSource, recipe_dir: Path):
@@ -24,12 +26,41 @@ def load_source(source: ModelSource, recipe_dir: Path):
         from mmtrt.zoo import build_zoo_model
 
         return build_zoo_model(source.name)
-    return _load_checkpoint((recipe_dir / source.path).resolve())
+    from transformers import LlavaForConditionalGeneration
+
+    folder, processor = _checkpoint_processor(recipe_dir / source.path)
+    try:
+        return LlavaForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval(), processor
+    except (OSError, ValueError) as exc:
+        raise UserError(f"could not load the weights in {folder} ({_first_line(exc)}); re-save the model with save_pretrained") from None
 
 
-def _load_checkpoint(folder: Path):
-    from transformers import AutoProcessor, LlavaForConditionalGeneration
+def describe_source(source: ModelSource, recipe_dir: Path) -> dict[str, Any]:
+    """The model facts without loading weights, for `compile --plan`."""
+    if source.source == "zoo":
+        model, processor = load_source(source, recipe_dir)
+        config, generation = model.config, model.generation_config
+    else:
+        from transformers import AutoConfig, GenerationConfig
 
+        folder, processor = _checkpoint_processor(recipe_dir / source.path)
+        config = AutoConfig.from_pretrained(folder)
+        try:
+            generation = GenerationConfig.from_pretrained(folder)
+        except OSError:
+            generation = GenerationConfig.from_model_config(config.text_config)
+    return model_facts(config, generation, processor, spec_from_image_processor(processor.image_processor))
+
+
+def _first_line(exc: Exception) -> str:
+    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+
+
+def _checkpoint_processor(folder: Path):
+    """Check that `folder` is a saved LLaVA checkpoint and load its processor (cheap: no weights)."""
+    from transformers import AutoProcessor
+
+    folder = folder.resolve()
     if not folder.is_dir():
         raise UserError(f"model folder {folder} does not exist; set model.path to a folder written by save_pretrained")
     missing = [f for f in CHECKPOINT_FILES if not (folder / f).is_file()]
@@ -39,30 +70,38 @@ def _load_checkpoint(folder: Path):
     if model_type != "llava":
         raise UserError(f"model folder {folder} holds a {model_type!r} model; mmtrt compiles LLaVA-style checkpoints (model_type llava)")
     try:
-        model = LlavaForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval()
-        processor = AutoProcessor.from_pretrained(folder)
-    except (OSError, ValueError) as exc:
-        raise UserError(f"could not load the checkpoint in {folder} ({str(exc).splitlines()[0]}); check that tokenizer and processor files are saved beside the weights") from None
-    return model, processor
+        return folder, AutoProcessor.from_pretrained(folder)
+    except (OSError, ValueError, TypeError) as exc:
+        raise UserError(f"could not load the processor in {folder} ({_first_line(exc)}); save the processor beside the weights") from None
 
 
-def model_facts(model, processor) -> dict[str, Any]:
+def expected_image_tokens(processor, spec: dict[str, Any]) -> int:
+    """Image tokens per image as LlavaProcessor counts them when it expands the placeholder."""
+    height, width = spec["output_size"]
+    patches = (height // processor.patch_size) * (width // processor.patch_size)
+    drop_cls = processor.vision_feature_select_strategy == "default"
+    return patches + processor.num_additional_image_tokens - int(drop_cls)
+
+
+def model_facts(config, generation_config, processor, preprocess_spec: dict[str, Any]) -> dict[str, Any]:
     """The numbers every later layer (passes, shape planning, runtime) needs about the model."""
-    cfg = model.config
-    text, vision = cfg.text_config, cfg.vision_config
+    text, vision = config.text_config, config.vision_config
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-    tokenizer = processor.tokenizer
-    eos = model.generation_config.eos_token_id
+    eos = generation_config.eos_token_id
+    if isinstance(config.vision_feature_layer, list):
+        raise UserError("vision_feature_layer lists several layers; mmtrt supports one feature layer for now")
     return {
         "architecture": "llava",
         "vision": {
             "model_type": vision.model_type,
             "image_size": vision.image_size,
+            "input_size": list(preprocess_spec["output_size"]),
             "patch_size": vision.patch_size,
             "num_layers": vision.num_hidden_layers,
             "hidden_size": vision.hidden_size,
-            "feature_layer": cfg.vision_feature_layer,
-            "select_strategy": cfg.vision_feature_select_strategy,
+            "feature_layer": config.vision_feature_layer,
+            "select_strategy": config.vision_feature_select_strategy,
+            "image_tokens": expected_image_tokens(processor, preprocess_spec),
         },
         "llm": {
             "model_type": text.model_type,
@@ -75,7 +114,7 @@ def model_facts(model, processor) -> dict[str, Any]:
             "max_position_embeddings": text.max_position_embeddings,
         },
         "image_token": processor.image_token,
-        "image_token_id": cfg.image_token_id,
+        "image_token_id": config.image_token_id,
         "eos_token_ids": sorted(eos if isinstance(eos, list) else [eos]),
         "chat_template": processor.chat_template,
     }
@@ -89,29 +128,28 @@ def tokenizer_assets(processor) -> dict[str, bytes]:
 
 def lower(model, processor) -> ModelIR:
     """Export every component to ONNX and assemble the IR."""
-    facts = model_facts(model, processor)
+    spec = spec_from_image_processor(processor.image_processor)
+    facts = model_facts(model.config, model.generation_config, processor, spec)
     v, t = facts["vision"], facts["llm"]
-    if isinstance(v["feature_layer"], list):
-        raise UserError("vision_feature_layer lists several layers; mmtrt supports one feature layer for now")
-    preprocess_spec = spec_from_image_processor(processor.image_processor)
-    size = tuple(preprocess_spec["output_size"])
-    vision = export.export_vision(model, v["feature_layer"], v["select_strategy"], size)
-    embed = export.export_embedding(model)
-    llm = export.export_decoder(model, t["num_layers"], t["num_kv_heads"], t["head_dim"], t["hidden_size"])
+    size = tuple(spec["output_size"])
+    vision = _onnx_component("vision", export.export_vision(model, v["feature_layer"], v["select_strategy"], size))
+    exported_tokens = vision.outputs[0].shape[1]
+    if exported_tokens != v["image_tokens"]:
+        raise UserError(f"the vision tower yields {exported_tokens} tokens per image but the processor expands "
+                        f"the image placeholder to {v['image_tokens']}; the checkpoint's processor does not fit its model")
     components = {
         "preprocess": Component(
             "preprocess",
             inputs=[TensorSpec("image", "uint8", ("height", "width", 3))],
             outputs=[TensorSpec("pixel_values", "float32", (1, 3, *size))],
-            spec=preprocess_spec,
+            spec=spec,
         ),
-        "vision": _onnx_component("vision", vision),
-        "embed": _onnx_component("embed", embed),
-        "llm": _onnx_component("llm", llm),
+        "vision": vision,
+        "embed": _onnx_component("embed", export.export_embedding(model)),
+        "llm": _onnx_component(
+            "llm", export.export_decoder(model, t["num_layers"], t["num_kv_heads"], t["head_dim"], t["hidden_size"])),
     }
-    facts["vision"]["image_tokens"] = components["vision"].outputs[0].shape[1]
-    properties = {"vision.hidden_state_stack", "llm.kv_cache.hf"}
-    return ModelIR(components, facts, tokenizer_assets(processor), properties)
+    return ModelIR(components, facts, tokenizer_assets(processor), set(FRONTEND_PROPERTIES))
 
 
 def _onnx_component(name: str, model) -> Component:

@@ -1,0 +1,86 @@
+"""Write a bundle atomically: everything goes into a temporary folder that is renamed into place at the end."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from mmtrt.bundle.manifest import BUILD_REPORT, MANIFEST, dumps, sha256_file
+from mmtrt.errors import UserError
+from mmtrt.ir.graph import ModelIR
+
+
+@contextlib.contextmanager
+def staging_folder(out: Path, force: bool):
+    """Yields a temporary folder beside `out`; on success it replaces `out`, on failure it disappears."""
+    out = Path(out).resolve()
+    if out.exists() and not force:
+        raise UserError(f"{out} already exists; pass --force to replace it or choose another -o")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    try:
+        yield tmp
+        _swap_into_place(tmp, out)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def _swap_into_place(tmp: Path, out: Path) -> None:
+    if not out.exists():
+        os.rename(tmp, out)
+        return
+    old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+    os.rename(out, old / out.name)
+    os.rename(tmp, out)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def save_onnx(model: onnx.ModelProto, path: Path, threshold: int) -> list[str]:
+    """Save with large initializers in one external data file; returns the file names written."""
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    data = f"{path.name}.data"
+    onnx.save_model(copy, path, save_as_external_data=True, all_tensors_to_one_file=True, location=data,
+                    size_threshold=threshold)
+    return [path.name, data] if (path.parent / data).exists() else [path.name]
+
+
+def write_artifacts(ir: ModelIR, folder: Path, threshold: int) -> dict[str, dict[str, Any]]:
+    """Every component's artifact and the tokenizer assets; returns where each component lives."""
+    files = {}
+    for comp in ir.components.values():
+        if comp.onnx is not None:
+            written = save_onnx(comp.onnx, folder / f"{comp.name}.onnx", threshold)
+        else:
+            (folder / f"{comp.name}.json").write_text(dumps(comp.spec))
+            written = [f"{comp.name}.json"]
+        files[comp.name] = {"artifact": written[0], "files": written}
+    for rel, content in sorted(ir.assets.items()):
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_bytes(content)
+    return files
+
+
+def hash_artifacts(folder: Path) -> dict[str, str]:
+    return {p.relative_to(folder).as_posix(): sha256_file(p) for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name not in (MANIFEST, BUILD_REPORT)}
+
+
+def finish(folder: Path, manifest: dict[str, Any], build_report: dict[str, Any]) -> None:
+    manifest["artifacts"] = hash_artifacts(folder)
+    (folder / MANIFEST).write_text(dumps(manifest))
+    (folder / BUILD_REPORT).write_text(dumps(build_report))
+    _make_readable(folder)
+
+
+def _make_readable(folder: Path) -> None:
+    """mkdtemp and ONNX's external data writer create owner-only files; a deployed bundle is read by others."""
+    for p in [folder, *folder.rglob("*")]:
+        p.chmod(0o755 if p.is_dir() else 0o644)

@@ -1,0 +1,86 @@
+"""The `mmtrt` command line. Bad input is one line on stderr and exit code 2, never a traceback."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from mmtrt.errors import UserError
+
+EXIT_USER_ERROR = 2
+
+
+def _compile(args) -> int:
+    from mmtrt.compiler import compile_recipe, make_plan
+
+    if args.plan:
+        print(json.dumps(make_plan(args.recipe).to_json(), indent=2))
+        return 0
+    out = args.output or Path(args.recipe).with_suffix("").name + ".bundle"
+    bundle = compile_recipe(args.recipe, out, force=args.force, dump_dir=args.dump_ir)
+    print(f"wrote {bundle}")
+    return 0
+
+
+def _run(args) -> int:
+    from mmtrt.runtime import load
+
+    pipe = load(args.bundle, threads=args.threads)
+    result = pipe.generate(args.image, args.prompt, args.max_new_tokens, raw_prompt=args.raw_prompt)
+    if args.json:
+        print(json.dumps(result.to_json()))
+    else:
+        print(result.text)
+        print(" ".join(f"{k}={v:.2f}" for k, v in result.timings.items()), file=sys.stderr)
+    return 0
+
+
+def _inspect(args) -> int:
+    from mmtrt.bundle.inspect import describe, inspect_json
+
+    print(json.dumps(inspect_json(args.bundle), indent=2) if args.json else describe(args.bundle))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="mmtrt", description="Ahead-of-time compiler for LLaVA-style multimodal models.")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("compile", help="compile a recipe into a bundle")
+    p.add_argument("recipe")
+    p.add_argument("-o", "--output", help="bundle folder (default: RECIPE_NAME.bundle)")
+    p.add_argument("--plan", action="store_true", help="validate and print the resolved plan; build nothing")
+    p.add_argument("--force", action="store_true", help="replace an existing bundle folder")
+    p.add_argument("--dump-ir", type=Path, help="write every ONNX graph after every pass into this folder")
+    p.set_defaults(func=_compile)
+
+    p = sub.add_parser("run", help="generate from a bundle with one image and one prompt")
+    p.add_argument("bundle")
+    p.add_argument("--image", required=True)
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--max-new-tokens", type=int)
+    p.add_argument("--raw-prompt", action="store_true", help="use the prompt as is, with <image> where the image goes")
+    p.add_argument("--threads", type=int, help="ONNX Runtime intra-op threads")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_run)
+
+    p = sub.add_parser("inspect", help="show a bundle's manifest")
+    p.add_argument("bundle")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_inspect)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return args.func(args)
+    except UserError as exc:
+        print(f"mmtrt: error: {exc}", file=sys.stderr)
+        return EXIT_USER_ERROR
+
+
+if __name__ == "__main__":
+    sys.exit(main())

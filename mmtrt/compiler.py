@@ -1,0 +1,102 @@
+"""`mmtrt compile`: recipe -> plan -> IR -> passes -> partitions and profiles -> bundle."""
+
+from __future__ import annotations
+
+import platform
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mmtrt import __version__
+from mmtrt.bundle import writer
+from mmtrt.bundle.manifest import SCHEMA_VERSION, toolchain_versions
+from mmtrt.ir.frontend import COMPONENTS, FRONTEND_PROPERTIES, describe_source, load_source, lower
+from mmtrt.ir.graph import ModelIR
+from mmtrt.partition.assign import assign_backends
+from mmtrt.partition.shapes import plan_dims, plan_profiles
+from mmtrt.pipeline.instruments import Dump, Timer, Verify, verify_ir
+from mmtrt.pipeline.runner import PassPlan, plan_passes, run_passes
+from mmtrt.recipe import Recipe, load_recipe
+
+
+@dataclass
+class Plan:
+    recipe: Recipe
+    recipe_dir: Path
+    facts: dict[str, Any]
+    passes: PassPlan
+    partitions: dict[str, dict]
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "model": self.recipe.model.model_dump(exclude_none=True),
+            "components": list(COMPONENTS),
+            "image_tokens_before_passes": self.facts["vision"]["image_tokens"],
+            "passes": [{"pass": p.name, "config": p.config.model_dump(), "components": list(p.components),
+                        "lossy": p.lossy} for p in self.passes.passes],
+            "partitions": self.partitions,
+            "envelope": self.recipe.envelope.model_dump(),
+            "dims_before_passes": plan_dims(self.facts, self.recipe.envelope),
+        }
+
+
+def make_plan(recipe_path: str | Path) -> Plan:
+    """Validate everything that can be validated without exporting: recipe, model source, passes, backends."""
+    recipe, recipe_dir = load_recipe(recipe_path)
+    facts = describe_source(recipe.model, recipe_dir)
+    passes = plan_passes(recipe, set(FRONTEND_PROPERTIES), set(COMPONENTS))
+    partitions = assign_backends(recipe.partition, list(COMPONENTS))
+    plan_dims(facts, recipe.envelope)
+    return Plan(recipe, recipe_dir, facts, passes, partitions)
+
+
+def build_ir(plan: Plan, dump_dir: Path | None = None) -> tuple[ModelIR, list[dict]]:
+    model, processor = load_source(plan.recipe.model, plan.recipe_dir)
+    ir = lower(model, processor)
+    verify_ir(ir)
+    instruments = [Timer(), Verify()] + ([Dump(dump_dir)] if dump_dir else [])
+    return ir, run_passes(plan.passes.passes, ir, instruments)
+
+
+def compile_recipe(recipe_path: str | Path, out: str | Path, force: bool = False, dump_dir: Path | None = None) -> Path:
+    """Compile a recipe into a bundle folder at `out`; nothing is left at `out` if any step fails."""
+    started = time.perf_counter()
+    plan = make_plan(recipe_path)
+    with writer.staging_folder(Path(out), force) as folder:
+        ir, reports = build_ir(plan, dump_dir)
+        dims = plan_dims(ir.config, plan.recipe.envelope)
+        profiles = plan_profiles(ir, dims)
+        files = writer.write_artifacts(ir, folder, plan.recipe.output.external_data_threshold)
+        manifest = _manifest(plan, ir, reports, dims, profiles, files)
+        build_report = {
+            "compile_seconds": round(time.perf_counter() - started, 2),
+            "host": platform.node(),
+            "pass_times_ms": {f"{i}:{r['pass']}": r.pop("time_ms") for i, r in enumerate(reports)},
+        }
+        writer.finish(folder, manifest, build_report)
+    return Path(out)
+
+
+def _manifest(plan: Plan, ir: ModelIR, reports, dims, profiles, files) -> dict[str, Any]:
+    components = {
+        name: {**files[name], "inputs": [s.to_json() for s in c.inputs], "outputs": [s.to_json() for s in c.outputs]}
+        for name, c in ir.components.items()
+    }
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "mmtrt_version": __version__,
+        "toolchain": toolchain_versions(),
+        "recipe": plan.recipe.model_dump(),
+        "recipe_sha256": plan.recipe.digest(),
+        "model": ir.config,
+        "envelope": plan.recipe.envelope.model_dump(),
+        "components": components,
+        "partitions": plan.partitions,
+        "dims": dims,
+        "profiles": profiles,
+        "passes": reports,
+        "properties": sorted(ir.properties),
+        "image_token_rules": {"placeholder": ir.config["image_token"], "token_id": ir.config["image_token_id"],
+                              "tokens_per_image": ir.config["vision"]["image_tokens"]},
+    }

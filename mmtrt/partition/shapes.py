@@ -1,0 +1,68 @@
+"""Shape planning: min/opt/max for every symbolic dimension of every partition, derived from the envelope."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mmtrt.errors import UserError
+from mmtrt.ir.graph import ModelIR, TensorSpec
+from mmtrt.recipe import Envelope
+
+# The recipe key that widens each dimension, for error messages.
+DIM_SOURCES = {
+    "height": "envelope.image", "width": "envelope.image", "num_images": "envelope.batch", "batch": "envelope.batch",
+    "seq": "envelope.prompt_tokens", "past": "envelope.prompt_tokens and envelope.max_new_tokens",
+    "total": "envelope.prompt_tokens and envelope.max_new_tokens",
+}
+
+
+def plan_dims(facts: dict[str, Any], env: Envelope) -> dict[str, dict[str, int]]:
+    """The range of every named dimension: sequence lengths count the image tokens, the KV cache its capacity."""
+    tokens = facts["vision"]["image_tokens"]
+    seq_max = env.prompt_tokens.max + tokens
+    capacity = seq_max + env.max_new_tokens
+    limit = facts["llm"]["max_position_embeddings"]
+    if capacity > limit:
+        raise UserError(f"envelope needs a KV capacity of {capacity} tokens (prompt {env.prompt_tokens.max} + image "
+                        f"{tokens} + new {env.max_new_tokens}) but the LLM has {limit} positions; lower "
+                        "envelope.prompt_tokens.max or envelope.max_new_tokens")
+    batch = env.batch.model_dump()
+    opt_seq = env.prompt_tokens.opt + tokens
+    side = max(facts["vision"]["input_size"])
+    return {
+        "height": {"min": env.image.min_side, "opt": side, "max": env.image.max_side},
+        "width": {"min": env.image.min_side, "opt": side, "max": env.image.max_side},
+        "num_images": batch,
+        "batch": batch,
+        "seq": {"min": 1, "opt": opt_seq, "max": seq_max},
+        "past": {"min": 0, "opt": opt_seq, "max": capacity - 1},
+        "total": {"min": 1, "opt": opt_seq + 1, "max": capacity},
+        "past + seq": {"min": 1, "opt": opt_seq + 1, "max": capacity},
+    }
+
+
+def _shape_at(spec: TensorSpec, dims: dict[str, dict[str, int]], point: str) -> list[int]:
+    return [d if isinstance(d, int) else dims[d][point] for d in spec.shape]
+
+
+def plan_profiles(ir: ModelIR, dims: dict[str, dict[str, int]]) -> dict[str, Any]:
+    """Per component, per input: the min/opt/max shapes an engine must accept (TensorRT's optimization profile)."""
+    profiles = {}
+    for comp in ir.components.values():
+        profiles[comp.name] = {
+            spec.name: {p: _shape_at(spec, dims, p) for p in ("min", "opt", "max")} for spec in comp.inputs
+        }
+    return profiles
+
+
+def check_shape(component: str, spec: TensorSpec, shape: tuple[int, ...], dims: dict[str, dict[str, int]]) -> None:
+    """Reject an input outside the planned profile, naming the dimension and the recipe key that widens it."""
+    for declared, actual in zip(spec.shape, shape):
+        if isinstance(declared, int):
+            if declared != actual:
+                raise UserError(f"{component}.{spec.name} has size {actual} where the bundle expects {declared}")
+            continue
+        lo, hi = dims[declared]["min"], dims[declared]["max"]
+        if not lo <= actual <= hi:
+            raise UserError(f"{component}.{spec.name}: {declared} = {actual} is outside the bundle's profile "
+                            f"[{lo}, {hi}]; recompile with a wider {DIM_SOURCES.get(declared, 'envelope')}")
