@@ -28,12 +28,19 @@ def attr(node: onnx.NodeProto, name: str, default=None):
 
 
 def replace_uses(graph: onnx.GraphProto, old: str, new: str) -> None:
-    """Point every consumer of `old` at `new`; a graph output named `old` is kept through an Identity."""
+    """Point every consumer of `old` at `new`; a graph output named `old` is kept through an Identity.
+
+    The old producer's output is renamed then, so that the graph keeps one definition per name.
+    """
     for node in graph.node:
         for i, name in enumerate(node.input):
             if name == old:
                 node.input[i] = new
     if any(o.name == old for o in graph.output):
+        for node in graph.node:
+            for i, name in enumerate(node.output):
+                if name == old:
+                    node.output[i] = f"{old}_bypassed"
         graph.node.append(onnx.helper.make_node("Identity", [new], [old], name=f"{old}_identity"))
 
 

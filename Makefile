@@ -1,0 +1,27 @@
+# `make demo` and `make test` do all the set-up on a fresh machine: a virtual environment at .venv, reused when present.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+DEMO_BUNDLE := out/tiny-llava.bundle
+
+.PHONY: demo test bench clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test]'
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/mmtrt compile recipes/tiny-llava.yaml -o $(DEMO_BUNDLE) --force
+	$(BIN)/mmtrt inspect $(DEMO_BUNDLE)
+	$(BIN)/mmtrt run $(DEMO_BUNDLE) --image examples/sample.png --prompt "What is in the picture?" --max-new-tokens 16 --json
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -p no:logging
+
+bench: $(STAMP)
+	$(BIN)/python scripts/bench_e2e.py
+
+clean:
+	rm -rf out

@@ -1,0 +1,51 @@
+"""Session fixtures: the tiny zoo bundle and a SigLIP checkpoint the tests save themselves, compiled once."""
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from mmtrt.compiler import compile_recipe
+from mmtrt.zoo.tiny_llava import build_tiny_llava
+
+ROOT = Path(__file__).resolve().parents[1]
+SIGLIP_SIZES = dict(tower="siglip", image_size=48, patch_size=8, vision_hidden=96, vision_layers=3,
+                    hidden=96, layers=3, heads=6, kv_heads=2, seed=7)
+
+
+def compile_to(tmp: Path, recipe_text: str, name: str = "bundle") -> Path:
+    recipe = tmp / "recipe.yaml"
+    recipe.write_text(recipe_text)
+    return compile_recipe(recipe, tmp / name)
+
+
+@pytest.fixture(scope="session")
+def tiny():
+    return build_tiny_llava()
+
+
+@pytest.fixture(scope="session")
+def tiny_bundle(tmp_path_factory):
+    return compile_recipe(ROOT / "recipes" / "tiny-llava.yaml", tmp_path_factory.mktemp("tiny") / "tiny.bundle")
+
+
+@pytest.fixture(scope="session")
+def siglip_checkpoint(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("siglip") / "checkpoint"
+    model, processor = build_tiny_llava(**SIGLIP_SIZES)
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    return folder
+
+
+@pytest.fixture(scope="session")
+def siglip_bundle(siglip_checkpoint):
+    tmp = siglip_checkpoint.parent
+    return compile_to(tmp, "model: {source: hf, path: checkpoint}\npasses:\n  - dead_layer_elimination: {}\n")
+
+
+@pytest.fixture
+def rng():
+    seed = np.random.SeedSequence().entropy
+    print(f"rng seed {seed}")
+    return np.random.default_rng(seed)

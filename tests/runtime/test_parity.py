@@ -1,0 +1,75 @@
+"""The bundle decodes exactly what transformers' `generate` decodes, on the zoo model and on a saved checkpoint."""
+
+import numpy as np
+import pytest
+import torch
+
+from builders import random_image
+from mmtrt.runtime import load
+
+PROMPTS = ["What is in the picture?", "Describe the colours.", "How many objects are there, and where?"]
+SIZES = [(90, 120), (64, 64), (200, 75)]
+NEW_TOKENS = 12
+# ONNX Runtime and PyTorch logits differ by about 1e-5; a step whose top-2 margin is below 100x that is a
+# near tie that float error may legitimately flip, so tokens are compared up to the first such step.
+NEAR_TIE = 1e-3
+
+
+def reference(model, processor, image, prompt):
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
+    text = processor.apply_chat_template(messages, add_generation_prompt=True)
+    inputs = processor(images=image, text=text, return_tensors="pt")
+    with torch.no_grad():
+        logits = model(**inputs).logits[0].numpy()
+        out = model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, output_scores=True,
+                             return_dict_in_generate=True)
+    tokens = out.sequences[0, inputs["input_ids"].shape[1]:].tolist()
+    margins = [float(torch.topk(s[0], 2).values.diff().abs()) for s in out.scores]
+    return inputs["input_ids"][0].tolist(), logits, tokens, margins
+
+
+def prefill_logits(pipe, image, prompt):
+    ids = np.array([pipe.prompt_ids(prompt)], np.int64)
+    features = pipe.image_features(pipe.pixel_values(image))
+    logits, _ = pipe.step(pipe.embed(ids, features), pipe.empty_cache())
+    return ids[0].tolist(), logits[0]
+
+
+@pytest.fixture(scope="module")
+def siglip_model(siglip_checkpoint):
+    from transformers import AutoProcessor, LlavaForConditionalGeneration
+
+    return (LlavaForConditionalGeneration.from_pretrained(siglip_checkpoint).eval(),
+            AutoProcessor.from_pretrained(siglip_checkpoint))
+
+
+@pytest.fixture(params=["tiny-llava", "siglip-checkpoint"])
+def case(request, tiny, tiny_bundle):
+    if request.param == "tiny-llava":
+        return tiny, load(tiny_bundle)
+    return request.getfixturevalue("siglip_model"), load(request.getfixturevalue("siglip_bundle"))
+
+
+@pytest.mark.parametrize("index", range(3))
+def test_greedy_tokens_and_prefill_logits_match_transformers(case, index, rng):
+    (model, processor), pipe = case
+    image = random_image(rng, *SIZES[index])
+    ref_ids, ref_logits, ref_tokens, margins = reference(model, processor, image, PROMPTS[index])
+    ids, logits = prefill_logits(pipe, image, PROMPTS[index])
+    assert ids == ref_ids
+    assert np.abs(logits - ref_logits).max() <= 1e-3
+
+    ours = pipe.generate(image, PROMPTS[index], max_new_tokens=NEW_TOKENS).token_ids
+    decided = next((i for i, m in enumerate(margins) if m < NEAR_TIE), len(margins))
+    assert decided >= 3, f"margins {margins}: too many near ties for a meaningful comparison"
+    assert ours[:decided] == ref_tokens[:decided]
+    assert len(ours) == len(ref_tokens) or decided < len(margins)
+
+
+def test_prompt_formatting_matches_the_processor(tiny, tiny_bundle):
+    model, processor = tiny
+    pipe = load(tiny_bundle)
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": "hi"}]}]
+    text = processor.apply_chat_template(messages, add_generation_prompt=True)
+    expected = processor(text=text, images=random_image(np.random.default_rng(0), 32, 32))["input_ids"][0]
+    assert pipe.prompt_ids("hi") == list(expected)
