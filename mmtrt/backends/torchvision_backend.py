@@ -20,7 +20,7 @@ OP_ORDER = ("convert_rgb", "resize", "center_crop", "rescale", "normalize")
 
 
 def convert_rgb(image: Image.Image) -> Image.Image:
-    """Composite transparency onto white as transformers' convert_to_rgb does; a plain convert drops alpha."""
+    """Composite transparency onto white as transformers' convert_to_rgb does; a plain convert just drops alpha."""
     if "A" not in image.getbands() and image.info.get("transparency") is None:
         return image.convert("RGB")
     image = image.convert("RGBA")
@@ -30,7 +30,8 @@ def convert_rgb(image: Image.Image) -> Image.Image:
 
 class CenterCrop(v2.Transform):
     """Center crop anchored at int((side - crop) / 2) like the HF processors; v2.CenterCrop rounds instead,
-    one pixel off whenever the margin is odd. A crop larger than the image pads with zeros, as HF does."""
+    one pixel off whenever the margin is odd. A crop larger than the image pads with zeros, the odd pixel on
+    the bottom/right like HF's torchvision backend (its PIL backend puts it top/left)."""
 
     _transformed_types = (torch.Tensor,)
 
@@ -88,11 +89,10 @@ def build_transform(spec: dict[str, Any]) -> v2.Compose:
     if "center_crop" in ops:
         steps.append(CenterCrop(ops["center_crop"]["size"]))
     steps.append(v2.ToDtype(torch.float32))
-    rescale = ops.get("rescale", {}).get("factor")
     if "normalize" in ops:
-        steps.append(_normalize(ops["normalize"], rescale or 1.0))
-    elif rescale is not None:
-        steps.append(Rescale(rescale))
+        steps.append(_normalize(ops["normalize"], ops.get("rescale", {"factor": 1.0})["factor"]))
+    elif "rescale" in ops:
+        steps.append(Rescale(ops["rescale"]["factor"]))
     return v2.Compose(steps)
 
 

@@ -12,7 +12,7 @@ import numpy as np
 from PIL import Image, UnidentifiedImageError
 
 from mmtrt.backends.onnxruntime_backend import OrtRunner
-from mmtrt.backends.torchvision_backend import preprocess
+from mmtrt.backends.torchvision_backend import build_transform
 from mmtrt.bundle.manifest import bundle_hash, read_manifest
 from mmtrt.errors import UserError
 from mmtrt.ir.graph import TensorSpec
@@ -59,7 +59,7 @@ class Pipeline:
         self.dims = self.manifest["dims"]
         self.specs = {name: [TensorSpec.from_json(s) for s in comp["inputs"]]
                       for name, comp in self.manifest["components"].items()}
-        self.preprocess_spec = read_json(self.path / self.manifest["components"]["preprocess"]["artifact"])
+        self.transform = build_transform(read_json(self.path / self.manifest["components"]["preprocess"]["artifact"]))
         self.runners = {name: OrtRunner(self.path / self.manifest["components"][name]["artifact"], threads, spin)
                         for name in ("vision", "embed", "llm")}
         self.tokenizer = AutoTokenizer.from_pretrained(self.path / "tokenizer")
@@ -88,7 +88,7 @@ class Pipeline:
         if not (lo <= img.width <= hi and lo <= img.height <= hi):
             raise UserError(f"image is {img.width}x{img.height}; this bundle accepts sides from {lo} to {hi} pixels; "
                             "resize it or recompile with a wider envelope.image")
-        return preprocess(self.preprocess_spec, [img])
+        return self.transform(img)[None].numpy()
 
     def image_features(self, pixels: np.ndarray) -> np.ndarray:
         return self._run("vision", {"pixel_values": pixels})["image_features"]

@@ -50,18 +50,26 @@ def case(request, tiny, tiny_bundle):
     return request.getfixturevalue("siglip_model"), load(request.getfixturevalue("siglip_bundle"))
 
 
+def decided_steps(margins):
+    """How many leading steps are decided: top-2 margin far above float error."""
+    return next((i for i, m in enumerate(margins) if m < NEAR_TIE), len(margins))
+
+
 @pytest.mark.parametrize("index", range(3))
 def test_greedy_tokens_and_prefill_logits_match_transformers(case, index, rng):
     (model, processor), pipe = case
-    image = random_image(rng, *SIZES[index])
-    ref_ids, ref_logits, ref_tokens, margins = reference(model, processor, image, PROMPTS[index])
+    for _ in range(5):  # a random input whose first steps are near ties cannot tell right from wrong: draw again
+        image = random_image(rng, *SIZES[index])
+        ref_ids, ref_logits, ref_tokens, margins = reference(model, processor, image, PROMPTS[index])
+        decided = decided_steps(margins)
+        if decided >= NEW_TOKENS // 2:
+            break
+    assert decided >= NEW_TOKENS // 2, f"five random images all had early near ties: {margins}"
     ids, logits = prefill_logits(pipe, image, PROMPTS[index])
     assert ids == ref_ids
     assert np.abs(logits - ref_logits).max() <= 1e-3
 
     ours = pipe.generate(image, PROMPTS[index], max_new_tokens=NEW_TOKENS).token_ids
-    decided = next((i for i, m in enumerate(margins) if m < NEAR_TIE), len(margins))
-    assert decided >= 3, f"margins {margins}: too many near ties for a meaningful comparison"
     assert ours[:decided] == ref_tokens[:decided]
     assert len(ours) == len(ref_tokens) or decided < len(margins)
 

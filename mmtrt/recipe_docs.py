@@ -1,0 +1,73 @@
+"""docs/RECIPES.md, generated from the recipe schema and the registered passes so it cannot drift."""
+
+from __future__ import annotations
+
+import sys
+
+from pydantic import BaseModel
+
+from mmtrt.pipeline.registry import registered_passes
+from mmtrt.recipe import Recipe
+
+HEADER = """# Recipe reference
+
+Generated from the schema by `python -m mmtrt.recipe_docs > docs/RECIPES.md`; a test checks it is current.
+Every key is optional unless marked required. An unknown key anywhere is an error that names the key, where it
+is, and the keys allowed there. `model.path` may be relative to the recipe file.
+
+Minimal recipes:
+
+```yaml
+model: {source: zoo, name: tiny-llava}
+```
+```yaml
+model: {source: hf, path: /path/to/a/saved/LlavaForConditionalGeneration}
+```
+"""
+
+
+def _type_name(annotation) -> str:
+    if isinstance(annotation, type):
+        return "mapping" if issubclass(annotation, BaseModel) else annotation.__name__
+    return str(annotation).replace("typing.", "").replace("|", "or")
+
+
+def _section(model: type[BaseModel], prefix: str) -> list[str]:
+    rows, nested = [], []
+    for name, field in model.model_fields.items():
+        key = f"{prefix}{name}"
+        default = "required" if field.is_required() else f"`{_default(field.default)}`"
+        rows.append(f"| `{key}` | {_type_name(field.annotation)} | {default} | {field.description or ''} |")
+        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
+            nested.append((field.annotation, f"{key}."))
+    lines = ["| key | type | default | meaning |", "| --- | --- | --- | --- |", *rows, ""]
+    for cls, sub in nested:
+        lines += [f"### `{sub[:-1]}`", "", *_section(cls, sub)]
+    return lines
+
+
+def _default(value) -> str:
+    return value.model_dump() if isinstance(value, BaseModel) else value
+
+
+def _passes() -> list[str]:
+    lines = ["## Passes", "", "Each entry of `passes` is a one-key mapping from a pass name to its config.", ""]
+    for name, cls in registered_passes().items():
+        doc = (sys.modules[cls.__module__].__doc__ or "").strip()
+        lines += [f"### `{name}`", "", doc.split("\n\n")[0].split(": ", 1)[-1], "",
+                  f"Components: {', '.join(cls.components)}. Lossy: {'yes' if cls.lossy else 'no'}. "
+                  f"Requires: {', '.join(sorted(cls.requires)) or 'nothing'}.", ""]
+        if cls.Config.model_fields:
+            lines += ["| key | type | default | meaning |", "| --- | --- | --- | --- |"]
+            lines += [f"| `{k}` | {_type_name(f.annotation)} | `{f.default}` | {f.description or ''} |"
+                      for k, f in cls.Config.model_fields.items()]
+            lines.append("")
+    return lines
+
+
+def render() -> str:
+    return "\n".join([HEADER, "## Top level", "", *_section(Recipe, ""), *_passes()])
+
+
+if __name__ == "__main__":
+    print(render(), end="")
