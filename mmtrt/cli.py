@@ -44,6 +44,23 @@ def _inspect(args) -> int:
     return 0
 
 
+def _eval(args) -> int:
+    from mmtrt.eval.suites import run_suite
+    from mmtrt.eval.source import source_model
+    from mmtrt.runtime import load
+
+    pipe = load(args.bundle, threads=args.threads)
+    source = source_model(pipe.manifest, args.source_model) if args.suite == "parity" else None
+    out = run_suite(pipe, args.suite, args.limit, text_file=args.text, source=source)
+    if args.json:
+        print(json.dumps(out))
+    else:
+        metrics = ", ".join(f"{k}={v:.6g}" for k, v in out["metrics"].items())
+        samples = ", ".join(f"{k}={v}" for k, v in out["samples"].items())
+        print(f"{out['suite']}: {metrics} ({samples}) bundle {out['bundle_sha256'][:16]}")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mmtrt", description="Ahead-of-time compiler for LLaVA-style multimodal models.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -65,6 +82,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--threads", type=int, help="ONNX Runtime intra-op threads")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_run)
+
+    p = sub.add_parser("eval", help="evaluate a bundle on a suite: digits, perplexity or parity")
+    p.add_argument("bundle")
+    p.add_argument("--suite", required=True, choices=["digits", "perplexity", "parity"])
+    p.add_argument("--limit", type=int, help="images (digits, parity) or windows (perplexity) to use")
+    p.add_argument("--text", type=Path, help="perplexity: a UTF-8 text file instead of Python's documentation")
+    p.add_argument("--source-model", type=Path, help="parity: the checkpoint folder of an hf-sourced bundle")
+    p.add_argument("--threads", type=int, help="ONNX Runtime intra-op threads")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_eval)
 
     p = sub.add_parser("inspect", help="show a bundle's manifest")
     p.add_argument("bundle")

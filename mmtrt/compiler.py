@@ -11,9 +11,12 @@ from typing import Any
 from mmtrt import __version__
 from mmtrt.bundle import writer
 from mmtrt.bundle.manifest import SCHEMA_VERSION, toolchain_versions
+from mmtrt.eval.budget import Evaluate, check_budgets
 from mmtrt.ir.frontend import COMPONENTS, FRONTEND_PROPERTIES, describe_source, load_source, lower
 from mmtrt.ir.graph import ModelIR
 from mmtrt.partition.assign import assign_backends
+from mmtrt.partition.engine_plan import engine_sections
+from mmtrt.partition.placement import annotate
 from mmtrt.partition.shapes import plan_dims, plan_profiles
 from mmtrt.pipeline.instruments import Dump, Timer, Verify, verify_ir
 from mmtrt.pipeline.runner import PassPlan, plan_passes, run_passes
@@ -51,12 +54,15 @@ def make_plan(recipe_path: str | Path) -> Plan:
     return Plan(recipe, recipe_dir, facts, passes, partitions)
 
 
-def build_ir(plan: Plan, dump_dir: Path | None = None) -> tuple[ModelIR, list[dict]]:
-    model, processor = load_source(plan.recipe.model, plan.recipe_dir)
-    ir = lower(model, processor)
-    verify_ir(ir)
-    instruments = [Timer(), Verify()] + ([Dump(dump_dir)] if dump_dir else [])
-    return ir, run_passes(plan.passes.passes, ir, instruments)
+def stage_bundle(plan: Plan, ir: ModelIR, reports: list[dict], folder: Path) -> dict[str, Any]:
+    """Write every artifact and the manifest of `ir` into `folder`; returns the manifest."""
+    dims = plan_dims(ir.config, plan.recipe.envelope)
+    files = writer.write_artifacts(ir, folder, plan.recipe.output.external_data_threshold)
+    manifest = _manifest(plan, ir, [{k: v for k, v in r.items() if k != "time_ms"} for r in reports], dims,
+                         plan_profiles(ir, dims), files)
+    manifest.update(engine_sections(ir, plan.recipe, dims, folder, files))
+    writer.write_manifest(folder, manifest)
+    return manifest
 
 
 def compile_recipe(recipe_path: str | Path, out: str | Path, force: bool = False, dump_dir: Path | None = None) -> Path:
@@ -64,18 +70,35 @@ def compile_recipe(recipe_path: str | Path, out: str | Path, force: bool = False
     started = time.perf_counter()
     plan = make_plan(recipe_path)
     with writer.staging_folder(Path(out), force) as folder:
-        ir, reports = build_ir(plan, dump_dir)
-        dims = plan_dims(ir.config, plan.recipe.envelope)
-        profiles = plan_profiles(ir, dims)
-        files = writer.write_artifacts(ir, folder, plan.recipe.output.external_data_threshold)
-        manifest = _manifest(plan, ir, reports, dims, profiles, files)
-        build_report = {
+        model, processor = load_source(plan.recipe.model, plan.recipe_dir)
+        ir = lower(model, processor)
+        annotate(ir, plan.recipe.partition)
+        verify_ir(ir)
+        instruments = [Timer(), Verify()] + ([Dump(dump_dir)] if dump_dir else [])
+        evaluator = _evaluator(plan)
+        if evaluator:
+            evaluator.measure_baseline(ir)
+            instruments.append(evaluator)
+        reports = run_passes(plan.passes.passes, ir, instruments)
+        evaluation = evaluator.summary() if evaluator else None
+        manifest = stage_bundle(plan, ir, reports, folder)
+        if evaluation:
+            manifest["evaluation"] = evaluation
+            writer.write_manifest(folder, manifest)
+            check_budgets(plan.recipe.budgets, evaluation)
+        writer.write_build_report(folder, {
             "compile_seconds": round(time.perf_counter() - started, 2),
             "host": platform.node(),
-            "pass_times_ms": {f"{i}:{r['pass']}": r.pop("time_ms") for i, r in enumerate(reports)},
-        }
-        writer.finish(folder, manifest, build_report)
+            "pass_times_ms": {f"{i}:{r['pass']}": r.get("time_ms") for i, r in enumerate(reports)},
+        })
     return Path(out)
+
+
+def _evaluator(plan: Plan) -> Evaluate | None:
+    suites = plan.recipe.eval_suites()
+    if not suites:
+        return None
+    return Evaluate(suites, plan.recipe.evaluate, lambda ir, folder: stage_bundle(plan, ir, [], folder))
 
 
 def _manifest(plan: Plan, ir: ModelIR, reports, dims, profiles, files) -> dict[str, Any]:

@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from mmtrt.errors import UserError
 
 Backend = Literal["torchvision", "onnxruntime", "tensorrt", "tensorrt-llm"]
-ZOO_MODELS = ("tiny-llava",)
+ZOO_MODELS = ("tiny-llava", "dino-smollm")
 
 
 class Strict(BaseModel):
@@ -63,10 +63,25 @@ class PartitionPolicy(Strict):
     vision: list[Backend] = Field(["tensorrt", "onnxruntime"], description="Backends for the vision encoder and projector, most preferred first.")
     embed: list[Backend] = Field(["onnxruntime"], description="Backends for the token embedding, most preferred first.")
     llm: list[Backend] = Field(["tensorrt-llm", "tensorrt", "onnxruntime"], description="Backends for the LLM decoder, most preferred first.")
+    min_segment_size: int = Field(5, ge=1, description="A TensorRT segment with fewer nodes (Constant nodes not counted) runs on ONNX Runtime instead: a tiny island is not worth the transfers around it.")
 
 
 class Output(Strict):
     external_data_threshold: int = Field(1024, ge=0, description="Initializers of at least this many bytes go to each ONNX file's external data file.")
+
+
+class Evaluation(Strict):
+    suites: list[Literal["digits", "perplexity"]] = Field([], description="Suites compile measures on the unmodified model and after every lossy pass; results go into the manifest.")
+    digits_limit: int = Field(100, ge=1, description="Held-out digit images the digits suite uses during compile.")
+    perplexity_windows: int = Field(4, ge=1, description="512-token windows the perplexity suite uses during compile.")
+
+
+class Budgets(Strict):
+    digits_accuracy_drop: float | None = Field(None, ge=0, description="Most digits accuracy, in points, the lossy passes together may cost.")
+    perplexity_increase_pct: float | None = Field(None, ge=0, description="Most perplexity increase, in percent, the lossy passes together may cost.")
+
+    def suites(self) -> list[str]:
+        return [s for s, v in (("digits", self.digits_accuracy_drop), ("perplexity", self.perplexity_increase_pct)) if v is not None]
 
 
 class Recipe(Strict):
@@ -75,6 +90,8 @@ class Recipe(Strict):
     envelope: Envelope = Field(Envelope(), description="The inputs the bundle must accept; every profile derives from it.")
     partition: PartitionPolicy = Field(PartitionPolicy(), description="Preferred backend per component, with fallbacks.")
     output: Output = Field(Output(), description="How the bundle is written.")
+    evaluate: Evaluation = Field(Evaluation(), description="Accuracy measured during compile, against the unmodified model.")
+    budgets: Budgets = Field(Budgets(), description="Accuracy the lossy passes may spend; compile fails with exit code 2 when exceeded.")
 
     @model_validator(mode="after")
     def _one_key_passes(self) -> "Recipe":
@@ -82,6 +99,9 @@ class Recipe(Strict):
             if len(entry) != 1:
                 raise ValueError(f"passes[{i}] must be a one-key mapping like `- graph_cleanup: {{}}`, got keys {sorted(entry)}")
         return self
+
+    def eval_suites(self) -> list[str]:
+        return sorted(set(self.evaluate.suites) | set(self.budgets.suites()))
 
     def pass_list(self) -> list[tuple[str, dict[str, Any]]]:
         return [next(iter(entry.items())) for entry in self.passes]

@@ -73,9 +73,14 @@ def hash_artifacts(folder: Path) -> dict[str, str]:
             if p.is_file() and p.name not in (MANIFEST, BUILD_REPORT)}
 
 
-def finish(folder: Path, manifest: dict[str, Any], build_report: dict[str, Any]) -> None:
+def write_manifest(folder: Path, manifest: dict[str, Any]) -> None:
+    """Hash every artifact into the manifest and write it."""
     manifest["artifacts"] = hash_artifacts(folder)
     (folder / MANIFEST).write_text(dumps(manifest))
+    _make_readable(folder)
+
+
+def write_build_report(folder: Path, build_report: dict[str, Any]) -> None:
     (folder / BUILD_REPORT).write_text(dumps(build_report))
     _make_readable(folder)
 

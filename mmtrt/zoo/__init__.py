@@ -1,6 +1,7 @@
 """Built-in models, buildable offline."""
 
 from mmtrt.errors import UserError
+from mmtrt.recipe import ZOO_MODELS
 
 
 def build_zoo_model(name: str):
@@ -9,4 +10,8 @@ def build_zoo_model(name: str):
         from mmtrt.zoo.tiny_llava import build_tiny_llava
 
         return build_tiny_llava()
-    raise UserError(f"unknown zoo model {name!r}; known: tiny-llava")
+    if name == "dino-smollm":
+        from mmtrt.zoo.dino_smollm import build_dino_smollm
+
+        return build_dino_smollm()
+    raise UserError(f"unknown zoo model {name!r}; known: {', '.join(ZOO_MODELS)}")

@@ -34,7 +34,7 @@ def test_a_failed_compile_leaves_nothing_and_keeps_an_old_bundle(tmp_path, monke
     def explode(*a, **k):
         raise UserError("boom")
 
-    monkeypatch.setattr("mmtrt.bundle.writer.finish", explode)
+    monkeypatch.setattr("mmtrt.bundle.writer.write_manifest", explode)
     with pytest.raises(UserError):
         compile_recipe(recipe, tmp_path / "out")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["r.yaml"]

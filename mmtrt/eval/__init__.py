@@ -1,0 +1,1 @@
+"""Evaluation suites that run a bundle itself: digits accuracy, perplexity, parity with the source model."""

@@ -1,0 +1,86 @@
+"""Accuracy budgets: measure the unmodified model, then the cost of every lossy pass, and stop the compile
+when the lossy passes together spend more than the recipe allows.
+"""
+
+from __future__ import annotations
+
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+from mmtrt.errors import UserError
+from mmtrt.eval.suites import run_suite
+from mmtrt.ir.graph import ModelIR
+from mmtrt.pipeline.instruments import Instrument
+from mmtrt.recipe import Budgets, Evaluation
+
+# metric per suite, and how a change in it is expressed as a cost (positive = worse)
+COSTS = {
+    "digits": ("accuracy_pct", "digits_accuracy_drop", lambda base, now: round(base - now, 2)),
+    "perplexity": ("perplexity", "perplexity_increase_pct", lambda base, now: round(100 * (now / base - 1), 3)),
+}
+
+
+class Evaluate(Instrument):
+    """After every lossy pass, stage the IR as a bundle in a temporary folder and run the suites on it."""
+
+    def __init__(self, suites: list[str], config: Evaluation, stage: Callable[[ModelIR, Path], Any]):
+        self.suites, self.stage = suites, stage
+        self.limits = {"digits": config.digits_limit, "perplexity": config.perplexity_windows}
+        self.baseline: dict[str, dict] = {}
+        self.previous: dict[str, dict] = {}
+        self.per_pass: list[dict] = []
+
+    def measure(self, ir: ModelIR) -> dict[str, dict]:
+        from mmtrt.runtime import load
+
+        with tempfile.TemporaryDirectory(prefix="mmtrt-eval-") as tmp:
+            self.stage(ir, Path(tmp))
+            pipe = load(tmp)
+            return {s: run_suite(pipe, s, self.limits[s]) for s in self.suites}
+
+    def measure_baseline(self, ir: ModelIR) -> None:
+        self.baseline = self.previous = self.measure(ir)
+
+    def after(self, p, ir, report):
+        if not p.lossy:
+            return
+        now = self.measure(ir)
+        cost = costs(self.previous, now)
+        report["accuracy"] = {"metrics": metrics(now), "cost": cost}
+        self.per_pass.append({"index": len(self.per_pass), "pass": p.name, "cost": cost})
+        self.previous = now
+
+    def summary(self) -> dict[str, Any]:
+        return {
+            "suites": {s: {"samples": r["samples"]} for s, r in self.baseline.items()},
+            "baseline": metrics(self.baseline),
+            "final": metrics(self.previous),
+            "total_cost": costs(self.baseline, self.previous),
+            "lossy_passes": self.per_pass,
+        }
+
+
+def metrics(results: dict[str, dict]) -> dict[str, float]:
+    return {f"{s}.{COSTS[s][0]}": r["metrics"][COSTS[s][0]] for s, r in results.items()}
+
+
+def costs(before: dict[str, dict], after: dict[str, dict]) -> dict[str, float]:
+    out = {}
+    for suite, (metric, name, cost) in COSTS.items():
+        if suite in before:
+            out[name] = cost(before[suite]["metrics"][metric], after[suite]["metrics"][metric])
+    return out
+
+
+def check_budgets(budgets: Budgets, evaluation: dict[str, Any]) -> None:
+    """Raise a one-line report naming each lossy pass and what it spent when a budget is exceeded."""
+    over = [f"{name} {evaluation['total_cost'][name]} > budget {limit}"
+            for name, limit in budgets.model_dump().items()
+            if limit is not None and evaluation["total_cost"].get(name, 0) > limit]
+    if not over:
+        return
+    spent = "; ".join(f"passes[{p['index']}] {p['pass']} cost " + ", ".join(f"{k} {v}" for k, v in p["cost"].items())
+                      for p in evaluation["lossy_passes"]) or "no lossy pass ran"
+    raise UserError(f"accuracy budget exceeded: {', '.join(over)} ({spent}); loosen the budget or make the lossy "
+                    "passes gentler; no bundle was written")

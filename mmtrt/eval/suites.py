@@ -1,0 +1,116 @@
+"""Evaluation suites. Each runs the bundle itself (ONNX Runtime here), never the PyTorch model it came from,
+except `parity`, which compares the two on the same inputs.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from mmtrt.errors import UserError
+from mmtrt.eval import digits
+from mmtrt.runtime.pipeline import Pipeline
+
+SUITES = ("digits", "perplexity", "parity")
+PERPLEXITY_WINDOW = 512
+DEFAULT_LIMITS = {"digits": None, "perplexity": 8, "parity": 8}
+
+
+def result(suite: str, pipe: Pipeline, metrics: dict[str, float], samples: dict[str, int]) -> dict[str, Any]:
+    return {"suite": suite, "metrics": metrics, "samples": samples, "bundle_sha256": pipe.hash}
+
+
+def digits_suite(pipe: Pipeline, limit: int | None = None, **_) -> dict[str, Any]:
+    """Answer accuracy on the held-out digits: the first digit in the greedy answer must be the label."""
+    data = digits.samples("heldout", limit)
+    correct = sum(digits.parse_answer(pipe.generate(img, digits.PROMPT, max_new_tokens=4).text) == label
+                  for img, label in data)
+    return result("digits", pipe, {"accuracy_pct": round(100 * correct / len(data), 2)}, {"images": len(data)})
+
+
+def reference_text() -> str:
+    """Python's own documentation (pydoc_data.topics), in key order: fixed English text available offline."""
+    from pydoc_data.topics import topics
+
+    return "\n\n".join(topics[k] for k in sorted(topics))
+
+
+def window_nll(pipe: Pipeline, ids: np.ndarray) -> np.ndarray:
+    """Negative log-likelihood of tokens 1..n-1 of one window, predicted by the bundle's LLM."""
+    logits, _ = pipe.step(pipe.embed(ids[None]), pipe.empty_cache())
+    logits = logits[0, :-1].astype(np.float64)
+    logz = np.log(np.exp(logits - logits.max(-1, keepdims=True)).sum(-1)) + logits.max(-1)
+    return logz - logits[np.arange(len(ids) - 1), ids[1:]]
+
+
+def perplexity_suite(pipe: Pipeline, limit: int | None = None, text_file: Path | None = None, **_) -> dict[str, Any]:
+    """Perplexity over fixed, non-overlapping windows of the text (no chat template, no image)."""
+    text = reference_text() if text_file is None else _read_text(text_file)
+    window = min(PERPLEXITY_WINDOW, pipe.dims["seq"]["max"])
+    ids = np.array(pipe.tokenizer(text, add_special_tokens=False)["input_ids"], np.int64)
+    count = len(ids) // window if limit is None else min(limit, len(ids) // window)
+    if count == 0:
+        raise UserError(f"the text has {len(ids)} tokens, fewer than one window of {window}; give a longer --text")
+    nll = np.concatenate([window_nll(pipe, ids[i * window:(i + 1) * window]) for i in range(count)])
+    return result("perplexity", pipe, {"perplexity": round(float(np.exp(nll.mean())), 4)},
+                  {"tokens": int(nll.size), "windows": count, "window": window})
+
+
+def _read_text(path: Path) -> str:
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UserError(f"cannot read --text {path} ({exc}); pass a UTF-8 text file") from None
+
+
+def parity_suite(pipe: Pipeline, limit: int | None = None, source=None, **_) -> dict[str, Any]:
+    """Bundle against the PyTorch source on held-out digits: next-token agreement and KL over every prompt
+    position, max abs logit difference, and whether the greedy answers are identical."""
+    import torch
+
+    model, processor = source
+    data = digits.samples("heldout", limit)
+    agree = kl = positions = identical = 0
+    max_abs = 0.0
+    for img, _ in data:
+        ref_ids, ref_logits, ref_answer = _torch_reference(model, processor, img)
+        ids = pipe.prompt_ids(digits.PROMPT)
+        if ids != ref_ids:
+            raise UserError("the bundle tokenizes the prompt differently from the source model's processor")
+        logits, _ = pipe.step(pipe.embed(np.array([ids], np.int64), pipe.image_features(pipe.pixel_values(img))),
+                              pipe.empty_cache())
+        ours = torch.from_numpy(logits[0]).double()
+        ref = torch.from_numpy(ref_logits).double()
+        agree += int((ours.argmax(-1) == ref.argmax(-1)).sum())
+        kl += float(torch.nn.functional.kl_div(ours.log_softmax(-1), ref.log_softmax(-1), log_target=True,
+                                               reduction="sum"))
+        positions += len(ids)
+        max_abs = max(max_abs, float((ours - ref).abs().max()))
+        identical += pipe.generate(img, digits.PROMPT, max_new_tokens=len(ref_answer)).token_ids == ref_answer
+    metrics = {"top1_agreement_pct": round(100 * agree / positions, 3), "mean_kl": kl / positions,
+               "max_abs_logit_diff": max_abs, "greedy_identical_pct": round(100 * identical / len(data), 2)}
+    return result("parity", pipe, metrics, {"images": len(data), "positions": positions})
+
+
+def _torch_reference(model, processor, image):
+    import torch
+
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": digits.PROMPT}]}]
+    text = processor.apply_chat_template(messages, add_generation_prompt=True)
+    inputs = processor(images=image, text=text, return_tensors="pt")
+    with torch.no_grad():
+        logits = model(**inputs).logits[0].numpy()
+        out = model.generate(**inputs, max_new_tokens=4, do_sample=False)
+    return inputs["input_ids"][0].tolist(), logits, out[0, inputs["input_ids"].shape[1]:].tolist()
+
+
+RUNNERS: dict[str, Callable[..., dict[str, Any]]] = {
+    "digits": digits_suite, "perplexity": perplexity_suite, "parity": parity_suite}
+
+
+def run_suite(pipe: Pipeline, suite: str, limit: int | None = None, **kwargs) -> dict[str, Any]:
+    if suite not in RUNNERS:
+        raise UserError(f"unknown suite {suite!r}; available: {', '.join(SUITES)}")
+    return RUNNERS[suite](pipe, DEFAULT_LIMITS[suite] if limit is None else limit, **kwargs)

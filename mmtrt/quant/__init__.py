@@ -1,0 +1,1 @@
+"""Weight quantization: group-wise INT4 math and the layouts ONNX Runtime, TensorRT and TensorRT-LLM read."""

