@@ -10,6 +10,7 @@ from pathlib import Path
 from mmtrt.errors import UserError
 
 EXIT_USER_ERROR = 2
+EXIT_COMPARE_FAILED = 1
 
 
 def _compile(args) -> int:
@@ -38,10 +39,40 @@ def _run(args) -> int:
 
 
 def _inspect(args) -> int:
-    from mmtrt.bundle.inspect import describe, inspect_json
+    from mmtrt.bundle.inspect import describe, describe_placement, inspect_json
 
+    if args.placement:
+        info = inspect_json(args.bundle)["manifest"]
+        sections = {k: info.get(k) for k in ("placement", "tensorrt", "tensorrt_llm")}
+        print(json.dumps(sections, indent=2) if args.json else describe_placement(args.bundle))
+        return 0
     print(json.dumps(inspect_json(args.bundle), indent=2) if args.json else describe(args.bundle))
     return 0
+
+
+def _build_engines(args) -> int:
+    from mmtrt.backends.tensorrt.build import build_engines
+
+    if args.plan:
+        from mmtrt.bundle.manifest import read_manifest
+
+        print(json.dumps(read_manifest(Path(args.bundle))["tensorrt"], indent=2))
+        return 0
+    records = build_engines(args.bundle, args.segment, force=args.force)
+    print(json.dumps(records, indent=2) if args.json else f"{len(records)} segment(s) done")
+    return 0
+
+
+def _compare(args) -> int:
+    from mmtrt.compare.report import compare, format_report
+
+    report = compare(args.a, args.b, reference=args.reference, atol=args.atol, rtol=args.rtol,
+                     components=args.partition, inputs_file=args.inputs, save_inputs=args.save_inputs,
+                     seed=args.seed, source_model=args.source_model)
+    if args.json_out:
+        args.json_out.write_text(json.dumps(report, indent=2) + "\n")
+    print(format_report(report))
+    return 0 if report["passed"] else EXIT_COMPARE_FAILED
 
 
 def _eval(args) -> int:
@@ -96,7 +127,30 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("inspect", help="show a bundle's manifest")
     p.add_argument("bundle")
     p.add_argument("--json", action="store_true")
+    p.add_argument("--placement", action="store_true", help="segments per component, with why any node falls back")
     p.set_defaults(func=_inspect)
+
+    p = sub.add_parser("build-engines", help="build the bundle's TensorRT engines on this GPU host (needs TensorRT 11)")
+    p.add_argument("bundle")
+    p.add_argument("--segment", action="append", help="build only this segment (repeatable), e.g. vision.0")
+    p.add_argument("--force", action="store_true", help="rebuild engines that are up to date")
+    p.add_argument("--plan", action="store_true", help="print the build plan (profiles, commands) and build nothing")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_build_engines)
+
+    p = sub.add_parser("compare", help="compare two bundles, or a bundle and its PyTorch source, partition by partition")
+    p.add_argument("a", type=Path)
+    p.add_argument("b", type=Path, nargs="?")
+    p.add_argument("--reference", choices=["torch"], help="compare A with the PyTorch model it was compiled from")
+    p.add_argument("--source-model", type=Path, help="with --reference torch: the checkpoint folder of an hf-sourced bundle")
+    p.add_argument("--atol", type=float, default=1e-5, help="absolute tolerance (default 1e-5)")
+    p.add_argument("--rtol", type=float, default=1e-5, help="relative tolerance, relative to B (default 1e-5)")
+    p.add_argument("--partition", action="append", choices=["vision", "embed", "llm"], help="compare only these")
+    p.add_argument("--inputs", type=Path, help="an .npz of inputs saved by --save-inputs, instead of generated ones")
+    p.add_argument("--save-inputs", type=Path, help="save the inputs used to this .npz")
+    p.add_argument("--seed", type=int, help="seed for generated inputs (default: fresh, recorded in the report)")
+    p.add_argument("--json-out", type=Path, help="write the full report as JSON")
+    p.set_defaults(func=_compare)
     return parser
 
 

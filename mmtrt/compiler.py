@@ -41,6 +41,8 @@ class Plan:
             "partitions": self.partitions,
             "envelope": self.recipe.envelope.model_dump(),
             "dims_before_passes": plan_dims(self.facts, self.recipe.envelope),
+            "image_tokens_after_passes": self.passes.facts_after["vision"]["image_tokens"],
+            "dims_after_passes": plan_dims(self.passes.facts_after, self.recipe.envelope),
         }
 
 
@@ -48,9 +50,9 @@ def make_plan(recipe_path: str | Path) -> Plan:
     """Validate everything that can be validated without exporting: recipe, model source, passes, backends."""
     recipe, recipe_dir = load_recipe(recipe_path)
     facts = describe_source(recipe.model, recipe_dir)
-    passes = plan_passes(recipe, set(FRONTEND_PROPERTIES), set(COMPONENTS))
+    passes = plan_passes(recipe, set(FRONTEND_PROPERTIES), set(COMPONENTS), facts)
     partitions = assign_backends(recipe.partition, list(COMPONENTS))
-    plan_dims(facts, recipe.envelope)
+    plan_dims(passes.facts_after, recipe.envelope)
     return Plan(recipe, recipe_dir, facts, passes, partitions)
 
 

@@ -50,3 +50,53 @@ def describe(bundle: str | Path) -> str:
     if info["artifacts_modified"]:
         lines.append(f"WARNING: modified since compile: {', '.join(info['artifacts_modified'])}")
     return "\n".join(lines)
+
+
+PIPELINE_ORDER = ("vision", "embed", "llm")
+
+
+def _tensor(t: dict[str, Any]) -> str:
+    shape = ",".join("?" if d is None else str(d) for d in t["shape"] or [])
+    return f"{t['name']} {t['dtype']}[{shape}]"
+
+
+def _fallbacks(nodes: list[dict[str, Any]], limit: int = 8) -> list[str]:
+    """ONNX Runtime nodes grouped by reason, a few names each."""
+    by_reason: dict[str, list[str]] = {}
+    for n in nodes:
+        if n["backend"] != "tensorrt":
+            by_reason.setdefault(n["reason"], []).append(f"{n['name']} ({n['op']})")
+    lines = []
+    for reason, names in by_reason.items():
+        more = f" and {len(names) - limit} more" if len(names) > limit else ""
+        lines.append(f"    onnxruntime because {reason}: {', '.join(names[:limit])}{more}")
+    return lines
+
+
+def describe_placement(bundle: str | Path) -> str:
+    """Per component its segments (backend, size, boundary tensors) and why any node falls back."""
+    m = read_manifest(Path(bundle))
+    if "placement" not in m:
+        return f"{bundle} was compiled before placement was recorded; recompile it with this mmtrt"
+    first = next(iter(m["placement"].values()), {})
+    lines = [f"placement for TensorRT hosts (operator table: {first.get('table')}; "
+             f"min segment size {first.get('min_segment_size')})"]
+    plan = {e["id"]: e for e in m["tensorrt"]["segments"]}
+    for comp, p in sorted(m["placement"].items(), key=lambda item: PIPELINE_ORDER.index(item[0])):
+        on_trt = sum(n["backend"] == "tensorrt" for n in p["nodes"])
+        lines.append(f"{comp}: {len(p['segments'])} segment(s), {on_trt}/{len(p['nodes'])} nodes in TensorRT")
+        for s in p["segments"]:
+            entry = plan.get(s["id"])
+            extra = f", {entry['precision']['dtype']}" if entry else ""
+            lines.append(f"  {s['id']:<12} {s['backend']:<12} {s['nodes']:>5} nodes  {s['onnx']}{extra}")
+            lines.append(f"    in:  {'; '.join(_tensor(t) for t in s['inputs'])}")
+            lines.append(f"    out: {'; '.join(_tensor(t) for t in s['outputs'])}")
+            if entry and entry["profile"] is None:
+                lines.append(f"    not buildable: {entry['unbuildable']}")
+        lines += _fallbacks(p["nodes"])
+    llm = m.get("tensorrt_llm")
+    if llm:
+        lines += ["", f"tensorrt-llm ({llm['component']}): {llm['command']}"]
+        if llm["checkpoint_missing"]:
+            lines.append(f"  {llm['checkpoint_missing']}")
+    return "\n".join(lines)

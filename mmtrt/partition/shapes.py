@@ -34,7 +34,8 @@ def plan_dims(facts: dict[str, Any], env: Envelope) -> dict[str, dict[str, int]]
         "width": {"min": env.image.min_side, "opt": side, "max": env.image.max_side},
         "num_images": batch,
         "batch": batch,
-        "seq": {"min": 1, "opt": opt_seq, "max": seq_max},
+        # opt is one consistent decode step (seq 1 after a typical prompt), the shape engines run most often
+        "seq": {"min": 1, "opt": 1, "max": seq_max},
         "past": {"min": 0, "opt": opt_seq, "max": capacity - 1},
         "total": {"min": 1, "opt": opt_seq + 1, "max": capacity},
         "past + seq": {"min": 1, "opt": opt_seq + 1, "max": capacity},

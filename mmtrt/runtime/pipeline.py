@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -11,13 +12,15 @@ from typing import Any
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from mmtrt.backends.onnxruntime_backend import OrtRunner
 from mmtrt.backends.torchvision_backend import build_transform
 from mmtrt.bundle.manifest import bundle_hash, read_manifest
 from mmtrt.errors import UserError
 from mmtrt.ir.graph import TensorSpec
 from mmtrt.partition.shapes import check_shape
+from mmtrt.runtime.executors import component_runner, engine_choices
 from mmtrt.runtime.prompt import format_prompt, tokenize
+
+log = logging.getLogger("mmtrt.runtime")
 
 
 @dataclass
@@ -27,10 +30,11 @@ class Generation:
     prompt_tokens: int
     timings: dict[str, float]
     backends: dict[str, str] = field(default_factory=dict)
+    fallbacks: dict[str, str] = field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         return {"text": self.text, "token_ids": self.token_ids, "prompt_tokens": self.prompt_tokens,
-                "timings": self.timings, "backends": self.backends}
+                "timings": self.timings, "backends": self.backends, "fallbacks": self.fallbacks}
 
 
 def open_image(image) -> Image.Image:
@@ -60,7 +64,10 @@ class Pipeline:
         self.specs = {name: [TensorSpec.from_json(s) for s in comp["inputs"]]
                       for name, comp in self.manifest["components"].items()}
         self.transform = build_transform(read_json(self.path / self.manifest["components"]["preprocess"]["artifact"]))
-        self.runners = {name: OrtRunner(self.path / self.manifest["components"][name]["artifact"], threads, spin)
+        choices = engine_choices(self.path, self.manifest)
+        self.fallbacks = {seg: why for seg, (engine, why) in choices.items() if engine is None}
+        _log_fallbacks(self.fallbacks)
+        self.runners = {name: component_runner(self.path, self.manifest, name, choices, threads, spin)
                         for name in ("vision", "embed", "llm")}
         self.tokenizer = AutoTokenizer.from_pretrained(self.path / "tokenizer")
         self.backends = {name: "+".join(r.providers) for name, r in self.runners.items()}
@@ -137,7 +144,8 @@ class Pipeline:
         timings = {"preprocess_ms": 1e3 * (t1 - t0), "vision_ms": 1e3 * (t2 - t1), "prefill_ms": 1e3 * (t3 - t2),
                    "decode_ms_per_token": 1e3 * (t4 - t3) / steps}
         text = self.tokenizer.decode(generated, skip_special_tokens=True)
-        return Generation(text, generated, len(ids), {k: round(v, 3) for k, v in timings.items()}, dict(self.backends))
+        return Generation(text, generated, len(ids), {k: round(v, 3) for k, v in timings.items()}, dict(self.backends),
+                          dict(self.fallbacks))
 
     def _decode(self, logits: np.ndarray, cache: dict[str, np.ndarray], max_new_tokens: int) -> list[int]:
         eos = set(self.model["eos_token_ids"])
@@ -148,6 +156,17 @@ class Pipeline:
             if token in eos or len(generated) == max_new_tokens:
                 return generated
             logits, cache = self.step(self.embed(np.array([[token]], np.int64)), cache)
+
+
+def _log_fallbacks(fallbacks: dict[str, str]) -> None:
+    """Once per load and reason. A host without TensorRT is expected (info); a TensorRT host without a matching
+    engine is worth a warning, since `mmtrt build-engines` fixes it."""
+    by_reason: dict[str, list[str]] = {}
+    for segment, why in fallbacks.items():
+        by_reason.setdefault(why, []).append(segment)
+    for why, segments in by_reason.items():
+        level = logging.INFO if why.startswith("tensorrt is not importable") else logging.WARNING
+        log.log(level, "TensorRT segments %s run on ONNX Runtime: %s", ", ".join(segments), why)
 
 
 def read_json(path: Path) -> Any:

@@ -40,7 +40,8 @@ def test_dims_derive_from_the_envelope():
     env = Envelope.model_validate({"prompt_tokens": {"min": 1, "opt": 20, "max": 100}, "max_new_tokens": 10,
                                    "batch": {"min": 1, "opt": 2, "max": 3}})
     dims = plan_dims(FACTS, env)
-    assert dims["seq"] == {"min": 1, "opt": 84, "max": 164}
+    assert dims["seq"] == {"min": 1, "opt": 1, "max": 164}
+    assert dims["total"]["opt"] == dims["past"]["opt"] + dims["seq"]["opt"] == 85
     assert dims["total"]["max"] == 174 and dims["past"]["max"] == 173
     assert dims["batch"] == {"min": 1, "opt": 2, "max": 3}
 

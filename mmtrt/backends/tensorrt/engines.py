@@ -1,0 +1,101 @@
+"""The engine cache: engines live in BUNDLE/engines under a key made of everything they depend on.
+
+An engine runs only on the GPU model and TensorRT version that built it, so the key is the segment's digest
+(its ONNX and weights), the optimization profile, the GPU's compute capability and the TensorRT version.
+engines/index.json maps keys to files; it is written by `mmtrt build-engines` and is not part of the bundle's
+hash (engines are per host, the portable bundle is not).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from mmtrt.bundle.manifest import dumps, sha256_file
+
+ENGINE_DIR = "engines"
+INDEX = f"{ENGINE_DIR}/index.json"
+
+
+@dataclass(frozen=True)
+class Target:
+    """What an engine is specific to: the GPU's compute capability ("9.0") and the TensorRT version."""
+
+    compute_capability: str
+    tensorrt: str
+
+    def tag(self) -> str:
+        return f"sm{self.compute_capability.replace('.', '')}-trt{self.tensorrt}"
+
+
+def probe_target() -> Target | str:
+    """This host's target, or why it cannot run TensorRT engines."""
+    try:
+        import tensorrt
+    except Exception as exc:  # a broken install fails with more than ImportError
+        return f"tensorrt is not importable on this host ({type(exc).__name__}: {exc})"
+    import torch
+
+    if not torch.cuda.is_available():
+        return f"tensorrt {tensorrt.__version__} imports but no CUDA GPU is visible"
+    major, minor = torch.cuda.get_device_capability()
+    return Target(f"{major}.{minor}", tensorrt.__version__)
+
+
+def profile_digest(profile: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(profile, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def engine_key(entry: dict[str, Any], target: Target) -> str:
+    return f"{entry['sha256'][:16]}-{profile_digest(entry['profile'])}-{target.tag()}"
+
+
+def engine_file(entry: dict[str, Any], target: Target) -> str:
+    return f"{ENGINE_DIR}/{entry['id']}-{engine_key(entry, target)}.engine"
+
+
+def timing_cache_file(target: Target) -> str:
+    """One timing cache per target: tactic timings are only valid on the GPU and TensorRT that measured them."""
+    return f"{ENGINE_DIR}/timing-{target.tag()}.cache"
+
+
+def read_index(bundle: Path) -> dict[str, dict[str, Any]]:
+    path = Path(bundle) / INDEX
+    return json.loads(path.read_text()) if path.is_file() else {}
+
+
+def write_bytes(path: Path, data: bytes) -> None:
+    """Write through a temporary file and rename, so a killed build never leaves half an engine."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.")
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    os.chmod(tmp, 0o644)
+    os.replace(tmp, path)
+
+
+def write_index(bundle: Path, index: dict[str, dict[str, Any]]) -> None:
+    write_bytes(Path(bundle) / INDEX, dumps(index).encode())
+
+
+def select(bundle: Path, entry: dict[str, Any], target: Target | str, index: dict[str, dict]) -> tuple[Path | None, str]:
+    """The engine that runs a TensorRT segment on this host, or None and why ONNX Runtime runs it instead."""
+    if entry["profile"] is None:
+        return None, f"{entry['id']} has no TensorRT profile ({entry['unbuildable']})"
+    if isinstance(target, str):
+        return None, target
+    record = index.get(engine_key(entry, target))
+    if record is None:
+        built = sorted(r["target"] for r in index.values() if r["segment"] == entry["id"])
+        others = f" (built for: {', '.join(built)})" if built else ""
+        return None, (f"no engine for {entry['id']} matches {target.tag()}{others}; "
+                      "run `mmtrt build-engines BUNDLE` on this host")
+    path = Path(bundle) / record["file"]
+    if not path.is_file() or sha256_file(path) != record["sha256"]:
+        return None, f"engine {record['file']} is missing or modified; run `mmtrt build-engines BUNDLE --force`"
+    return path, f"engine {record['file']}"

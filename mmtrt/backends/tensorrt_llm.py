@@ -1,0 +1,45 @@
+"""TensorRT-LLM partition plan: the exact `trtllm-build` command for the LLM, its limits from the shape plan.
+
+Flags as tensorrt_llm/commands/build.py defines them (NVIDIA/TensorRT-LLM): `--max_multimodal_len` is the alias
+of `--max_prompt_embedding_table_size`, the room for image features (batch x image tokens, as the LLaVA example
+sizes it); `--gemm_plugin auto` takes the checkpoint's dtype. The KV capacity per sequence is `--max_seq_len`;
+the pool size is a runtime setting (KvCacheConfig max_tokens), recorded beside the command.
+
+The checkpoint itself (config.json + rank0.safetensors) comes from the quantization path; a bundle without one
+says so instead of pretending the command can run.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+CHECKPOINT_DIR = "trtllm/checkpoint"
+ENGINE_DIR = "trtllm/engine"
+TIMING_CACHE = "trtllm/timing.cache"
+
+
+def trtllm_plan(facts: dict[str, Any], dims: dict[str, dict[str, int]], has_checkpoint: bool) -> dict[str, Any]:
+    batch, input_len, seq_len = dims["batch"]["max"], dims["seq"]["max"], dims["total"]["max"]
+    limits = {
+        "max_batch_size": batch,
+        "max_input_len": input_len,
+        "max_seq_len": seq_len,
+        "max_multimodal_len": batch * facts["vision"]["image_tokens"],
+        "max_num_tokens": batch * input_len,
+    }
+    command = [
+        "trtllm-build", "--checkpoint_dir", f"BUNDLE/{CHECKPOINT_DIR}", "--output_dir", f"BUNDLE/{ENGINE_DIR}",
+        *[f"--{k} {v}" for k, v in limits.items()],
+        "--kv_cache_type paged", "--gemm_plugin auto",
+        f"--input_timing_cache BUNDLE/{TIMING_CACHE}", f"--output_timing_cache BUNDLE/{TIMING_CACHE}",
+    ]
+    return {
+        "component": "llm",
+        "checkpoint": CHECKPOINT_DIR if has_checkpoint else None,
+        "checkpoint_missing": None if has_checkpoint else (
+            "this bundle has no TensorRT-LLM checkpoint (only the INT4 AWQ path writes one); the command is "
+            "recorded for when it does"),
+        "limits": limits,
+        "runtime": {"kv_cache_tokens_per_sequence": seq_len, "max_tokens_in_paged_kv_cache": batch * seq_len},
+        "command": " ".join(command),
+    }

@@ -1,0 +1,66 @@
+"""Inputs for comparisons: generated within a bundle's envelope (fresh random values, with the seed recorded),
+or loaded from an .npz file a previous comparison saved (keys `component/iteration/input`)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mmtrt.errors import UserError
+
+PREFILL_TOKENS = 12
+NUMPY = {"float32": np.float32, "float16": np.float16, "int64": np.int64, "int32": np.int32, "bool": np.bool_}
+
+
+def _iterations(component: str, dims: dict[str, dict[str, int]]) -> list[dict[str, int]]:
+    """Sizes of the named dimensions per iteration: two images; for the LLM a prefill, then one decode step."""
+    if component == "vision":
+        return [{"num_images": min(2, dims["num_images"]["max"])}]
+    seq = max(dims["seq"]["min"], min(PREFILL_TOKENS, dims["seq"]["max"]))
+    if component == "embed":
+        return [{"batch": 1, "seq": seq}]
+    return [{"batch": 1, "seq": seq, "past": 0, "total": seq}, {"batch": 1, "seq": 1, "past": seq, "total": seq + 1}]
+
+
+def generate(manifest: dict[str, Any], component: str, rng: np.random.Generator) -> list[dict[str, np.ndarray]]:
+    """Feeds a model of this bundle accepts: token ids below the vocabulary size, an all-ones attention mask,
+    positions continuing the cache, normal values elsewhere."""
+    vocab = manifest["model"]["llm"]["vocab_size"]
+    feeds = []
+    for sizes in _iterations(component, manifest["dims"]):
+        feed = {}
+        for spec in manifest["components"][component]["inputs"]:
+            shape = [d if isinstance(d, int) else sizes[d] for d in spec["shape"]]
+            feed[spec["name"]] = _values(spec["name"], spec["dtype"], shape, sizes, vocab, rng)
+        feeds.append(feed)
+    return feeds
+
+
+def _values(name: str, dtype: str, shape: list[int], sizes: dict[str, int], vocab: int, rng) -> np.ndarray:
+    if name == "input_ids":
+        return rng.integers(0, vocab, size=shape, dtype=np.int64)
+    if name == "attention_mask":
+        return np.ones(shape, NUMPY[dtype])
+    if name == "position_ids":
+        return np.broadcast_to(np.arange(sizes["past"], sizes["past"] + sizes["seq"]), shape).astype(NUMPY[dtype])
+    return rng.standard_normal(shape).astype(NUMPY[dtype])
+
+
+def save(path: Path, feeds: dict[str, list[dict[str, np.ndarray]]]) -> None:
+    np.savez(path, **{f"{comp}/{i}/{name}": value for comp, its in feeds.items()
+                      for i, feed in enumerate(its) for name, value in feed.items()})
+
+
+def load(path: Path) -> dict[str, list[dict[str, np.ndarray]]]:
+    if not Path(path).is_file():
+        raise UserError(f"inputs file {path} does not exist; pass an .npz that `mmtrt compare --save-inputs` wrote")
+    feeds: dict[str, dict[int, dict[str, np.ndarray]]] = {}
+    with np.load(path) as data:
+        for key in data.files:
+            parts = key.split("/")
+            if len(parts) != 3 or not parts[1].isdigit():
+                raise UserError(f"{path}: key {key!r} is not component/iteration/input; save inputs with --save-inputs")
+            feeds.setdefault(parts[0], {}).setdefault(int(parts[1]), {})[parts[2]] = data[key]
+    return {comp: [its[i] for i in sorted(its)] for comp, its in feeds.items()}

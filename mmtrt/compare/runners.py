@@ -1,0 +1,111 @@
+"""Polygraphy runners for one partition: of a bundle (ONNX Runtime, a TensorRT engine where this host has a
+matching one, or the bundle's chain of segments) or of the PyTorch source the bundle was compiled from."""
+
+from __future__ import annotations
+
+import time
+from collections import OrderedDict
+from functools import partial
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+from polygraphy.backend.base import BaseRunner
+from polygraphy.common import TensorMetadata
+
+from mmtrt.compare.inputs import NUMPY
+from mmtrt.runtime.executors import component_runner
+
+
+class FunctionRunner(BaseRunner):
+    """A Polygraphy runner around anything with `run(feeds) -> outputs`. Polygraphy's own PytRunner moves every
+    input to CUDA (polygraphy/backend/pyt/runner.py), so the PyTorch source runs through this one on the CPU."""
+
+    def __init__(self, make: Callable[[], Any], inputs: list[dict[str, Any]], name: str):
+        super().__init__(name=name)
+        self._make = make
+        self._inputs = inputs
+
+    def activate_impl(self):
+        self.impl = self._make()
+
+    def get_input_metadata_impl(self):
+        meta = TensorMetadata()
+        for spec in self._inputs:
+            meta.add(spec["name"], dtype=np.dtype(NUMPY[spec["dtype"]]),
+                     shape=[d if isinstance(d, int) else None for d in spec["shape"]])
+        return meta
+
+    def infer_impl(self, feed_dict):
+        start = time.perf_counter()
+        outputs = self.impl.run(dict(feed_dict))
+        self.inference_time = time.perf_counter() - start
+        return OrderedDict(outputs)
+
+    def deactivate_impl(self):
+        del self.impl
+
+
+def bundle_runner(bundle: Path, manifest: dict[str, Any], component: str, choices: dict, name: str) -> tuple[BaseRunner, str]:
+    """Polygraphy's own runner where one fits (OnnxrtRunner, TrtRunner), else the runtime's chain of segments;
+    and a description of what runs."""
+    from polygraphy.backend.onnxrt import OnnxrtRunner
+
+    segments = (manifest.get("placement") or {}).get(component, {}).get("segments", [])
+    engines = {s["id"]: choices[s["id"]][0] for s in segments if choices.get(s["id"], (None,))[0] is not None}
+    if not engines:
+        path = bundle / manifest["components"][component]["artifact"]
+        return OnnxrtRunner(partial(_session, path), name=name), "onnxruntime"
+    if len(segments) == 1:
+        from polygraphy.backend.trt import EngineFromBytes, TrtRunner
+
+        engine = next(iter(engines.values()))
+        return TrtRunner(EngineFromBytes(engine.read_bytes()), name=name), f"tensorrt ({engine.name})"
+    backends = "+".join(sorted({"tensorrt" if s["id"] in engines else "onnxruntime" for s in segments}))
+    chain = partial(component_runner, bundle, manifest, component, choices, None, True)
+    return FunctionRunner(chain, manifest["components"][component]["inputs"], name), f"segments ({backends})"
+
+
+def _session(path: Path):
+    """The session the runtime would open (mmtrt's OrtRunner), without spinning threads: Polygraphy's
+    SessionFromOnnx takes no session options, and a spinning pool starves the other runner on a small host."""
+    from mmtrt.backends.onnxruntime_backend import OrtRunner
+
+    return OrtRunner(path, spin=False).session
+
+
+class TorchPartition:
+    """One partition of the PyTorch source, wrapped exactly as the exporter wrapped it."""
+
+    def __init__(self, module, inputs: list[str], outputs: list[str]):
+        self.module = module.eval()
+        self.inputs = inputs
+        self.outputs = outputs
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        import torch
+
+        args = [torch.from_numpy(np.ascontiguousarray(feeds[name])) for name in self.inputs]
+        past = [a for name, a in zip(self.inputs, args) if name.startswith("past.")]
+        args = [a for name, a in zip(self.inputs, args) if not name.startswith("past.")] + ([past] if past else [])
+        with torch.no_grad():
+            result = self.module(*args)
+        result = result if isinstance(result, tuple) else (result,)
+        return {name: t.numpy() for name, t in zip(self.outputs, result)}
+
+
+def torch_runner(model, manifest: dict[str, Any], component: str, name: str) -> tuple[BaseRunner, str]:
+    from mmtrt.ir import export
+
+    vision = manifest["model"]["vision"]
+    spec = manifest["components"][component]
+
+    def make() -> TorchPartition:
+        module = {
+            "vision": lambda: export.VisionWithProjector(model, vision["feature_layer"], vision["select_strategy"]),
+            "embed": lambda: export.TokenEmbedding(model),
+            "llm": lambda: export.DecoderWithCache(model),
+        }[component]()
+        return TorchPartition(module, [s["name"] for s in spec["inputs"]], [s["name"] for s in spec["outputs"]])
+
+    return FunctionRunner(make, spec["inputs"], name), "pytorch (cpu, fp32)"

@@ -1,0 +1,60 @@
+"""Which runner executes each component on this host.
+
+A TensorRT segment runs as an engine when engines/index.json holds one whose key matches this host (segment
+digest, profile, compute capability, TensorRT version); otherwise ONNX Runtime runs it and the reason is kept.
+A component without any usable engine runs whole on ONNX Runtime; a split component with some runs segment by
+segment, passing the boundary tensors by name.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from mmtrt.backends.onnxruntime_backend import OrtRunner
+from mmtrt.backends.tensorrt.engines import probe_target, read_index, select
+
+
+class SegmentChain:
+    """Runs segments in order; each reads its inputs from the tensors computed so far."""
+
+    def __init__(self, steps: list[tuple[Any, list[str]]], outputs: list[str]):
+        self.steps = steps
+        self.outputs = outputs
+        self.providers = list(dict.fromkeys(p for runner, _ in steps for p in runner.providers))
+
+    def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        tensors = dict(feeds)
+        for runner, inputs in self.steps:
+            tensors.update(runner.run({name: tensors[name] for name in inputs}))
+        return {name: tensors[name] for name in self.outputs}
+
+
+def engine_choices(bundle: Path, manifest: dict[str, Any]) -> dict[str, tuple[Path | None, str]]:
+    """Per TensorRT segment of the plan: the engine to use, or None and why not."""
+    entries = (manifest.get("tensorrt") or {}).get("segments", [])
+    if not entries:
+        return {}
+    target, index = probe_target(), read_index(bundle)
+    return {e["id"]: select(bundle, e, target, index) for e in entries}
+
+
+def component_runner(bundle: Path, manifest: dict[str, Any], name: str, choices: dict, threads: int | None,
+                     spin: bool):
+    """The runner for one component: ONNX Runtime on the whole graph, one engine, or a chain of segments."""
+    from mmtrt.backends.tensorrt.runner import EngineRunner
+
+    segments = (manifest.get("placement") or {}).get(name, {}).get("segments", [])
+    engines = {s["id"]: choices[s["id"]][0] for s in segments if choices.get(s["id"], (None,))[0] is not None}
+    if not engines:
+        return OrtRunner(bundle / manifest["components"][name]["artifact"], threads, spin)
+    steps = []
+    for s in segments:
+        runner = (EngineRunner(engines[s["id"]]) if s["id"] in engines
+                  else OrtRunner(bundle / s["onnx"], threads, spin))
+        steps.append((runner, [t["name"] for t in s["inputs"]]))
+    if len(steps) == 1:
+        return steps[0][0]
+    return SegmentChain(steps, [o["name"] for o in manifest["components"][name]["outputs"]])

@@ -1,0 +1,1 @@
+"""Passes that choose the numeric types a component runs in."""

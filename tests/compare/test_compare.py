@@ -1,0 +1,74 @@
+"""`mmtrt compare`: equal bundles pass, an fp16 bundle fails tight tolerances (exit 1) and passes loose ones, a
+bundle matches its PyTorch source, saved inputs reproduce a comparison, and bundle differences are listed."""
+
+import json
+
+import pytest
+
+from conftest import ROOT
+from mmtrt.cli import main
+from mmtrt.compiler import compile_recipe
+
+
+@pytest.fixture(scope="module")
+def fp16_bundle(tmp_path_factory):
+    return compile_recipe(ROOT / "recipes" / "tiny-llava-fp16.yaml", tmp_path_factory.mktemp("fp16") / "fp16.bundle")
+
+
+def run_compare(capsys, *args):
+    code = main(["compare", *map(str, args)])
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_a_bundle_equals_itself(tiny_bundle, tmp_path, capsys):
+    report_path = tmp_path / "report.json"
+    code, out, _ = run_compare(capsys, tiny_bundle, tiny_bundle, "--json-out", report_path)
+    assert code == 0 and out.strip().endswith("PASSED")
+    report = json.loads(report_path.read_text())
+    assert set(report["partitions"]) == {"vision", "embed", "llm"} and report["differences"] == []
+    outputs = [o for p in report["partitions"].values() for o in p["outputs"].values()]
+    assert len(outputs) == 1 + 1 + 9 and all(o["max_abs"] == 0 and o["passed"] for o in outputs)
+    assert report["partitions"]["llm"]["iterations"] == 2 and report["inputs"]["seed"] >= 0
+
+
+def test_fp16_fails_tight_tolerances_and_passes_loose_ones(fp16_bundle, tiny_bundle, tmp_path, capsys):
+    report_path = tmp_path / "report.json"
+    code, out, _ = run_compare(capsys, fp16_bundle, tiny_bundle, "--json-out", report_path, "--save-inputs",
+                               tmp_path / "inputs.npz")
+    assert code == 1 and "FAIL" in out and out.strip().endswith("FAILED")
+    report = json.loads(report_path.read_text())
+    assert not report["partitions"]["vision"]["outputs"]["image_features"]["passed"]
+    assert report["partitions"]["embed"]["passed"]
+    diffs = {(d["what"], d["where"]): d for d in report["differences"]}
+    assert diffs[("precision", "vision.0")]["a"] == "fp16" and diffs[("precision", "vision.0")]["b"] == "fp32"
+    assert ("passes", "recipe") in diffs and ("segments", "llm") in diffs
+    logits_error = report["partitions"]["llm"]["outputs"]["logits"]["max_abs"]
+    assert 0 < logits_error < 0.05
+
+    again = tmp_path / "again.json"
+    code, _, _ = run_compare(capsys, fp16_bundle, tiny_bundle, "--inputs", tmp_path / "inputs.npz",
+                             "--atol", "0.05", "--rtol", "0.05", "--json-out", again)
+    assert code == 0
+    assert json.loads(again.read_text())["partitions"]["llm"]["outputs"]["logits"]["max_abs"] == logits_error
+
+
+def test_a_bundle_matches_its_pytorch_source(tiny_bundle, capsys):
+    code, out, _ = run_compare(capsys, tiny_bundle, "--reference", "torch", "--atol", "1e-4", "--rtol", "1e-3",
+                               "--partition", "vision", "--partition", "llm")
+    assert code == 0 and "pytorch (cpu, fp32)" in out and "embed" not in out
+
+
+def test_different_models_are_not_compared(tiny_bundle, siglip_bundle, capsys):
+    code, out, _ = run_compare(capsys, tiny_bundle, siglip_bundle, "--partition", "vision")
+    assert code == 1 and "vision: NOT COMPARED, the vision contracts differ" in out
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--reference", "torch"], ["second bundle or --reference torch"]),
+    ([], ["second bundle or --reference torch"]),
+])
+def test_bad_usage_is_one_line(tiny_bundle, capsys, args, words):
+    extra = [tiny_bundle] if args else []
+    code, _, err = run_compare(capsys, tiny_bundle, *extra, *args)
+    assert code == 2 and len(err.strip().splitlines()) == 1 and all(w in err for w in words)
