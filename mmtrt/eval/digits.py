@@ -16,7 +16,7 @@ from mmtrt.errors import UserError
 PROMPT = "Which digit is shown?"
 HELDOUT = 500
 SPLIT_SEED = 0
-SIDE = 196
+SIDE = 112
 
 
 @cache
@@ -43,7 +43,7 @@ def split_indices(split: str) -> np.ndarray:
 
 
 def digit_image(pixels: np.ndarray) -> Image.Image:
-    """An 8x8 digit (values 0..16) as a 196 px RGB image, dark ink on white as on paper."""
+    """An 8x8 digit (values 0..16) as a SIDE px RGB image, dark ink on white as on paper."""
     gray = (255 - np.asarray(pixels) * (255 / 16)).clip(0, 255).astype(np.uint8)
     return Image.fromarray(gray, "L").resize((SIDE, SIDE), Image.Resampling.BILINEAR).convert("RGB")
 

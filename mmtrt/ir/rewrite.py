@@ -46,6 +46,7 @@ def replace_uses(graph: onnx.GraphProto, old: str, new: str) -> None:
 
 def cleanup(model: onnx.ModelProto, fold_constants: bool = False) -> onnx.ModelProto:
     """Remove nodes and initializers no output depends on (and optionally fold constants), keeping model metadata."""
+    gs.logger.G_LOGGER.severity = gs.logger.G_LOGGER.ERROR  # its folding advice is noise in a compile log
     graph = gs.import_onnx(model)
     if fold_constants:
         graph.fold_constants(error_ok=False)
