@@ -59,7 +59,8 @@ def _passes() -> list[str]:
                   f"Requires: {', '.join(sorted(cls.requires)) or 'nothing'}.", ""]
         if cls.Config.model_fields:
             lines += ["| key | type | default | meaning |", "| --- | --- | --- | --- |"]
-            lines += [f"| `{k}` | {_type_name(f.annotation)} | `{f.default}` | {f.description or ''} |"
+            lines += [f"| `{k}` | {_type_name(f.annotation)} | {'required' if f.is_required() else f'`{f.default}`'} | "
+                      f"{f.description or ''} |"
                       for k, f in cls.Config.model_fields.items()]
             lines.append("")
     return lines

@@ -1,5 +1,8 @@
 """Tiny inputs and graphs built by hand, shared by the tests."""
 
+import json
+import struct
+
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
@@ -23,3 +26,62 @@ def make_model(nodes, inputs, outputs, initializers=(), opset: int = 23) -> onnx
 
 def tensor(name: str, shape, dtype=TensorProto.FLOAT):
     return helper.make_tensor_value_info(name, dtype, shape)
+
+
+# Independent readers of the INT4 layouts, written from each format's documentation (never from mmtrt's packers).
+SAFETENSORS_TYPES = {"I8": np.int8, "F16": np.float16, "F32": np.float32, "BF16": np.uint16}
+
+
+def signed_nibbles(nibbles):
+    return np.where(nibbles >= 8, nibbles.astype(np.int16) - 16, nibbles)
+
+
+def unpack_matmulnbits(inits, n, k, block):
+    """B [N, ceil(K/block), block/2] uint8, low nibble first along K; scales [N * blocks]; zero points packed two per
+    byte per row, low nibble first, or [N * blocks] in the scales' type, 8 when absent (com.microsoft.MatMulNBits)."""
+    blocks = -(-k // block)
+    b = inits["B"]
+    assert b.dtype == np.uint8 and b.shape == (n, blocks, block // 2)
+    nibbles = np.stack([b & 0x0F, b >> 4], axis=-1).reshape(n, blocks * block)[:, :k]
+    scales = inits["scales"]
+    assert scales.shape == (n * blocks,)
+    if "zero_points" not in inits:
+        return nibbles.astype(np.int16) - 8, scales.reshape(n, blocks), None
+    zp = inits["zero_points"]
+    if zp.dtype == scales.dtype:  # float zero points: one per block, flat, in the scales' type
+        assert zp.shape == (n * blocks,)
+        return nibbles, scales.reshape(n, blocks), zp.reshape(n, blocks)
+    assert zp.dtype == np.uint8 and zp.shape == (n * -(-blocks // 2),)
+    zp = np.stack([zp & 0x0F, zp >> 4], axis=-1).reshape(n, -1)[:, :blocks]
+    return nibbles, scales.reshape(n, blocks), zp
+
+
+def unpack_int4(t: onnx.TensorProto) -> np.ndarray:
+    """ONNX INT4: raw_data holds the row-major elements two per byte, the first in the low nibble, padded at the end."""
+    assert t.data_type == TensorProto.INT4
+    raw = np.frombuffer(t.raw_data, np.uint8)
+    count = int(np.prod(t.dims))
+    assert raw.size == -(-count // 2)
+    return signed_nibbles(np.stack([raw & 0x0F, raw >> 4], axis=-1).reshape(-1)[:count]).reshape(tuple(t.dims))
+
+
+def read_safetensors(path):
+    """8-byte little-endian header length, a JSON header of dtype/shape/offsets, then the data; BF16 to float32."""
+    raw = path.read_bytes()
+    (size,) = struct.unpack("<Q", raw[:8])
+    header, data = json.loads(raw[8:8 + size]), raw[8 + size:]
+    out = {}
+    for name, info in header.items():
+        if name == "__metadata__":
+            continue
+        start, end = info["data_offsets"]
+        a = np.frombuffer(data[start:end], SAFETENSORS_TYPES[info["dtype"]]).reshape(info["shape"])
+        out[name] = (a.astype(np.uint32) << 16).view(np.float32) if info["dtype"] == "BF16" else a.astype(a.dtype)
+    return out, {k: v["dtype"] for k, v in header.items() if k != "__metadata__"}
+
+
+def unpack_int4_rows(packed):
+    """int8 [out/2, in]: byte (j, i) holds row 2j in its low nibble and row 2j+1 in its high nibble, signed int4."""
+    b = packed.view(np.uint8)
+    nibbles = np.stack([b & 0x0F, b >> 4], axis=1).reshape(2 * b.shape[0], b.shape[1]).astype(np.int16)
+    return np.where(nibbles >= 8, nibbles - 16, nibbles)

@@ -29,5 +29,11 @@ class Pass:
     def __init__(self, config: PassConfig):
         self.config = config
 
+    def plan_facts(self, facts: dict[str, Any]) -> dict[str, Any]:
+        """The model facts after this pass, known before any export, so that shape planning and `compile --plan`
+        see them (a pass that changes a fact, such as the image tokens, says so here); raises UserError when the
+        pass cannot apply to this model."""
+        return facts
+
     def run(self, ir: ModelIR) -> dict[str, Any]:
         raise NotImplementedError

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -18,10 +19,13 @@ from mmtrt.recipe import Recipe, format_validation_error
 class PassPlan:
     passes: list[Pass]
     properties_after: set[str]
+    facts_after: dict[str, Any] | None = None
 
 
-def plan_passes(recipe: Recipe, properties: set[str], components: set[str]) -> PassPlan:
-    """Instantiate every pass with its validated config and check the requires/provides chain."""
+def plan_passes(recipe: Recipe, properties: set[str], components: set[str],
+                facts: dict[str, Any] | None = None) -> PassPlan:
+    """Instantiate every pass with its validated config and check the requires/provides chain; given the model
+    facts, also follow them through every pass."""
     props = set(properties)
     passes = []
     for i, (name, raw) in enumerate(recipe.pass_list()):
@@ -40,7 +44,16 @@ def plan_passes(recipe: Recipe, properties: set[str], components: set[str]) -> P
             raise UserError(f"{where} works on components {', '.join(absent)}, which this model lacks; remove {name}")
         props = (props - cls.removes) | cls.provides
         passes.append(cls(config))
-    return PassPlan(passes, props)
+        if facts is not None:
+            facts = _facts_after(passes[-1], facts, where)
+    return PassPlan(passes, props, facts)
+
+
+def _facts_after(p: Pass, facts: dict[str, Any], where: str) -> dict[str, Any]:
+    try:
+        return p.plan_facts(facts)
+    except UserError as exc:
+        raise UserError(f"{where}: {exc}") from None
 
 
 def component_stats(ir: ModelIR, names) -> dict[str, dict[str, int]]:

@@ -12,10 +12,13 @@ TensorRT-LLM's W4A16 kernels multiply signed q by the scale. On Gaussian weights
 11 % below amax / 7 (modelopt's grid, 15 levels used); the only clipping is an opposite-sign weight beyond 7.5 steps.
 
 Asymmetric grid: uint4 [0, 15] over [min(w, 0), max(w, 0)] with an integer zero point (ONNX Runtime only: TensorRT
-and TensorRT-LLM's W4A16_AWQ are symmetric).
+and TensorRT-LLM's W4A16_AWQ are symmetric). With a float zero point, uint4 over [min(w), max(w)] exactly: the
+grid of GGUF's Q4_1 and of HQQ, which MatMulNBits also runs (zero points in the activations' type).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import ml_dtypes
 import numpy as np
@@ -37,10 +40,12 @@ def _grouped(w: np.ndarray, group_size: int) -> np.ndarray:
 
 
 def quantize_groups(w: np.ndarray, group_size: int, symmetric: bool = True,
-                    clip_ratio: float | np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+                    clip_ratio: float | np.ndarray | None = None,
+                    float_zero_point: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """Round-to-nearest INT4 of a linear weight `w` [N, K]: (q int8 [N, K], scales float32 [N, G], zero points).
 
-    q is signed [-8, 7] with no zero points when symmetric, unsigned [0, 15] with uint8 zero points [N, G] otherwise.
+    q is signed [-8, 7] with no zero points when symmetric, unsigned [0, 15] with uint8 zero points [N, G] otherwise
+    (float32 zero points with `float_zero_point`; the short last group's padding zeros are in its range).
     `clip_ratio` (a scalar or [N, G]) shrinks each group's range first, as AWQ's clip search does; values outside
     the shrunk range clip to the grid's ends.
     """
@@ -52,6 +57,10 @@ def quantize_groups(w: np.ndarray, group_size: int, symmetric: bool = True,
         scales = np.where(scales > 0, scales, 1).astype(np.float32)  # an all-zero group: any positive scale
         q = np.clip(np.rint(groups / scales[..., None]), -8, 7)
         zero_points = None
+    elif float_zero_point:
+        scales = np.where(hi > lo, (hi - lo) / 15, 1).astype(np.float32)
+        zero_points = (-lo / scales).astype(np.float32)
+        q = np.clip(np.rint(groups / scales[..., None] + zero_points[..., None]), 0, 15)
     else:
         lo, hi = np.minimum(lo, 0), np.maximum(hi, 0)
         scales = np.where(hi > lo, (hi - lo) / 15, 1).astype(np.float32)
@@ -70,6 +79,22 @@ def dequantize_groups(q: np.ndarray, scales: np.ndarray, zero_points: np.ndarray
     return (q.astype(np.float32) - z) * s
 
 
+
+@dataclass(frozen=True)
+class Grid:
+    """One INT4 format: group size, symmetric or not, integer or float zero points."""
+
+    group: int
+    symmetric: bool = True
+    float_zero_point: bool = False
+
+    def quantize(self, w: np.ndarray, clip_ratio=None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+        return quantize_groups(w, self.group, self.symmetric, clip_ratio, self.float_zero_point)
+
+    def fake(self, w: np.ndarray, clip_ratio=None) -> np.ndarray:
+        """Quantize and dequantize: what the lowered weight is, in float."""
+        return dequantize_groups(*self.quantize(w, clip_ratio), self.group)
+
 def pack_nibbles(u: np.ndarray) -> np.ndarray:
     """Pairs along the last axis (even length) into bytes, the first of each pair in the low nibble."""
     u = u.astype(np.uint8) & 0x0F
@@ -82,7 +107,8 @@ def matmulnbits_node(name: str, x_input: str, q: np.ndarray, scales: np.ndarray,
     """`output` = x @ dequantized(W).T as one ONNX Runtime `com.microsoft.MatMulNBits` (4 bits) and its initializers.
 
     B is uint8 [N, ceil(K/block), block/2], packed along K; scales are flat [N * ceil(K/block)] in the activations'
-    dtype (pass them cast); zero points, when given, are packed two per byte per row. Without zero points the op's
+    dtype (pass them cast); uint8 zero points are packed two per byte per row, float ones are flat in the scales'
+    dtype. Without zero points the op's
     default, 8, applies, so symmetric q is stored as q + 8. Accuracy level 0 keeps activations in float; 4 quantizes
     them to int8 (fastest on the CPU).
     """
@@ -91,14 +117,16 @@ def matmulnbits_node(name: str, x_input: str, q: np.ndarray, scales: np.ndarray,
     g = num_groups(K, block)
     if zero_points is None:
         nibbles, pad = q.astype(np.int16) + 8, np.full((N, g * block - K), 8)
-    else:
-        nibbles, pad = q, np.repeat(zero_points[:, -1:], g * block - K, axis=1)  # padding dequantizes to 0
+    else:  # padding dequantizes to 0 (to within a step for a float zero point; x has no entries there)
+        nibbles, pad = q, np.repeat(np.clip(np.rint(zero_points[:, -1:]), 0, 15), g * block - K, axis=1)
     b = pack_nibbles(np.concatenate([nibbles, pad], axis=1).reshape(N, g, block))
-    inits = [numpy_helper.from_array(b, f"{name}.B"), numpy_helper.from_array(np.asarray(scales).reshape(-1),
-                                                                               f"{name}.scales")]
-    if zero_points is not None:
+    scales = np.asarray(scales)
+    inits = [numpy_helper.from_array(b, f"{name}.B"), numpy_helper.from_array(scales.reshape(-1), f"{name}.scales")]
+    if zero_points is not None and zero_points.dtype == np.uint8:
         zp = np.pad(zero_points, ((0, 0), (0, g % 2)))
         inits.append(numpy_helper.from_array(pack_nibbles(zp).reshape(-1), f"{name}.zero_points"))
+    elif zero_points is not None:
+        inits.append(numpy_helper.from_array(zero_points.astype(scales.dtype).reshape(-1), f"{name}.zero_points"))
     node = helper.make_node("MatMulNBits", [x_input, *(t.name for t in inits)], [output], name=name,
                             domain="com.microsoft", K=K, N=N, bits=4, block_size=block, accuracy_level=accuracy_level)
     return node, inits

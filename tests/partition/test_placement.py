@@ -31,7 +31,7 @@ def split_model():
         helper.make_node("Cast", ["i4"], ["f1"], to=TensorProto.FLOAT, name="to_float"),
         helper.make_node("Add", ["f1", "h5"], ["g1"], name="add2"),
         helper.make_node("MatMul", ["g1", "w2"], ["g2"], name="mm2"),
-        helper.make_node("Relu", ["g2"], ["g3"], name="relu2"),
+        helper.make_node("Abs", ["g2"], ["g3"], name="abs2"),  # Relu here could zero the whole output
         helper.make_node("Mul", ["g3", "hundred"], ["g4"], name="mul2"),
         helper.make_node("Tanh", ["g4"], ["y"], name="tanh"),
     ]

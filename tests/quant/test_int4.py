@@ -11,7 +11,7 @@ import onnxruntime as ort
 import pytest
 from onnx import TensorProto, helper, numpy_helper
 
-from builders import tensor
+from builders import tensor, unpack_int4, unpack_matmulnbits
 from mmtrt.ir.rewrite import cleanup
 from mmtrt.quant.int4 import dequantize_groups, dequantize_linear_nodes, matmulnbits_node, quantize_groups
 
@@ -21,10 +21,6 @@ SHAPES = [(16, 256, 64), (7, 100, 32), (5, 130, 16), (3, 96, 32)]
 
 def _weight(rng, n, k):
     return (rng.normal(size=(n, k)) * rng.uniform(0.01, 2.0)).astype(np.float32)
-
-
-def _signed(nibbles):
-    return np.where(nibbles >= 8, nibbles.astype(np.int16) - 16, nibbles)
 
 
 def _session(model, **config):
@@ -71,6 +67,20 @@ def test_asymmetric_grid(rng, n, k, group):
     assert (np.abs(w - dequantize_groups(q, scales, zero_points, group)) <= s * (0.5 + 1e-5)).all()
 
 
+def test_float_zero_point_reproduces_a_min_max_grid(rng):
+    """Weights already on a Q4_1-style grid (w = d q + m per group of 32, q in 0..15) come back exactly, which the
+    integer zero point cannot do (its zero point rounds)."""
+    d = rng.uniform(0.01, 0.1, size=(6, 4, 1)).astype(np.float32)
+    m = -rng.uniform(0.1, 1.0, size=(6, 4, 1)).astype(np.float32)
+    q = rng.integers(0, 16, size=(6, 4, 32))
+    q[..., 0], q[..., 1] = 0, 15  # every group spans its whole grid
+    w = (d * q + m).reshape(6, 128).astype(np.float32)
+    got = dequantize_groups(*quantize_groups(w, 32, symmetric=False, float_zero_point=True), 32)
+    np.testing.assert_allclose(got, w, rtol=0, atol=1e-6)
+    rounded = dequantize_groups(*quantize_groups(w, 32, symmetric=False), 32)
+    assert np.abs(rounded - w).max() > 1e-3
+
+
 @pytest.mark.parametrize("symmetric", [True, False])
 def test_clip_ratio_shrinks_the_range(rng, symmetric):
     w = _weight(rng, 8, 128)
@@ -102,31 +112,14 @@ def test_symmetric_grid_beats_amax_over_7(rng):
     assert ours < 0.93 * theirs
 
 
-def _unpack_matmulnbits(inits, n, k, block):
-    """B [N, ceil(K/block), block/2] uint8, low nibble first along K; scales [N * blocks]; zero points packed two per
-    byte per row, low nibble first, 8 when absent (com.microsoft.MatMulNBits)."""
-    blocks = -(-k // block)
-    b = inits["B"]
-    assert b.dtype == np.uint8 and b.shape == (n, blocks, block // 2)
-    nibbles = np.stack([b & 0x0F, b >> 4], axis=-1).reshape(n, blocks * block)[:, :k]
-    scales = inits["scales"]
-    assert scales.shape == (n * blocks,)
-    if "zero_points" not in inits:
-        return nibbles.astype(np.int16) - 8, scales.reshape(n, blocks), None
-    zp = inits["zero_points"]
-    assert zp.dtype == np.uint8 and zp.shape == (n * -(-blocks // 2),)
-    zp = np.stack([zp & 0x0F, zp >> 4], axis=-1).reshape(n, -1)[:, :blocks]
-    return nibbles, scales.reshape(n, blocks), zp
-
-
-@pytest.mark.parametrize("symmetric", [True, False])
+@pytest.mark.parametrize("symmetric,float_zero_point", [(True, False), (False, False), (False, True)])
 @pytest.mark.parametrize("n,k,group", SHAPES)
-def test_matmulnbits(rng, n, k, group, symmetric):
+def test_matmulnbits(rng, n, k, group, symmetric, float_zero_point):
     w, x = _weight(rng, n, k), rng.normal(size=(3, k)).astype(np.float32)
-    q, scales, zero_points = quantize_groups(w, group, symmetric)
+    q, scales, zero_points = quantize_groups(w, group, symmetric, float_zero_point=float_zero_point)
     node, inits = matmulnbits_node("lin", "x", q, scales, zero_points, k, n, group, 0, output="y")
     arrays = {t.name.removeprefix("lin."): numpy_helper.to_array(t) for t in inits}
-    uq, uscales, uzp = _unpack_matmulnbits(arrays, n, k, group)
+    uq, uscales, uzp = unpack_matmulnbits(arrays, n, k, group)
     np.testing.assert_array_equal(uq, q)
     np.testing.assert_array_equal(uscales, scales)
     assert (uzp is None) == (zero_points is None)
@@ -144,22 +137,13 @@ def test_matmulnbits_rejects_a_transposed_weight(rng):
         matmulnbits_node("lin", "x", q.T, scales, None, 64, 4, 32, 0, output="y")
 
 
-def _unpack_int4(t: onnx.TensorProto) -> np.ndarray:
-    """ONNX INT4: raw_data holds the row-major elements two per byte, the first in the low nibble, padded at the end."""
-    assert t.data_type == TensorProto.INT4
-    raw = np.frombuffer(t.raw_data, np.uint8)
-    count = int(np.prod(t.dims))
-    assert raw.size == -(-count // 2)
-    return _signed(np.stack([raw & 0x0F, raw >> 4], axis=-1).reshape(-1)[:count]).reshape(tuple(t.dims))
-
-
 @pytest.mark.parametrize("n,k,group", SHAPES)
 def test_dequantize_linear_int4(rng, n, k, group):
     w, x = _weight(rng, n, k), rng.normal(size=(3, k)).astype(np.float32)
     q, scales, _ = quantize_groups(w, group)
     nodes, inits = dequantize_linear_nodes("lin", "x", "y", q, scales, group)
     weight, scale = inits
-    np.testing.assert_array_equal(_unpack_int4(weight), q.T)
+    np.testing.assert_array_equal(unpack_int4(weight), q.T)
     np.testing.assert_array_equal(numpy_helper.to_array(scale), scales.T)
     dq = nodes[0]
     assert dq.op_type == "DequantizeLinear" and len(dq.input) == 2
@@ -178,7 +162,7 @@ def test_dequantize_linear_survives_constant_folding(rng):
     cleaned = cleanup(_model(nodes, inits, 3, 128, 8), fold_constants=True)
     assert [n.op_type for n in cleaned.graph.node] == ["DequantizeLinear", "MatMul"]
     weight = next(t for t in cleaned.graph.initializer if t.name == "lin.weight")
-    np.testing.assert_array_equal(_unpack_int4(weight), q.T)
+    np.testing.assert_array_equal(unpack_int4(weight), q.T)
 
 
 def test_dequantize_linear_rejects_unsigned_q():

@@ -2,37 +2,13 @@
 bfloat16 reads too) and unpacked from the documented layout, not with the writer's helpers."""
 
 import json
-import struct
 
 import numpy as np
 import pytest
 
+from builders import read_safetensors, unpack_int4_rows
 from mmtrt.quant.int4 import dequantize_groups, quantize_groups
 from mmtrt.quant.trtllm_checkpoint import linear_tensors, llama_name, trtllm_config, write_checkpoint
-
-NUMPY_TYPES = {"I8": np.int8, "F16": np.float16, "F32": np.float32, "BF16": np.uint16}
-
-
-def _read_safetensors(path):
-    """8-byte little-endian header length, a JSON header of dtype/shape/offsets, then the data; BF16 to float32."""
-    raw = path.read_bytes()
-    (size,) = struct.unpack("<Q", raw[:8])
-    header, data = json.loads(raw[8:8 + size]), raw[8 + size:]
-    out = {}
-    for name, info in header.items():
-        if name == "__metadata__":
-            continue
-        start, end = info["data_offsets"]
-        a = np.frombuffer(data[start:end], NUMPY_TYPES[info["dtype"]]).reshape(info["shape"])
-        out[name] = (a.astype(np.uint32) << 16).view(np.float32) if info["dtype"] == "BF16" else a.astype(a.dtype)
-    return out, {k: v["dtype"] for k, v in header.items() if k != "__metadata__"}
-
-
-def _unpack_rows(packed):
-    """int8 [out/2, in]: byte (j, i) holds row 2j in its low nibble and row 2j+1 in its high nibble, signed int4."""
-    b = packed.view(np.uint8)
-    nibbles = np.stack([b & 0x0F, b >> 4], axis=1).reshape(2 * b.shape[0], b.shape[1]).astype(np.int16)
-    return np.where(nibbles >= 8, nibbles - 16, nibbles)
 
 
 def _rounded(a, dtype):
@@ -62,7 +38,7 @@ def test_checkpoint_round_trip(rng, tmp_path, dtype, group):
     folder = write_checkpoint(tmp_path / "ckpt", config, tensors)
 
     assert json.loads((folder / "config.json").read_text()) == config
-    read, stored_dtypes = _read_safetensors(folder / "rank0.safetensors")
+    read, stored_dtypes = read_safetensors(folder / "rank0.safetensors")
     assert set(read) == set(tensors)
     float_type = {"float16": "F16", "bfloat16": "BF16", "float32": "F32"}[dtype]
     for prefix, (out_features, in_features) in shapes.items():
@@ -72,7 +48,7 @@ def test_checkpoint_round_trip(rng, tmp_path, dtype, group):
         assert scale.shape == (out_features, in_features // group) and prequant.shape == (in_features,)
         assert {stored_dtypes[f"{prefix}.{k}"] for k in ("weights_scaling_factor", "prequant_scaling_factor")} == {
             float_type}
-        deq = _unpack_rows(weight).astype(np.float32) * np.repeat(scale.astype(np.float32), group, axis=1)
+        deq = unpack_int4_rows(weight).astype(np.float32) * np.repeat(scale.astype(np.float32), group, axis=1)
         np.testing.assert_array_equal(deq, expected[prefix][0])
         np.testing.assert_array_equal(prequant.astype(np.float32), expected[prefix][1])
 

@@ -1,0 +1,254 @@
+"""Quantize the linears of one ONNX component to INT4 in place: calibrate, search (AWQ or plain RTN), fold the
+scales into the graph, and lower every quantized linear for the backend that will run it.
+
+Every search reads the activations of the unmodified float graph (as the reference implementations do: scaling
+alone does not change any output), so all groups are calibrated in one pass over the calibration batches.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from mmtrt.quant.awq import (GroupStats, ModuleLoss, OwnLoss, ScaleResult, effective_weight, scaled_blocks, search_clip,
+                             search_scale)
+from mmtrt.quant.calibration import run_with_outputs
+from mmtrt.quant.int4 import Grid, dequantize_linear_nodes, matmulnbits_node
+from mmtrt.quant.linears import GraphIndex, Group, Linear, find_linears, region_inputs
+
+NO_CLIP_ROLES = ("q_proj", "k_proj")  # as the reference: clipping them too measured no better on dino-smollm
+
+
+@dataclass(frozen=True)
+class Settings:
+    method: str
+    grid: Grid
+    clip: bool
+    lowering: str
+    accuracy_level: int
+    search_tokens: int
+    select: Callable[[str], bool]
+
+
+@dataclass
+class QuantizedLinear:
+    """One lowered linear: W ~ dequant(q, scales, zero points) applied to x * prequant (prequant None: x as is)."""
+
+    linear: Linear
+    q: np.ndarray
+    scales: np.ndarray
+    zero_points: np.ndarray | None
+    prequant: np.ndarray | None
+    stored_bytes: int  # of the lowering's initializers (packed weights, scales, zero points) in the graph
+
+
+@dataclass
+class _Plan:
+    """A group's search result: its scale and each linear's clip ratios (None: no clipping)."""
+
+    result: ScaleResult
+    clips: list[np.ndarray | None]
+
+
+def quantize_component(model: onnx.ModelProto, component: str, batches: list[dict[str, np.ndarray]],
+                       settings: Settings) -> tuple[list[QuantizedLinear], dict]:
+    """Quantize the selected linears of `model` in place; returns them and a report (seconds, and per group the
+    alpha, how the scale folded and the relative output error of RTN, of the scale alone and with clipping)."""
+    started = time.perf_counter()
+    index, linears, groups = find_linears(model, component)
+    groups = _selected(groups, settings.select)
+    if not groups:
+        return [], {"groups": []}
+    stats = _calibrate(model, index, groups, batches, settings)
+    calibrated = time.perf_counter()
+    weights = {lin.weight: index.initializers[lin.weight] for g in groups for lin in g.linears}
+    plans, reports = [], []
+    for group in groups:
+        ws = [numpy_helper.to_array(weights[lin.weight]).T.astype(np.float32) for lin in group.linears]
+        plan, report = _search(model, index, group, ws, stats.pop(group.input), settings)
+        plans.append(plan)
+        reports.append(report)
+    folds = fold_scales(model, index, linears, groups, [p.result.scale for p in plans])
+    for report, fold in zip(reports, folds):
+        report["fold"] = None if fold is None else fold[0]
+    quantized = lower_linears(model, groups, [p.clips for p in plans], [f and f[1] for f in folds], settings)
+    return quantized, {"calibration_s": round(calibrated - started, 2),
+                       "search_and_rewrite_s": round(time.perf_counter() - calibrated, 2), "groups": reports}
+
+
+def _selected(groups: list[Group], select: Callable[[str], bool]) -> list[Group]:
+    """Groups cut to the selected linears; a group that lost some keeps no absorber (others read its input)."""
+    out = []
+    for g in groups:
+        keep = [lin for lin in g.linears if select(lin.name)]
+        if keep:
+            out.append(dataclasses.replace(g, linears=keep, absorber=g.absorber if len(keep) == len(g.linears) else None))
+    return out
+
+
+def _calibrate(model, index: GraphIndex, groups: list[Group], batches, settings: Settings) -> dict[str, GroupStats]:
+    """One pass over the batches: |x| sums and Gram matrices of every group input over all of them, the module
+    regions' feeds over the first batches holding at most `search_tokens` tokens (at least one batch)."""
+    stats = {g.input: GroupStats.empty(g.linears[0].k, settings.grid.group, full=not g.region) for g in groups}
+    needs = {g.input: region_inputs(index, g) for g in groups if g.region}
+    names = list(dict.fromkeys([g.input for g in groups] + [n for ns in needs.values() for n in ns]))
+    searched = 0
+    for i, tensors in enumerate(run_with_outputs(model, names, batches)):
+        first = tensors[groups[0].input]
+        tokens = first.size // first.shape[-1]
+        keep = i == 0 or searched + tokens <= settings.search_tokens
+        searched += tokens if keep else 0
+        for name, s in stats.items():
+            s.add(tensors[name])
+            if keep and name in needs:
+                s.feeds.append({n: tensors[n] for n in needs[name]})
+    return stats
+
+
+def _search(model, index, group: Group, ws: list[np.ndarray], stats: GroupStats,
+            settings: Settings) -> tuple[_Plan, dict]:
+    loss = ModuleLoss(model, index, group, ws, stats.feeds) if group.region else OwnLoss(ws, stats)
+    grid = settings.grid
+    if settings.method == "awq":
+        result = search_scale(ws, stats, loss, grid)
+    else:
+        err = loss([grid.fake(w) for w in ws])
+        result = ScaleResult(np.ones(group.linears[0].k, np.float32), 0.0, err, err, loss.energy)
+    clips = [None] * len(ws)
+    if settings.method == "awq" and settings.clip:
+        blocks = scaled_blocks(stats.blocks(), result.scale)
+        clips = [None if lin.role in NO_CLIP_ROLES else search_clip(w * result.scale, blocks, grid)
+                 for lin, w in zip(group.linears, ws)]
+    final = loss([effective_weight(w, result.scale, grid, c) for w, c in zip(ws, clips)])
+    energy = max(result.energy, 1e-30)
+    report = {
+        "group": group.name,
+        "loss_at": "module" if group.region else "own outputs",
+        "alpha": result.alpha,
+        "rtn_rel_mse": _sig(result.rtn_loss / energy),
+        "scaled_rel_mse": _sig(result.loss / energy),
+        "final_rel_mse": _sig(final / energy),
+    }
+    return _Plan(result, clips), report
+
+
+def _sig(x: float) -> float:
+    return float(f"{x:.4g}")
+
+
+def fold_scales(model: onnx.ModelProto, index: GraphIndex, linears: list[Linear], groups: list[Group],
+                scales: list[np.ndarray]) -> list[tuple[str, np.ndarray | None] | None]:
+    """Make every group compute x/s times W diag(s), a float graph with the same outputs: the group's weights take
+    s on their input channels and 1/s goes into the normalisation that made x (its weight and bias), into the
+    output channels of the linear that made one factor of x, or into a pre-quant Mul. Per group: (how, the
+    pre-quant scale when a Mul applies it), None when s = 1. New initializers throughout: the exporter shares
+    identical ones between nodes."""
+    weights: dict[int, np.ndarray] = {}
+
+    def weight(lin: Linear) -> np.ndarray:  # [K, N] as stored, in float32 while groups fold into it
+        if id(lin.node) not in weights:
+            weights[id(lin.node)] = numpy_helper.to_array(index.initializers[lin.weight]).astype(np.float32)
+        return weights[id(lin.node)]
+
+    new, inserts, folds = [], {}, []
+    for group, s in zip(groups, scales):
+        if np.all(s == 1):
+            folds.append(None)
+            continue
+        for lin in group.linears:
+            weight(lin)[...] *= s[:, None]
+        kind, target = group.absorber or (None, None)
+        if kind == "norm":
+            new += _fold_into_norm(index, target, s, group.linears[0].name)
+            folds.append(("norm", None))
+        elif kind == "linear":
+            weight(target)[...] /= s[None, :]
+            folds.append((f"output channels of {target.name}", None))
+        else:
+            inv = (1.0 / s).astype(_dtype(index, group.linears[0]))
+            name = f"{group.linears[0].name}.prequant_scale"
+            new.append(numpy_helper.from_array(inv, name))
+            out = f"{group.input}.awq_prequant"
+            first = min(group.linears, key=lambda lin: index.position[id(lin.node)])
+            inserts[index.position[id(first.node)]] = helper.make_node("Mul", [group.input, name], [out], name=f"{name}.mul")
+            for lin in group.linears:
+                lin.node.input[0] = out
+            folds.append(("prequant Mul", inv))
+    for lin in linears:
+        if id(lin.node) in weights:
+            dtype = _dtype(index, lin)
+            lin.weight = lin.node.input[1] = f"{lin.name}.awq_weight"
+            new.append(numpy_helper.from_array(weights.pop(id(lin.node)).astype(dtype), lin.weight))
+    _replace_nodes(model, {i: [mul, model.graph.node[i]] for i, mul in inserts.items()}, new)
+    return folds
+
+
+def _dtype(index: GraphIndex, lin: Linear) -> np.dtype:
+    """The linear's float type (fp32, or fp16/bf16 after cast_precision): its scales and pre-quant scale take it."""
+    return helper.tensor_dtype_to_np_dtype(index.initializers[lin.weight].data_type)
+
+
+def _fold_into_norm(index: GraphIndex, norm: onnx.NodeProto, s: np.ndarray, label: str) -> list[onnx.TensorProto]:
+    out = []
+    for i, suffix in ((1, "weight"), (2, "bias")):
+        if len(norm.input) > i and norm.input[i]:
+            value = numpy_helper.to_array(index.initializers[norm.input[i]])
+            norm.input[i] = f"{label}.awq_norm_{suffix}"
+            out.append(numpy_helper.from_array((value / s).astype(value.dtype), norm.input[i]))
+    return out
+
+
+def lower_linears(model: onnx.ModelProto, groups: list[Group], clips: list[list[np.ndarray | None]],
+                  prequant: list[np.ndarray | None], settings: Settings) -> list[QuantizedLinear]:
+    """Quantize each linear's (scaled) weight with its clip ratios and replace its MatMul by the lowering."""
+    inits = {t.name: t for t in model.graph.initializer}
+    replaced, new, quantized = {}, [], []
+    for group, group_clips, pre in zip(groups, clips, prequant):
+        for lin, clip in zip(group.linears, group_clips):
+            w = numpy_helper.to_array(inits[lin.weight]).T
+            q, scales, zp = settings.grid.quantize(w, clip)
+            dtype = helper.tensor_dtype_to_np_dtype(inits[lin.weight].data_type)
+            nodes, lowered = _lower(lin, q, scales.astype(dtype), zp, settings)
+            replaced[lin.output] = nodes
+            new += lowered
+            quantized.append(QuantizedLinear(lin, q, scales, zp, pre, sum(len(t.raw_data) for t in lowered)))
+    _replace_nodes(model, {i: replaced[n.output[0]] for i, n in enumerate(model.graph.node)
+                           if n.op_type == "MatMul" and n.output[0] in replaced}, new)
+    if settings.lowering == "matmulnbits" and not any(o.domain == "com.microsoft" for o in model.opset_import):
+        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    return quantized
+
+
+def _lower(lin: Linear, q, scales, zp, settings: Settings) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+    if settings.lowering == "matmulnbits":
+        node, inits = matmulnbits_node(lin.name, lin.input, q, scales, zp, lin.k, lin.n, settings.grid.group,
+                                       settings.accuracy_level, output=lin.output)
+        return [node], inits
+    return dequantize_linear_nodes(lin.name, lin.input, lin.output, q, scales, settings.grid.group)
+
+
+def _replace_nodes(model: onnx.ModelProto, replacements: dict[int, list[onnx.NodeProto]],
+                   initializers: list[onnx.TensorProto]) -> None:
+    """Rebuild the node list with the nodes at the given positions replaced, add initializers, drop the ones
+    nothing reads."""
+    graph = model.graph
+    nodes = [_copy(n) for i, node in enumerate(graph.node) for n in replacements.get(i, [node])]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    graph.initializer.extend(initializers)
+    used = {n for node in graph.node for n in node.input} | {o.name for o in graph.output}
+    keep = [t for t in graph.initializer if t.name in used]
+    del graph.initializer[:]
+    graph.initializer.extend(keep)
+
+
+def _copy(node: onnx.NodeProto) -> onnx.NodeProto:
+    out = onnx.NodeProto()
+    out.CopyFrom(node)
+    return out

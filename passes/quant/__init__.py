@@ -1,0 +1,1 @@
+"""Passes that quantize weights."""

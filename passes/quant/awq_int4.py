@@ -1,0 +1,166 @@
+"""awq_int4: 4-bit weights for the LLM's linear layers (and the vision encoder's, when asked) with AWQ.
+
+AWQ as published (Lin et al., MLSys 2024), run on the IR itself: the component's graph runs in ONNX Runtime on
+calibration data (digit images with the digits prompt through the real vision path, plus English text) with the
+inputs of its linears exposed; per group of linears sharing an input, the per-channel scale mean|x|^alpha is
+searched over 20 alphas with the error measured at the module the group feeds (the attention block for q/k/v,
+the MLP for gate/up, both run from the graph's own nodes; o_proj, down_proj and lm_head at their own outputs);
+1/s folds into the normalisation before q/k/v, gate/up and lm_head and into up_proj's rows before down_proj, and
+stays a pre-quant Mul before o_proj; then each weight group's clipping range is searched (not for q and k).
+`method: rtn` quantizes the same weights to nearest (the baseline). Deviation from the reference code: the error
+is measured on a token budget (`calibration.search_tokens`) rather than on every calibration token.
+
+Lowering: `com.microsoft.MatMulNBits` for ONNX Runtime; INT4 initializer -> DequantizeLinear (blocked, symmetric)
+-> MatMul for TensorRT, which ONNX Runtime also runs by fusing the pair into MatMulNBits itself. With `auto` the
+LLM gets the TensorRT form when its partition offers TensorRT (a MatMulNBits would cut every TensorRT segment at
+each linear), MatMulNBits otherwise. When the LLM's partition lists tensorrt-llm, a W4A16_AWQ checkpoint goes into
+the bundle at trtllm/checkpoint; the manifest's `tensorrt_llm.command` builds it.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from typing import Any, Literal
+
+from pydantic import Field, model_validator
+
+from mmtrt.errors import UserError
+from mmtrt.ir.graph import ModelIR
+from mmtrt.pipeline.pass_base import Pass, PassConfig
+from mmtrt.quant.calibration import calibration_batches
+from mmtrt.quant.int4 import Grid
+from mmtrt.quant.quantize import QuantizedLinear, Settings, quantize_component
+from mmtrt.quant.trtllm_export import NotExportable, checkpoint_assets
+
+TENSORRT_BLOCKS = (64, 128)
+
+
+class Calibration(PassConfig):
+    images: Literal["digits", "none"] = Field("digits", description="Images shown with the digits prompt: `digits` (scikit-learn digits, train split) or `none` (text only).")
+    samples: int = Field(16, ge=0, description="Calibration images.")
+    text_windows: int = Field(8, ge=0, description="512-token windows of English text (Python's documentation, taken from its end: the perplexity suite reads from the start).")
+    search_tokens: int = Field(1024, ge=1, description="Tokens the module-output error of the scale search runs on (the first calibration batches that fit; statistics and own-output errors use every token).")
+
+
+class AwqInt4Config(PassConfig):
+    method: Literal["awq", "rtn"] = Field("awq", description="`awq` (scale and clip search) or `rtn` (round to nearest, the baseline).")
+    group_size: int = Field(128, description="Weights per scale along the input dimension: a power of two from 16 to 256 (TensorRT takes 64 and 128).")
+    symmetric: bool = Field(True, description="Signed [-8, 7] grid without zero points (TensorRT and TensorRT-LLM need it); false: unsigned grid with a zero point per group (ONNX Runtime only).")
+    zero_point: Literal["int4", "float"] = Field("int4", description="Asymmetric only: `int4` zero points (ONNX Runtime's own RTN format, the range stretched to hold 0) or `float` ones (the grid spans each group's min to max exactly, as GGUF's Q4_1 and HQQ do; 4 bytes per group).")
+    components: list[Literal["llm", "vision"]] = Field(["llm"], min_length=1, description="Components whose linears are quantized (`vision` includes the projector).")
+    include: list[str] = Field(["*"], description="Glob patterns of linear names to quantize, e.g. `llm.layers.*.down_proj`; names look like `llm.layers.3.q_proj`, `llm.lm_head`, `vision.layers.0.fc1`, `vision.linear.18` (the pass report lists them).")
+    exclude: list[str] = Field([], description="Glob patterns of linear names to keep in float, e.g. `llm.lm_head`.")
+    calibration: Calibration = Field(Calibration(), description="Calibration data: `images` (`digits` or `none`), `samples` (images), `text_windows` (512-token windows of English text), `search_tokens` (tokens the module-output error is measured on).")
+    clip: bool = Field(True, description="AWQ's clipping-range search after the scale search (`awq` only).")
+    lowering: Literal["auto", "matmulnbits", "dequantize_linear"] = Field("auto", description="ONNX form: `matmulnbits` (ONNX Runtime), `dequantize_linear` (TensorRT's INT4 DequantizeLinear + MatMul, symmetric only), `auto` (TensorRT's when the component's partition offers TensorRT, the grid is symmetric and the group 64 or 128).")
+    accuracy_level: Literal[0, 1, 2, 3, 4] = Field(4, description="MatMulNBits accuracy level: 4 computes with int8 activations (fastest on the CPU), 0 keeps them in float.")
+    trtllm_checkpoint: Literal["auto", "always", "never"] = Field("auto", description="Write a TensorRT-LLM W4A16_AWQ checkpoint of the LLM into the bundle: `auto` when partition.llm lists tensorrt-llm and the model allows it, `always` (an error when it cannot), `never`.")
+    trtllm_dtype: Literal["float16", "bfloat16", "float32"] = Field("float16", description="Type of the checkpoint's float tensors (scales, norms, embeddings).")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "AwqInt4Config":
+        if self.group_size & (self.group_size - 1) or not 16 <= self.group_size <= 256:
+            raise ValueError(f"group_size must be a power of two from 16 to 256, got {self.group_size}")
+        if self.symmetric and self.zero_point == "float":
+            raise ValueError("zero_point: float applies to the asymmetric grid; set symmetric: false or drop zero_point")
+        if not self.symmetric and (self.lowering == "dequantize_linear" or self.trtllm_checkpoint == "always"):
+            raise ValueError("TensorRT's DequantizeLinear and TensorRT-LLM's W4A16_AWQ take symmetric INT4 only; "
+                             "set symmetric: true or lowering: matmulnbits and trtllm_checkpoint: never")
+        cal = self.calibration
+        if "vision" in self.components and (cal.images == "none" or not cal.samples):
+            raise ValueError("quantizing the vision component needs calibration images (calibration.images: digits)")
+        if (cal.images == "none" or not cal.samples) and not cal.text_windows:
+            raise ValueError("calibration has no data: give calibration.samples images or calibration.text_windows")
+        return self
+
+
+class AwqInt4(Pass):
+    name = "awq_int4"
+    Config = AwqInt4Config
+    components = ("vision", "llm")
+    lossy = True
+
+    def plan_facts(self, facts: dict[str, Any]) -> dict[str, Any]:
+        hidden = facts["llm"]["hidden_size"]
+        if self.config.trtllm_checkpoint == "always" and hidden % self.config.group_size:
+            raise UserError(f"trtllm_checkpoint: always needs group_size to divide the LLM's hidden size {hidden} "
+                            f"(TensorRT-LLM takes whole groups); choose another group_size or trtllm_checkpoint: auto")
+        return facts
+
+    def run(self, ir: ModelIR) -> dict:
+        cfg = self.config
+        cal = cfg.calibration
+        batches = calibration_batches(ir, cal.images, cal.samples, cal.text_windows)
+        changes = {}
+        for name in ("vision", "llm"):
+            if name in cfg.components:
+                lowering, why = self._lowering(ir.components[name])
+                quantized, report = quantize_component(
+                    ir.components[name].onnx, name, batches.vision if name == "vision" else batches.llm,
+                    self._settings(lowering))
+                changes[name] = _summary(quantized, report, lowering, why, cfg.group_size)
+                if name == "llm":
+                    changes["trtllm_checkpoint"] = self._checkpoint(ir, quantized)
+        return changes
+
+    def _settings(self, lowering: str) -> Settings:
+        cfg = self.config
+
+        def select(name: str) -> bool:
+            return (any(fnmatch.fnmatchcase(name, p) for p in cfg.include)
+                    and not any(fnmatch.fnmatchcase(name, p) for p in cfg.exclude))
+
+        grid = Grid(cfg.group_size, cfg.symmetric, cfg.zero_point == "float")
+        return Settings(cfg.method, grid, cfg.clip, lowering, cfg.accuracy_level, cfg.calibration.search_tokens, select)
+
+    def _lowering(self, comp) -> tuple[str, str]:
+        cfg = self.config
+        if cfg.lowering != "auto":
+            return cfg.lowering, "set in the recipe"
+        if not comp.metadata.get("placement", {}).get("targeted", False):
+            return "matmulnbits", f"partition.{comp.name} does not offer tensorrt"
+        if not cfg.symmetric or cfg.group_size not in TENSORRT_BLOCKS:
+            return "matmulnbits", (f"partition.{comp.name} offers tensorrt, but TensorRT's INT4 needs a symmetric "
+                                   f"grid with group 64 or 128")
+        return "dequantize_linear", f"partition.{comp.name} offers tensorrt (ONNX Runtime fuses it into MatMulNBits)"
+
+    def _checkpoint(self, ir: ModelIR, quantized: list[QuantizedLinear]) -> dict:
+        cfg = self.config
+        wanted = "tensorrt-llm" in ir.components["llm"].metadata.get("placement", {}).get("backends", [])
+        if cfg.trtllm_checkpoint == "never" or (cfg.trtllm_checkpoint == "auto" and not wanted):
+            return {"written": False, "reason": "not requested (partition.llm does not list tensorrt-llm)"
+                    if cfg.trtllm_checkpoint == "auto" else "trtllm_checkpoint: never"}
+        try:
+            if not cfg.symmetric:
+                raise NotExportable("W4A16_AWQ is symmetric; this recipe quantizes asymmetrically")
+            assets = checkpoint_assets(ir, quantized, cfg.group_size, cfg.trtllm_dtype)
+        except NotExportable as exc:
+            if cfg.trtllm_checkpoint == "always":
+                raise UserError(f"awq_int4 cannot write the TensorRT-LLM checkpoint: {exc}") from None
+            return {"written": False, "reason": str(exc)}
+        ir.assets.update(assets)
+        return {"written": True, "files": sorted(assets), "dtype": cfg.trtllm_dtype,
+                "build": "manifest tensorrt_llm.command (trtllm-build, limits from the shape plan)"}
+
+
+def _summary(quantized: list[QuantizedLinear], report: dict, lowering: str, why: str, group: int) -> dict:
+    if not quantized:
+        return {"linears_quantized": 0, "lowering": lowering}
+    groups = report["groups"]
+    before = sum(ql.linear.k * ql.linear.n * 4 for ql in quantized)
+    after = sum(ql.stored_bytes for ql in quantized)
+    rtn = [g["rtn_rel_mse"] for g in groups]
+    final = [g["final_rel_mse"] for g in groups]
+    return {
+        "linears_quantized": len(quantized),
+        "lowering": lowering,
+        "lowering_reason": why,
+        "group_size": group,
+        "weight_bytes_fp32": before,
+        "weight_bytes_int4": after,
+        "bits_per_weight": round(8 * after / (before / 4), 3),
+        "rtn_rel_mse_mean": float(f"{sum(rtn) / len(rtn):.4g}"),
+        "final_rel_mse_mean": float(f"{sum(final) / len(final):.4g}"),
+        "groups_below_rtn": sum(f < r for f, r in zip(final, rtn)),
+        **report,
+    }

@@ -1,0 +1,1 @@
+"""Passes that change what the vision component hands the LLM."""

@@ -1,0 +1,287 @@
+"""awq_int4 on zoo:tiny-llava. Its weights are random, so these tests check mechanics and exactness; the quality
+claims on real weights (dino-smollm) are measured by scripts/bench_awq.py.
+
+- The bundle's ONNX Runtime logits equal those of the PyTorch model holding the same integer weights and scales,
+  dequantized (read back from the graph with unpackers written from the op's documentation), at accuracy level 0,
+  for both lowerings.
+- AWQ's search error is at most RTN's in every group (that folding scales changes no output is tested in
+  tests/quant/test_quantize.py).
+- TensorRT's form keeps its INT4 DequantizeLinear through graph_cleanup and cast_precision.
+- The TensorRT-LLM checkpoint, read with json + a hand-written safetensors parser and run as a numpy LLaMA, gives the
+  ONNX path's logits.
+"""
+
+import copy
+import json
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+from onnx import numpy_helper
+from pydantic import ValidationError
+
+from builders import read_safetensors, unpack_int4, unpack_int4_rows, unpack_matmulnbits
+from conftest import compile_to
+from mmtrt.backends.onnxruntime_backend import session_options
+from mmtrt.ir.graph import Component, ModelIR, graph_io
+from mmtrt.ir.rewrite import attr
+from passes.cleanup.graph_cleanup import GraphCleanup
+from passes.precision.cast_precision import CastPrecision
+from passes.quant.awq_int4 import AwqInt4Config
+
+CALIBRATION = "calibration: {samples: 4, text_windows: 1, search_tokens: 256}"
+ENVELOPE = "envelope: {batch: {min: 1, opt: 1, max: 2}, prompt_tokens: {min: 1, opt: 16, max: 64}, max_new_tokens: 8}\n"
+NBITS_RECIPE = f"""model: {{source: zoo, name: tiny-llava}}
+passes:
+  - dead_layer_elimination: {{}}
+  - awq_int4: {{components: [llm, vision], lowering: matmulnbits, accuracy_level: 0, {CALIBRATION}}}
+partition: {{llm: [onnxruntime], vision: [onnxruntime]}}
+{ENVELOPE}"""
+TENSORRT_RECIPE = f"""model: {{source: zoo, name: tiny-llava}}
+passes:
+  - dead_layer_elimination: {{}}
+  - awq_int4: {{group_size: 64, trtllm_dtype: float32, {CALIBRATION}}}
+  - graph_cleanup: {{}}
+partition: {{llm: [tensorrt-llm, tensorrt, onnxruntime]}}
+{ENVELOPE}"""
+LLM_LINEARS = 4 * 7 + 1
+
+
+@pytest.fixture(scope="module")
+def nbits_bundle(tmp_path_factory):
+    return compile_to(tmp_path_factory.mktemp("awq_nbits"), NBITS_RECIPE)
+
+
+@pytest.fixture(scope="module")
+def tensorrt_bundle(tmp_path_factory):
+    return compile_to(tmp_path_factory.mktemp("awq_trt"), TENSORRT_RECIPE)
+
+
+def _manifest(bundle):
+    return json.loads((bundle / "manifest.json").read_text())
+
+
+def _report(bundle):
+    return next(p for p in _manifest(bundle)["passes"] if p["pass"] == "awq_int4")["changes"]
+
+
+def _llm_session(bundle):
+    opts = session_options(None, spin=False, exact_int4=True)
+    return ort.InferenceSession(str(bundle / "llm.onnx"), opts, providers=["CPUExecutionProvider"])
+
+
+def _llm_feeds(embeds, tiny):
+    cfg = tiny[0].config.text_config
+    seq = embeds.shape[1]
+    feeds = {"inputs_embeds": embeds, "attention_mask": np.ones((1, seq), np.int64),
+             "position_ids": np.arange(seq, dtype=np.int64)[None]}
+    head_dim = cfg.hidden_size // cfg.num_attention_heads
+    for i in range(cfg.num_hidden_layers):
+        for kind in ("key", "value"):
+            feeds[f"past.{i}.{kind}"] = np.zeros((1, cfg.num_key_value_heads, 0, head_dim), np.float32)
+    return feeds
+
+
+def _torch_logits(model, embeds):
+    with torch.no_grad():
+        hidden = model.model.language_model(inputs_embeds=torch.from_numpy(embeds)).last_hidden_state
+        return model.lm_head(hidden).numpy()
+
+
+def _dequantized_linears(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """Per linear name, the float weight [N, K] the graph applies to its (pre-quant-scaled) input, and the name of
+    that input before any pre-quant Mul; read from MatMulNBits or DequantizeLinear + MatMul."""
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    producer = {o: n for n in graph.node for o in n.output}
+    out = {}
+    for node in graph.node:
+        if node.op_type == "MatMulNBits":
+            n, k, block = attr(node, "N"), attr(node, "K"), attr(node, "block_size")
+            arrays = {key: numpy_helper.to_array(inits[name]) for key, name in zip(("B", "scales", "zero_points"), node.input[1:])}
+            q, scales, zp = unpack_matmulnbits(arrays, n, k, block)  # q signed when there are no zero points
+            q = q.astype(np.float32) - (0 if zp is None else np.repeat(zp, block, axis=1)[:, :k])
+            w = q * np.repeat(scales, block, axis=1)[:, :k]
+            name, x = node.name, node.input[0]
+        elif node.op_type == "MatMul" and producer.get(node.input[1], node).op_type == "DequantizeLinear":
+            dq = producer[node.input[1]]
+            q, scales, block = unpack_int4(inits[dq.input[0]]), numpy_helper.to_array(inits[dq.input[1]]), attr(dq, "block_size")
+            w = (q.astype(np.float32) * np.repeat(scales, block, axis=0)[: q.shape[0]]).T
+            name, x = node.name, node.input[0]
+        else:
+            continue
+        mul = producer.get(x)
+        if mul is not None and mul.op_type == "Mul" and mul.input[1] in inits:
+            w, x = w * numpy_helper.to_array(inits[mul.input[1]])[None, :], mul.input[0]
+        out[name] = (w, x)
+    return out
+
+
+def _fake_quantized(tiny, model: onnx.ModelProto):
+    """The tiny PyTorch LLaVA with every LLM linear set to the graph's dequantized weight and every RMSNorm to the
+    graph's (scale-folded) weight."""
+    ref = copy.deepcopy(tiny[0])
+    lm = ref.model.language_model
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    producer = {o: n for n in model.graph.node for o in n.output}
+    linears = {k: v for k, v in _dequantized_linears(model).items() if k.startswith("llm.")}
+    assert len(linears) == LLM_LINEARS
+    for name, (w, x) in linears.items():
+        norm = inits[producer[x].input[1]] if producer[x].op_type == "RMSNormalization" else None
+        parts = name.split(".")
+        if parts[1] == "lm_head":
+            module, norm_module = ref.lm_head, lm.norm
+        else:
+            layer = lm.layers[int(parts[2])]
+            block = layer.self_attn if parts[3] in ("q_proj", "k_proj", "v_proj", "o_proj") else layer.mlp
+            module = getattr(block, parts[3])
+            norm_module = {"q_proj": layer.input_layernorm, "gate_proj": layer.post_attention_layernorm}.get(parts[3])
+        module.weight.data = torch.from_numpy(np.ascontiguousarray(w, np.float32))
+        if norm is not None and norm_module is not None:
+            norm_module.weight.data = torch.from_numpy(norm.copy())
+    return ref
+
+
+@pytest.mark.parametrize("which", ["nbits", "tensorrt"])
+def test_ort_equals_fake_quantized_torch(request, tiny, rng, which):
+    bundle = request.getfixturevalue(f"{which}_bundle")
+    model = onnx.load(bundle / "llm.onnx")
+    ops = {n.op_type for n in model.graph.node}
+    assert ("MatMulNBits" in ops) == (which == "nbits") and ("DequantizeLinear" in ops) == (which == "tensorrt")
+    if which == "nbits":
+        assert {attr(n, "accuracy_level") for n in model.graph.node if n.op_type == "MatMulNBits"} == {0}
+    embeds = rng.normal(size=(1, 11, tiny[0].config.text_config.hidden_size)).astype(np.float32)
+    got = _llm_session(bundle).run(["logits"], _llm_feeds(embeds, tiny))[0]
+    expected = _torch_logits(_fake_quantized(tiny, model), embeds)
+    np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * np.abs(expected).max())
+
+
+def test_awq_error_at_most_rtn_in_every_group(nbits_bundle):
+    changes = _report(nbits_bundle)
+    for component, count in (("llm", LLM_LINEARS), ("vision", 3 * 6 + 2)):
+        report = changes[component]
+        assert report["linears_quantized"] == count and report["lowering"] == "matmulnbits"
+        for g in report["groups"]:
+            assert g["scaled_rel_mse"] <= g["rtn_rel_mse"], g
+        assert report["final_rel_mse_mean"] < report["rtn_rel_mse_mean"]
+        assert any(g["alpha"] > 0 for g in report["groups"])
+    assert sum(n.op_type == "MatMulNBits" for n in onnx.load(nbits_bundle / "vision.onnx").graph.node) == 20
+    qkv = next(g for g in changes["llm"]["groups"] if g["group"] == "llm.layers.0.q_proj+k_proj+v_proj")
+    assert qkv["loss_at"] == "module"
+    assert changes["trtllm_checkpoint"]["written"] is False
+
+
+def _int4_dq_count(model):
+    inits = {t.name: t for t in model.graph.initializer}
+    return sum(n.op_type == "DequantizeLinear" and inits[n.input[0]].data_type == onnx.TensorProto.INT4
+               for n in model.graph.node)
+
+
+def test_dequantize_linear_survives_later_passes(tensorrt_bundle):
+    """graph_cleanup ran after awq_int4 in the recipe; cast_precision runs here on the bundle's graphs."""
+    report = _report(tensorrt_bundle)["llm"]
+    assert report["lowering"] == "dequantize_linear" and "offers tensorrt" in report["lowering_reason"]
+    comps = {}
+    for name in ("vision", "embed", "llm"):
+        model = onnx.load(tensorrt_bundle / f"{name}.onnx")
+        comps[name] = Component(name, graph_io(model, "inputs"), graph_io(model, "outputs"), onnx=model,
+                                metadata={"placement": {"targeted": True, "min_segment_size": 5}})
+    ir = ModelIR(comps, {}, {})
+    assert _int4_dq_count(ir.components["llm"].onnx) == LLM_LINEARS
+    GraphCleanup(GraphCleanup.Config()).run(ir)
+    changes = CastPrecision(CastPrecision.Config()).run(ir)
+    assert changes["llm"]["nodes_lowered"] > 0
+    assert _int4_dq_count(ir.components["llm"].onnx) == LLM_LINEARS
+
+
+def _numpy_llama(folder, ids):
+    """A LLaMA forward pass from the checkpoint alone: TensorRT-LLM's names, the W4A16_AWQ layout (int8 [out/2, in]
+    with rows 2j, 2j+1 in the low and high nibbles, scales [out, in/group], activations times the pre-quant scale),
+    GPT-NeoX rotary embedding, grouped-query causal attention, SwiGLU with silu(fc) * gate."""
+    cfg = json.loads((folder / "config.json").read_text())
+    t, _ = read_safetensors(folder / "rank0.safetensors")
+    t = {k: v.astype(np.float64) if v.dtype != np.int8 else v for k, v in t.items()}
+    heads, kv, hidden = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["hidden_size"]
+    d, group, eps = hidden // heads, cfg["quantization"]["group_size"], cfg["norm_epsilon"]
+
+    def linear(p, x):
+        w = unpack_int4_rows(t[f"{p}.weight"]) * np.repeat(t[f"{p}.weights_scaling_factor"], group, axis=1)
+        return (x * t[f"{p}.prequant_scaling_factor"]) @ w.T
+
+    def rms(x, w):
+        return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + eps) * w
+
+    seq = len(ids)
+    angles = np.arange(seq)[:, None] * cfg["rotary_base"] ** (-np.arange(0, d, 2) / d)[None]
+    cos, sin = np.cos(np.concatenate([angles] * 2, -1)), np.sin(np.concatenate([angles] * 2, -1))
+
+    def rope(x):  # [heads, seq, d]
+        return x * cos + np.concatenate([-x[..., d // 2:], x[..., : d // 2]], -1) * sin
+
+    x = t["transformer.vocab_embedding.weight"][ids]
+    causal = np.triu(np.full((seq, seq), -np.inf), 1)
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"transformer.layers.{i}"
+        qkv = linear(f"{p}.attention.qkv", rms(x, t[f"{p}.input_layernorm.weight"]))
+        q = rope(qkv[:, : heads * d].reshape(seq, heads, d).transpose(1, 0, 2))
+        k = rope(qkv[:, heads * d: (heads + kv) * d].reshape(seq, kv, d).transpose(1, 0, 2))
+        v = qkv[:, (heads + kv) * d:].reshape(seq, kv, d).transpose(1, 0, 2)
+        k, v = np.repeat(k, heads // kv, axis=0), np.repeat(v, heads // kv, axis=0)
+        scores = q @ k.transpose(0, 2, 1) / np.sqrt(d) + causal
+        probs = np.exp(scores - scores.max(-1, keepdims=True))
+        attn = (probs / probs.sum(-1, keepdims=True)) @ v
+        x = x + linear(f"{p}.attention.dense", attn.transpose(1, 0, 2).reshape(seq, heads * d))
+        h = rms(x, t[f"{p}.post_layernorm.weight"])
+        fc = linear(f"{p}.mlp.fc", h)
+        x = x + linear(f"{p}.mlp.proj", fc / (1 + np.exp(-fc)) * linear(f"{p}.mlp.gate", h))
+    return rms(x, t["transformer.ln_f.weight"]) @ t["lm_head.weight"].T
+
+
+def test_trtllm_checkpoint_reproduces_onnx_logits(tensorrt_bundle, tiny, rng):
+    manifest = _manifest(tensorrt_bundle)
+    folder = tensorrt_bundle / "trtllm" / "checkpoint"
+    assert _report(tensorrt_bundle)["trtllm_checkpoint"]["written"] is True
+    assert {"trtllm/checkpoint/config.json", "trtllm/checkpoint/rank0.safetensors"} <= set(manifest["artifacts"])
+    plan = manifest["tensorrt_llm"]
+    assert plan["checkpoint"] == "trtllm/checkpoint"
+    assert plan["command"].startswith("trtllm-build --checkpoint_dir BUNDLE/trtllm/checkpoint")
+    config = json.loads((folder / "config.json").read_text())
+    assert config["quantization"] == {"quant_algo": "W4A16_AWQ", "group_size": 64, "has_zero_point": False,
+                                      "pre_quant_scale": True}
+    text = tiny[0].config.text_config
+    assert (config["num_hidden_layers"], config["hidden_size"], config["intermediate_size"]) == (
+        text.num_hidden_layers, text.hidden_size, text.intermediate_size)
+    assert config["rotary_base"] == text.rope_parameters["rope_theta"]
+
+    ids = rng.integers(0, 256, size=13)
+    embed = ort.InferenceSession(str(tensorrt_bundle / "embed.onnx"), providers=["CPUExecutionProvider"])
+    embeds = embed.run(None, {"input_ids": ids[None]})[0]
+    onnx_logits = _llm_session(tensorrt_bundle).run(["logits"], _llm_feeds(embeds, tiny))[0][0]
+    np.testing.assert_allclose(_numpy_llama(folder, ids), onnx_logits, rtol=1e-4, atol=1e-4 * np.abs(onnx_logits).max())
+
+
+@pytest.mark.parametrize("config,message", [
+    ({"symmetric": False, "lowering": "dequantize_linear"}, "symmetric INT4 only"),
+    ({"symmetric": False, "trtllm_checkpoint": "always"}, "symmetric INT4 only"),
+    ({"group_size": 96}, "power of two"),
+    ({"group_size": 8}, "power of two"),
+    ({"components": ["llm", "vision"], "calibration": {"images": "none"}}, "needs calibration images"),
+    ({"calibration": {"samples": 0, "text_windows": 0}}, "no data"),
+    ({"group": 128}, "Extra inputs"),
+])
+def test_config_rejects(config, message):
+    with pytest.raises(ValidationError, match=message):
+        AwqInt4Config.model_validate(config)
+
+
+def test_plan_rejects_a_checkpoint_the_model_cannot_hold(tmp_path):
+    from mmtrt.compiler import make_plan
+    from mmtrt.errors import UserError
+
+    recipe = tmp_path / "recipe.yaml"
+    recipe.write_text("model: {source: zoo, name: tiny-llava}\n"
+                      "passes:\n  - awq_int4: {group_size: 256, trtllm_checkpoint: always}\n")
+    with pytest.raises(UserError, match=r"passes\[0\].awq_int4: trtllm_checkpoint: always needs group_size"):
+        make_plan(recipe)
