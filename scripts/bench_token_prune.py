@@ -153,7 +153,7 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--recipe", type=Path, default=RECIPE, help="a recipe with lossless passes only")
     parser.add_argument("--threads", type=int, default=2)
-    parser.add_argument("--rounds", type=int, default=5, help="alternating timing rounds (each a median of 3)")
+    parser.add_argument("--rounds", type=int, default=7, help="alternating timing rounds (each a median of 3)")
     parser.add_argument("--limit", type=int, default=100, help="held-out digit images for accuracy")
     parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
     parser.add_argument("--keeps", nargs="+", type=float, default=list(KEEPS))
