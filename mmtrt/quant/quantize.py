@@ -126,6 +126,8 @@ def _search(model, index, group: Group, ws: list[np.ndarray], stats: GroupStats,
         clips = [None if lin.role in NO_CLIP_ROLES else search_clip(w * result.scale, blocks, grid)
                  for lin, w in zip(group.linears, ws)]
     final = loss([effective_weight(w, result.scale, grid, c) for w, c in zip(ws, clips)])
+    if final > result.loss:  # the clip search minimises each weight group's share; keep it only when the module gains
+        clips, final = [None] * len(ws), result.loss
     energy = max(result.energy, 1e-30)
     report = {
         "group": group.name,

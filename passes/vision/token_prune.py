@@ -152,7 +152,7 @@ def prune(model: onnx.ModelProto, budget: Budget, config: TokenPruneConfig) -> o
         scores = b.op("ReduceL2", [b.op("Cast", [features], to=FLOAT), b.const([2])], keepdims=0)
     else:
         scores = _random_scores(b, features, budget.tokens, config.seed)
-    keys = _unit_keys(b, attention, facts, budget) if budget.contextual else None
+    keys = _unit_keys(b, attention, budget) if budget.contextual else None
     projector.input[0] = _select(b, features, scores, keys, budget)
     _forget_shapes(graph, stale)
     graph.output[0].type.tensor_type.shape.dim[1].dim_value = budget.kept
@@ -230,7 +230,7 @@ def _random_scores(b: "_Builder", features: str, tokens: int, seed: int) -> str:
     return b.op("Expand", [b.const(draw), shape])
 
 
-def _unit_keys(b: "_Builder", node: onnx.NodeProto, facts: _Facts, budget: Budget) -> str:
+def _unit_keys(b: "_Builder", node: onnx.NodeProto, budget: Budget) -> str:
     """VisionZip's similarity metric: per token, the layer's key averaged over heads, at unit length."""
     keys = b.op("ReduceMean", [b.op("Cast", [node.input[1]], to=FLOAT), b.const([1])], keepdims=0)
     keys = b.slice(keys, budget.cls, budget.tokens + budget.cls, axis=1)
