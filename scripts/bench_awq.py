@@ -8,7 +8,7 @@ Runtime; every configuration quantizes a copy of the LLM and is written as a rea
   digits. Beside mmtrt's rows, ONNX Runtime's own quantizer (MatMulNBitsQuantizer: RTN symmetric and asymmetric,
   HQQ) on the same LLM graph, every linear at block 128, lm_head included.
 - a larger random-weight LLaVA whose LLM (hidden 1536, 8 layers, 0.9 GB in fp32) makes decode weight-bound; its
-  weights are random, so its quality is the relative error of its logits against FP32.
+  weights are random (its logits are chaotic), so quality there is the pass's per-group output error.
 Quality is compared at MatMulNBits accuracy level 0 (float activations: the weight quantization alone, as ONNX
 Runtime's quantizer writes it by default); the shipped default, level 4 (int8 activations), is measured beside it.
 Decode: one step after the digits prompt with a held-out digit (KV cache of the prompt), the bundles timed in turn
@@ -65,6 +65,7 @@ DINO = {
     "awq sym g32": ("mmtrt", {"group_size": 32}),
     "awq sym g128, lm_head fp32": ("mmtrt", {"exclude": ["llm.lm_head"]}),
     "rtn asym-float g32": ("mmtrt", {"method": "rtn", "group_size": 32, "symmetric": False, "zero_point": "float"}),
+    "awq asym-float g32": ("mmtrt", {"group_size": 32, "symmetric": False, "zero_point": "float"}),
     "rtn asym-float g32, lm_head fp32": ("mmtrt", {"method": "rtn", "group_size": 32, "symmetric": False,
                                                    "zero_point": "float", "exclude": ["llm.lm_head"]}),
 }
@@ -119,10 +120,10 @@ def ort_quantized(model: onnx.ModelProto, algorithm: str) -> onnx.ModelProto:
 
     from onnxruntime.quantization import matmul_nbits_quantizer as mnq
 
-    logging.getLogger("onnxruntime.quantization.matmul_nbits_quantizer").setLevel(logging.WARNING)
     config = (mnq.HQQWeightOnlyQuantConfig(block_size=128) if algorithm == "hqq" else
               mnq.DefaultWeightOnlyQuantConfig(block_size=128, is_symmetric=algorithm == "rtn sym", accuracy_level=0))
     quantizer = mnq.MatMulNBitsQuantizer(model, algo_config=config, accuracy_level=0)
+    logging.getLogger().setLevel(logging.WARNING)  # the quantizer's module sets the root logger to INFO
     quantizer.process()
     return quantizer.model.model
 
@@ -242,15 +243,13 @@ def larger(args, work: Path) -> None:
         paths[label], reports[label], seconds = model.bundle(label, how)
         reports[label]["seconds"] = seconds
     paths[f"{DEFAULT}, level 4"] = at_level(paths[DEFAULT], 4)
-    fp32_logits = Decode(paths["fp32"], args.threads).logits
-    print(f"\nlarger LLM ({LARGER['hidden']} hidden, {LARGER['layers']} layers, random weights)")
-    for label, path in paths.items():
-        logits = Decode(path, args.threads).logits
-        err = np.linalg.norm(logits - fp32_logits) / np.linalg.norm(fp32_logits)
-        r = reports.get(label, {})
-        extra = (f"; quantized linears {r['weight_bytes_int4'] / 2**20:.0f} MiB vs {r['weight_bytes_fp32'] / 2**20:.0f} MiB "
-                 f"fp32; quantization {r['seconds']:.0f} s") if "weight_bytes_int4" in r else ""
-        print(f"larger {label}: logits relative error vs fp32 {err:.4f}{extra}", flush=True)
+    print(f"\nlarger LLM ({LARGER['hidden']} hidden, {LARGER['layers']} layers, random weights: the per-group output "
+          "error stands in for quality)")
+    for label, r in reports.items():
+        if "weight_bytes_int4" in r:
+            print(f"larger {label}: mean relative output MSE {r['final_rel_mse_mean']} (RTN {r['rtn_rel_mse_mean']}); "
+                  f"quantized linears {r['weight_bytes_int4'] / 2**20:.0f} MiB vs {r['weight_bytes_fp32'] / 2**20:.0f} "
+                  f"MiB fp32; quantization {r['seconds']:.0f} s", flush=True)
     speed = ("fp32", DEFAULT, f"{DEFAULT}, level 4")
     print_speed("larger", decode_rates({k: paths[k] for k in speed}, args.threads, args.rounds), paths)
 

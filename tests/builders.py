@@ -38,7 +38,7 @@ def signed_nibbles(nibbles):
 
 def unpack_matmulnbits(inits, n, k, block):
     """B [N, ceil(K/block), block/2] uint8, low nibble first along K; scales [N * blocks]; zero points packed two per
-    byte per row, low nibble first, or [N * blocks] in the scales' type, 8 when absent (com.microsoft.MatMulNBits)."""
+    byte per row, low nibble first, 8 when absent (com.microsoft.MatMulNBits)."""
     blocks = -(-k // block)
     b = inits["B"]
     assert b.dtype == np.uint8 and b.shape == (n, blocks, block // 2)
@@ -48,9 +48,6 @@ def unpack_matmulnbits(inits, n, k, block):
     if "zero_points" not in inits:
         return nibbles.astype(np.int16) - 8, scales.reshape(n, blocks), None
     zp = inits["zero_points"]
-    if zp.dtype == scales.dtype:  # float zero points: one per block, flat, in the scales' type
-        assert zp.shape == (n * blocks,)
-        return nibbles, scales.reshape(n, blocks), zp.reshape(n, blocks)
     assert zp.dtype == np.uint8 and zp.shape == (n * -(-blocks // 2),)
     zp = np.stack([zp & 0x0F, zp >> 4], axis=-1).reshape(n, -1)[:, :blocks]
     return nibbles, scales.reshape(n, blocks), zp

@@ -9,7 +9,8 @@ or, for a group that feeds the residual stream, at its own outputs (`OwnLoss`, e
 its inputs, so every calibration token counts at no extra cost).
 
 Clip search: for every output channel and weight group, the range max|w| * (1 - i/20), i = 0..9, with the least
-error of that group's share of the output, ||X_g (Q(w_g) - w_g)||^2, again through the Gram matrix.
+error of that group's share of the output, ||X_g (Q(w_g) - w_g)||^2, again through the Gram matrix (the caller
+keeps the clipping only when the module's error drops too).
 """
 
 from __future__ import annotations

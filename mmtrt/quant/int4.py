@@ -13,7 +13,7 @@ TensorRT-LLM's W4A16 kernels multiply signed q by the scale. On Gaussian weights
 
 Asymmetric grid: uint4 [0, 15] over [min(w, 0), max(w, 0)] with an integer zero point (ONNX Runtime only: TensorRT
 and TensorRT-LLM's W4A16_AWQ are symmetric). With a float zero point, uint4 over [min(w), max(w)] exactly: the
-grid of GGUF's Q4_1 and of HQQ, which MatMulNBits also runs (zero points in the activations' type).
+grid of GGUF's Q4_1 and of HQQ (see `matmulnbits_offset_nodes` for how ONNX Runtime runs it fast).
 """
 
 from __future__ import annotations
@@ -107,8 +107,7 @@ def matmulnbits_node(name: str, x_input: str, q: np.ndarray, scales: np.ndarray,
     """`output` = x @ dequantized(W).T as one ONNX Runtime `com.microsoft.MatMulNBits` (4 bits) and its initializers.
 
     B is uint8 [N, ceil(K/block), block/2], packed along K; scales are flat [N * ceil(K/block)] in the activations'
-    dtype (pass them cast); uint8 zero points are packed two per byte per row, float ones are flat in the scales'
-    dtype. Without zero points the op's
+    dtype (pass them cast); zero points, when given, are packed two per byte per row. Without zero points the op's
     default, 8, applies, so symmetric q is stored as q + 8. Accuracy level 0 keeps activations in float; 4 quantizes
     them to int8 (fastest on the CPU).
     """
@@ -117,19 +116,41 @@ def matmulnbits_node(name: str, x_input: str, q: np.ndarray, scales: np.ndarray,
     g = num_groups(K, block)
     if zero_points is None:
         nibbles, pad = q.astype(np.int16) + 8, np.full((N, g * block - K), 8)
-    else:  # padding dequantizes to 0 (to within a step for a float zero point; x has no entries there)
-        nibbles, pad = q, np.repeat(np.clip(np.rint(zero_points[:, -1:]), 0, 15), g * block - K, axis=1)
+    else:
+        nibbles, pad = q, np.repeat(zero_points[:, -1:], g * block - K, axis=1)  # padding dequantizes to 0
     b = pack_nibbles(np.concatenate([nibbles, pad], axis=1).reshape(N, g, block))
-    scales = np.asarray(scales)
-    inits = [numpy_helper.from_array(b, f"{name}.B"), numpy_helper.from_array(scales.reshape(-1), f"{name}.scales")]
-    if zero_points is not None and zero_points.dtype == np.uint8:
+    inits = [numpy_helper.from_array(b, f"{name}.B"), numpy_helper.from_array(np.asarray(scales).reshape(-1),
+                                                                               f"{name}.scales")]
+    if zero_points is not None:
         zp = np.pad(zero_points, ((0, 0), (0, g % 2)))
         inits.append(numpy_helper.from_array(pack_nibbles(zp).reshape(-1), f"{name}.zero_points"))
-    elif zero_points is not None:
-        inits.append(numpy_helper.from_array(zero_points.astype(scales.dtype).reshape(-1), f"{name}.zero_points"))
     node = helper.make_node("MatMulNBits", [x_input, *(t.name for t in inits)], [output], name=name,
                             domain="com.microsoft", K=K, N=N, bits=4, block_size=block, accuracy_level=accuracy_level)
     return node, inits
+
+
+def matmulnbits_offset_nodes(name: str, x_input: str, q: np.ndarray, scales: np.ndarray, zero_points: np.ndarray,
+                             K: int, N: int, block: int, accuracy_level: int, *,
+                             output: str) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+    """`output` = x @ dequantized(W).T for unsigned q with float zero points, without MatMulNBits' float zero point
+    input (ONNX Runtime 1.31 runs it on a slow path, measured 6x slower than fp32): (q - z) s = (q - 8) s + (8 - z) s,
+    so a MatMulNBits without zero points (its fast kernels) plus, per group, the sum of x over the group times
+    (8 - z) s: (x @ E) @ O^T with E the [K, G] group indicator and O the [N, G] offsets, two small float MatMuls."""
+    g = num_groups(K, block)
+    scales = np.asarray(scales)
+    node, inits = matmulnbits_node(name, x_input, q.astype(np.int16) - 8, scales, None, K, N, block, accuracy_level,
+                                   output=f"{name}.int4_out")
+    indicator = np.zeros((K, g), scales.dtype)
+    indicator[np.arange(K), np.arange(K) // block] = 1
+    offsets = ((8 - zero_points) * scales).astype(scales.dtype)
+    inits += [numpy_helper.from_array(indicator, f"{name}.group_sum"),
+              numpy_helper.from_array(np.ascontiguousarray(offsets.T), f"{name}.offsets")]
+    nodes = [node,
+             helper.make_node("MatMul", [x_input, f"{name}.group_sum"], [f"{name}.x_groups"], name=f"{name}.group_sum"),
+             helper.make_node("MatMul", [f"{name}.x_groups", f"{name}.offsets"], [f"{name}.offset_out"],
+                              name=f"{name}.offsets"),
+             helper.make_node("Add", [f"{name}.int4_out", f"{name}.offset_out"], [output], name=f"{name}.add")]
+    return nodes, inits
 
 
 def dequantize_linear_nodes(name: str, x_input: str, output: str, q: np.ndarray, scales: np.ndarray,

@@ -19,7 +19,7 @@ from onnx import helper, numpy_helper
 from mmtrt.quant.awq import (GroupStats, ModuleLoss, OwnLoss, ScaleResult, effective_weight, scaled_blocks, search_clip,
                              search_scale)
 from mmtrt.quant.calibration import run_with_outputs
-from mmtrt.quant.int4 import Grid, dequantize_linear_nodes, matmulnbits_node
+from mmtrt.quant.int4 import Grid, dequantize_linear_nodes, matmulnbits_node, matmulnbits_offset_nodes
 from mmtrt.quant.linears import GraphIndex, Group, Linear, find_linears, region_inputs
 
 NO_CLIP_ROLES = ("q_proj", "k_proj")  # as the reference: clipping them too measured no better on dino-smollm
@@ -228,6 +228,9 @@ def lower_linears(model: onnx.ModelProto, groups: list[Group], clips: list[list[
 
 
 def _lower(lin: Linear, q, scales, zp, settings: Settings) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+    if settings.grid.float_zero_point:
+        return matmulnbits_offset_nodes(lin.name, lin.input, q, scales, zp, lin.k, lin.n, settings.grid.group,
+                                        settings.accuracy_level, output=lin.output)
     if settings.lowering == "matmulnbits":
         node, inits = matmulnbits_node(lin.name, lin.input, q, scales, zp, lin.k, lin.n, settings.grid.group,
                                        settings.accuracy_level, output=lin.output)

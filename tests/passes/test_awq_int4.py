@@ -23,7 +23,7 @@ from onnx import numpy_helper
 from pydantic import ValidationError
 
 from builders import read_safetensors, unpack_int4, unpack_int4_rows, unpack_matmulnbits
-from conftest import compile_to
+from conftest import ROOT, compile_to
 from mmtrt.backends.onnxruntime_backend import session_options
 from mmtrt.ir.graph import Component, ModelIR, graph_io
 from mmtrt.ir.rewrite import attr
@@ -285,3 +285,11 @@ def test_plan_rejects_a_checkpoint_the_model_cannot_hold(tmp_path):
                       "passes:\n  - awq_int4: {group_size: 256, trtllm_checkpoint: always}\n")
     with pytest.raises(UserError, match=r"passes\[0\].awq_int4: trtllm_checkpoint: always needs group_size"):
         make_plan(recipe)
+
+
+def test_example_recipe_validates():
+    from mmtrt.recipe import load_recipe
+
+    recipe, _ = load_recipe(ROOT / "recipes" / "dino-smollm-int4.yaml")
+    config = AwqInt4Config.model_validate(dict(recipe.pass_list())["awq_int4"])
+    assert (config.group_size, config.symmetric, config.zero_point) == (32, False, "float")

@@ -13,7 +13,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from builders import tensor, unpack_int4, unpack_matmulnbits
 from mmtrt.ir.rewrite import cleanup
-from mmtrt.quant.int4 import dequantize_groups, dequantize_linear_nodes, matmulnbits_node, quantize_groups
+from mmtrt.quant.int4 import (dequantize_groups, dequantize_linear_nodes, matmulnbits_node, matmulnbits_offset_nodes,
+                              quantize_groups)
 
 # (N, K, group): K a multiple of the group or not, odd N, odd group counts (zero points packed with a pad nibble).
 SHAPES = [(16, 256, 64), (7, 100, 32), (5, 130, 16), (3, 96, 32)]
@@ -112,11 +113,11 @@ def test_symmetric_grid_beats_amax_over_7(rng):
     assert ours < 0.93 * theirs
 
 
-@pytest.mark.parametrize("symmetric,float_zero_point", [(True, False), (False, False), (False, True)])
+@pytest.mark.parametrize("symmetric", [True, False])
 @pytest.mark.parametrize("n,k,group", SHAPES)
-def test_matmulnbits(rng, n, k, group, symmetric, float_zero_point):
+def test_matmulnbits(rng, n, k, group, symmetric):
     w, x = _weight(rng, n, k), rng.normal(size=(3, k)).astype(np.float32)
-    q, scales, zero_points = quantize_groups(w, group, symmetric, float_zero_point=float_zero_point)
+    q, scales, zero_points = quantize_groups(w, group, symmetric)
     node, inits = matmulnbits_node("lin", "x", q, scales, zero_points, k, n, group, 0, output="y")
     arrays = {t.name.removeprefix("lin."): numpy_helper.to_array(t) for t in inits}
     uq, uscales, uzp = unpack_matmulnbits(arrays, n, k, group)
@@ -129,6 +130,33 @@ def test_matmulnbits(rng, n, k, group, symmetric, float_zero_point):
     onnx.checker.check_model(model, full_check=True)
     got = _session(model).run(None, {"x": x})[0]
     np.testing.assert_allclose(got, x @ dequantize_groups(q, scales, zero_points, group).T, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("level", [0, 4])
+@pytest.mark.parametrize("n,k,group", SHAPES)
+def test_matmulnbits_with_float_zero_points(rng, n, k, group, level):
+    """A MatMulNBits without zero points holding q - 8, plus (x @ group indicator) @ offsets^T; at level 4 only the
+    MatMulNBits part sees int8 activations."""
+    w, x = _weight(rng, n, k) + np.float32(rng.normal()), rng.normal(size=(3, k)).astype(np.float32)
+    q, scales, zero_points = quantize_groups(w, group, symmetric=False, float_zero_point=True)
+    assert zero_points.dtype == np.float32
+    nodes, inits = matmulnbits_offset_nodes("lin", "x", q, scales, zero_points, k, n, group, level, output="y")
+    arrays = {t.name: numpy_helper.to_array(t) for t in inits}
+    uq, uscales, uzp = unpack_matmulnbits({"B": arrays["lin.B"], "scales": arrays["lin.scales"]}, n, k, group)
+    np.testing.assert_array_equal(uq + 8, q)
+    assert uzp is None
+    model = _model(nodes, inits, 3, k, n)
+    onnx.checker.check_model(model, full_check=True)
+    got = _session(model).run(None, {"x": x})[0]
+    expected = x @ dequantize_groups(q, scales, zero_points, group).T
+    if level == 0:
+        np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4 * max(1.0, np.abs(expected).max() / 10))
+        return
+    # int8 activations (symmetric, at most max|x| / 127 per step) reach only the MatMulNBits part, (q - 8) s: its
+    # rounding error is bounded by half a step times the sum of that part's magnitudes.
+    int4_part = dequantize_groups(q.astype(np.int16) - 8, scales, None, group)
+    bound = np.abs(x).max(axis=1, keepdims=True) / 254 * np.abs(int4_part).sum(axis=1)
+    assert np.all(np.abs(got - expected) <= 1.01 * bound + 1e-4)
 
 
 def test_matmulnbits_rejects_a_transposed_weight(rng):

@@ -56,20 +56,23 @@ def _settings(**overrides):
     return Settings(**{**base, **overrides})
 
 
-def test_rtn_rounds_the_original_weights_and_runs_as_its_dequantized_graph(tiny_bundle, rng):
+@pytest.mark.parametrize("float_zero_point", [False, True])
+def test_rtn_rounds_the_original_weights_and_runs_as_its_dequantized_graph(tiny_bundle, rng, float_zero_point):
     """method rtn: every selected linear holds round-to-nearest of its own weight (no scale, no clip), an excluded
-    one stays a float MatMul, and the lowered graph (asymmetric, zero points) runs as the float graph with the
-    dequantized weights."""
+    one stays a float MatMul, and the lowered graph (asymmetric: packed or float zero points) runs as the float
+    graph with the dequantized weights."""
     model = onnx.load(tiny_bundle / "llm.onnx")
     reference = onnx.ModelProto.FromString(model.SerializeToString())
     weights = {lin.name: (lin.output, numpy_helper.to_array(next(t for t in model.graph.initializer if t.name == lin.weight)).T)
                for lin in find_linears(model, "llm")[1]}
-    quantized, report = quantize_component(model, "llm", [_feeds("llm", rng)], _settings())
+    grid = Grid(64, symmetric=False, float_zero_point=float_zero_point)
+    quantized, report = quantize_component(model, "llm", [_feeds("llm", rng)], _settings(grid=grid))
     assert len(quantized) == len(weights) - 1 and {g["alpha"] for g in report["groups"]} == {0.0}
     assert sum(n.op_type == "MatMulNBits" for n in model.graph.node) == len(quantized)
-    assert [lin.name for lin in find_linears(model, "llm")[1]] == ["llm.linear.0"]  # the excluded o_proj, float
+    excluded = next(n for n in model.graph.node if n.output[0] == weights["llm.layers.1.o_proj"][0])
+    assert excluded.op_type == "MatMul"
     for ql in quantized:
-        q, scales, zp = quantize_groups(weights[ql.linear.name][1], 64, symmetric=False)
+        q, scales, zp = quantize_groups(weights[ql.linear.name][1], 64, symmetric=False, float_zero_point=float_zero_point)
         np.testing.assert_array_equal(ql.q, q)
         np.testing.assert_array_equal(ql.zero_points, zp)
         np.testing.assert_array_equal(ql.scales, scales)

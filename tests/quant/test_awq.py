@@ -1,0 +1,53 @@
+"""AWQ's searches on synthetic data: a salient input channel is what the scale search protects, alpha 0 is RTN, and
+every clip ratio chosen is at least as good as no clipping for its own weight group."""
+
+import numpy as np
+
+from mmtrt.quant.awq import CLIP_RATIOS, GroupStats, OwnLoss, effective_weight, scaled_blocks, search_clip, search_scale
+from mmtrt.quant.int4 import Grid
+
+
+def _stats(x, group, full=True):
+    stats = GroupStats.empty(x.shape[1], group, full)
+    stats.add(x)
+    return stats
+
+
+def test_scale_search_protects_a_salient_channel(rng):
+    w = rng.normal(size=(64, 128)).astype(np.float32)
+    x = rng.normal(size=(512, 128)).astype(np.float32)
+    x[:, rng.integers(128)] *= 50
+    grid, stats = Grid(32), _stats(x, 32)
+    loss = OwnLoss([w], stats)
+    result = search_scale([w], stats, loss, grid)
+    assert result.alpha > 0 and result.loss < 0.7 * result.rtn_loss
+    assert np.isclose(result.rtn_loss, loss([grid.fake(w)]))
+    np.testing.assert_allclose(result.rtn_loss, np.mean((x @ (grid.fake(w) - w).T) ** 2), rtol=1e-3)
+
+
+def test_alpha_zero_wins_when_rtn_is_exact(rng):
+    """Weights already on the grid: RTN has no error, so no scale can win."""
+    grid = Grid(32, symmetric=False, float_zero_point=True)
+    w = grid.fake(rng.normal(size=(16, 64)).astype(np.float32))
+    x = rng.normal(size=(256, 64)).astype(np.float32) * rng.uniform(0.1, 10, size=64).astype(np.float32)
+    stats = _stats(x, 32)
+    result = search_scale([w], stats, OwnLoss([w], stats), grid)
+    assert result.alpha == 0 and result.loss == result.rtn_loss < 1e-10
+
+
+def test_clip_ratios_never_lose_on_their_own_group(rng):
+    w = rng.standard_t(3, size=(24, 96)).astype(np.float32)  # heavy tails: clipping pays somewhere
+    x = rng.normal(size=(300, 96)).astype(np.float32)
+    s = rng.uniform(0.5, 2.0, size=96).astype(np.float32)
+    grid = Grid(32)
+    blocks = scaled_blocks(_stats(x, 32, full=False).blocks(), s)
+    ratio = search_clip(w * s, blocks, grid)
+    assert ratio.shape == (24, 3) and set(np.unique(ratio)) <= set(CLIP_RATIOS.astype(np.float32)) and ratio.min() < 1
+    xs = (x / s).reshape(300, 3, 32)
+
+    def group_errors(clip):
+        d = (grid.fake(w * s, clip) - w * s).reshape(24, 3, 32)
+        return np.einsum("tgi,ngi->tng", xs, d) ** 2
+
+    assert (group_errors(ratio).sum(0) <= group_errors(None).sum(0) * (1 + 1e-4) + 1e-6).all()
+    np.testing.assert_allclose(effective_weight(w, s, grid, ratio) * s, grid.fake(w * s, ratio), rtol=1e-5, atol=1e-6)
