@@ -1,0 +1,81 @@
+"""Apply a pruning decision to a graph: slice the members, rewrite the shape entries, shrink the cache I/O.
+
+Every sliced initializer and every changed shape gets a new tensor of its own (the exporter shares equal tensors
+between layers, and a shared shape constant may serve a layer that keeps more units); the originals are dropped
+by the cleanup when nothing reads them any more.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from mmtrt.errors import UserError
+from mmtrt.ir.rewrite import cleanup, const_value
+from mmtrt.prune.groups import PruneGroup, ShapeEdit, shape_entries
+from mmtrt.quant.linears import GraphIndex
+
+
+def prune_graph(model: onnx.ModelProto, groups: list[PruneGroup], kept: dict[str, np.ndarray]) -> onnx.ModelProto:
+    """`model` with each group reduced to the units in `kept[group.label]` (sorted indices); groups whose every
+    unit is kept are left untouched."""
+    if all(len(kept[g.label]) == g.units for g in groups):
+        return model
+    index = GraphIndex(model.graph)
+    new_inits: list[onnx.TensorProto] = []
+    new_nodes: list[onnx.NodeProto] = []
+    for group in groups:
+        keep = kept[group.label]
+        if len(keep) == group.units:
+            continue
+        tag = f"channel_prune.{group.label}"
+        for i, member in enumerate(group.members):
+            array = numpy_helper.to_array(index.initializers[member.name])
+            sliced = np.take(array, _entries(keep, member.width), axis=member.axis)
+            new_inits.append(numpy_helper.from_array(np.ascontiguousarray(sliced), f"{tag}.{i}"))
+            member.node.input[member.slot] = f"{tag}.{i}"
+        for i, edit in enumerate(group.shape_edits):
+            _edit_shape(index, edit, group, len(keep), f"{tag}.shape{i}", new_inits, new_nodes)
+        if group.kind == "heads":
+            _shrink_cache_io(model, group, len(keep))
+    model.graph.initializer.extend(new_inits)
+    model.graph.node.extend(new_nodes)
+    del model.graph.value_info[:]
+    return cleanup(model)
+
+
+def _entries(units: np.ndarray, width: int) -> np.ndarray:
+    return (np.asarray(units)[:, None] * width + np.arange(width)[None, :]).reshape(-1)
+
+
+def _edit_shape(index: GraphIndex, edit: ShapeEdit, group: PruneGroup, kept: int, name: str,
+                new_inits: list, new_nodes: list) -> None:
+    entries = shape_entries(index, edit.node)
+    old = entries[edit.position]
+    if old == -1:
+        return
+    if old != group.units * edit.per_unit:
+        raise UserError(f"channel_prune: {edit.node.op_type} {edit.node.name} in {group.label} has {old} at "
+                        f"position {edit.position}, expected {group.units * edit.per_unit}; set its heads ratio to 0")
+    value = kept * edit.per_unit
+    shape_name = edit.node.input[1]
+    if shape_name in index.initializers:
+        shape = const_value(index.graph, shape_name).copy()
+        shape[edit.position] = value
+        new_inits.append(numpy_helper.from_array(shape, name))
+    else:
+        concat = index.producer[shape_name]
+        pieces = list(concat.input)
+        new_inits.append(numpy_helper.from_array(np.array([value], np.int64), f"{name}.entry"))
+        pieces[edit.position] = f"{name}.entry"
+        new_nodes.append(helper.make_node("Concat", pieces, [name], name=name, axis=0))
+    edit.node.input[1] = name
+
+
+def _shrink_cache_io(model: onnx.ModelProto, group: PruneGroup, kept: int) -> None:
+    """The layer's past/present key and value tensors [batch, kv_heads, time, head_dim] lose the pruned heads."""
+    for value in [*model.graph.input, *model.graph.output]:
+        dims = value.type.tensor_type.shape.dim
+        if value.name in group.cache and len(dims) == 4 and dims[1].dim_value == group.units:
+            dims[1].dim_value = kept

@@ -1,0 +1,1 @@
+"""Passes that remove structure (channels, heads) from the model."""

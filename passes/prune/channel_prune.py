@@ -1,0 +1,152 @@
+"""channel_prune: remove whole MLP channels and attention heads, so the model is smaller and faster everywhere.
+
+Unstructured sparsity needs special kernels; removing whole channels gives every backend plain smaller matrices.
+Per component, `mlp` removes that share of every layer's MLP hidden channels (gate and up columns with down rows
+for gated MLPs, fc1 columns and bias with fc2 rows otherwise) and `heads` that share of every layer's attention
+heads (Q, K, V columns and biases with the output projection's rows; with grouped-query attention whole KV groups,
+so the KV cache shrinks too). Every layer keeps the same count, so the model facts (heads, KV heads) stay uniform
+and TensorRT-LLM's config still describes the model; which units a layer keeps is its own ranking by `l2` (DepGraph)
+or `activation` (Minitron) importance. The component's external I/O is unchanged, but for the LLM's KV cache when
+KV groups go. No retraining: the accuracy cost is reported by the eval suites (recipe `budgets` / `evaluate`).
+"""
+
+from __future__ import annotations
+
+import copy
+from collections import Counter
+from typing import Any, Literal
+
+import numpy as np
+from pydantic import Field, model_validator
+
+from mmtrt.ir.flops import count_flops
+from mmtrt.ir.graph import ModelIR, graph_io
+from mmtrt.pipeline.pass_base import Pass, PassConfig
+from mmtrt.prune.groups import PruneGroup, find_groups
+from mmtrt.prune.importance import activation_scores, kept_count, kept_units, l2_scores
+from mmtrt.prune.slicing import prune_graph
+from mmtrt.quant.calibration import calibration_batches
+
+LLM_FLOP_TOKENS = 128  # the prefill the LLM's FLOPs are reported at
+
+
+class Ratios(PassConfig):
+    mlp: float = Field(0.0, ge=0, lt=1, description="Share of every layer's MLP hidden channels to remove.")
+    heads: float = Field(0.0, ge=0, lt=1, description="Share of every layer's attention heads to remove (KV groups with grouped-query attention; at least one stays).")
+
+
+class Calibration(PassConfig):
+    samples: int = Field(16, ge=0, description="Digit images (train split) shown with the digits prompt.")
+    text_windows: int = Field(4, ge=0, description="512-token windows of English text for the LLM (taken from the end of the reference text, which the perplexity suite never reads).")
+
+
+class ChannelPruneConfig(PassConfig):
+    vision: Ratios = Field(Ratios(), description="Ratios for the vision encoder: `mlp`, `heads`.")
+    llm: Ratios = Field(Ratios(), description="Ratios for the LLM: `mlp`, `heads`.")
+    importance: Literal["l2", "activation"] = Field("l2", description="`l2`: weight magnitude over the whole dependency group, each member normalised by its mean (DepGraph); `activation`: mean magnitude of the unit's activations on calibration data (Minitron).")
+    multiple: int = Field(8, ge=1, description="Kept MLP channels round to a multiple of this (kernels stay efficient); heads are whole.")
+    calibration: Calibration = Field(Calibration(), description="`activation` only: `samples` (digit images) and `text_windows`.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "ChannelPruneConfig":
+        cal = self.calibration
+        if self.importance == "activation" and self.vision != Ratios() and not cal.samples:
+            raise ValueError("activation importance for the vision encoder needs calibration.samples images")
+        if self.importance == "activation" and self.llm != Ratios() and not (cal.samples or cal.text_windows):
+            raise ValueError("activation importance for the LLM needs calibration.samples or text_windows")
+        return self
+
+
+class ChannelPrune(Pass):
+    name = "channel_prune"
+    Config = ChannelPruneConfig
+    components = ("vision", "llm")
+    lossy = True
+
+    def plan_facts(self, facts: dict[str, Any]) -> dict[str, Any]:
+        heads = self.config.llm.heads
+        if not heads:
+            return facts
+        out = copy.deepcopy(facts)
+        llm = out["llm"]
+        kv = kept_count(llm["num_kv_heads"], heads, "heads", 1)
+        llm["num_heads"], llm["num_kv_heads"] = llm["num_heads"] // llm["num_kv_heads"] * kv, kv
+        return out
+
+    def run(self, ir: ModelIR) -> dict:
+        wanted = {name: getattr(self.config, name) for name in ("vision", "llm")}
+        wanted = {name: r for name, r in wanted.items() if r.mlp or r.heads}
+        report: dict[str, Any] = {"importance": self.config.importance}
+        if not wanted:
+            return {**report, "graph_changed": False}
+        batches = self._batches(ir)
+        for name, ratios in wanted.items():
+            comp = ir.components[name]
+            groups = [g for g in find_groups(comp.onnx, name) if (ratios.mlp if g.kind == "mlp" else ratios.heads)]
+            kept = self._decide(comp.onnx, groups, ratios, batches.get(name))
+            before = _measure(comp.onnx, name)
+            predicted = _params_removed(comp.onnx, groups, kept)
+            comp.onnx = prune_graph(comp.onnx, groups, kept)
+            comp.inputs, comp.outputs = graph_io(comp.onnx, "inputs"), graph_io(comp.onnx, "outputs")
+            report[name] = _component_report(groups, kept, before, _measure(comp.onnx, name), predicted)
+        ir.config = self.plan_facts(ir.config)
+        return {**report, "graph_changed": True}
+
+    def _batches(self, ir: ModelIR) -> dict[str, list]:
+        if self.config.importance != "activation":
+            return {}
+        cal = self.config.calibration
+        batches = calibration_batches(ir, "digits", cal.samples, cal.text_windows)
+        return {"vision": batches.vision, "llm": batches.llm}
+
+    def _decide(self, model, groups: list[PruneGroup], ratios: Ratios, batches) -> dict[str, np.ndarray]:
+        if self.config.importance == "activation":
+            scores = activation_scores(model, groups, batches)
+        else:
+            scores = {g.label: l2_scores(model, g) for g in groups}
+        kept = {}
+        for g in groups:
+            count = kept_count(g.units, ratios.mlp if g.kind == "mlp" else ratios.heads, g.kind, self.config.multiple)
+            kept[g.label] = kept_units(scores[g.label], count)
+        return kept
+
+
+def _params_removed(model, groups: list[PruneGroup], kept: dict[str, np.ndarray]) -> int:
+    """What slicing will remove, from the shapes alone: every pruned use of an initializer gets a sliced copy
+    (its size over the units times the units kept), and an initializer all of whose uses were sliced goes."""
+    sizes = {t.name: int(np.prod(t.dims)) for t in model.graph.initializer}
+    uses = Counter(name for node in model.graph.node for name in node.input if name in sizes)
+    sliced: Counter = Counter()
+    added = 0
+    for g in groups:
+        if len(kept[g.label]) < g.units:
+            for m in g.members:
+                sliced[m.name] += 1
+                added += sizes[m.name] // g.units * len(kept[g.label])
+    return sum(sizes[name] for name, n in sliced.items() if n == uses[name]) - added
+
+
+def _measure(model, component: str) -> dict[str, int]:
+    dims = {"num_images": 1} if component == "vision" else {"batch": 1, "seq": LLM_FLOP_TOKENS, "past": 0,
+                                                             "total": LLM_FLOP_TOKENS}
+    floats = sum(int(np.prod(t.dims)) for t in model.graph.initializer if t.data_type in (1, 10, 16))
+    return {"params": floats, "flops": count_flops(model, dims)}
+
+
+def _component_report(groups: list[PruneGroup], kept: dict[str, np.ndarray], before: dict, after: dict,
+                      predicted: int) -> dict[str, Any]:
+    layers = []
+    for g in groups:
+        removed = np.setdiff1d(np.arange(g.units), kept[g.label])
+        unit = "channels" if g.kind == "mlp" else ("heads" if g.queries_per_unit == 1 else "kv_groups")
+        layers.append({"layer": g.label, unit + "_before": g.units, unit + "_after": len(kept[g.label]),
+                       "removed": removed.tolist()})
+    return {
+        "layers": layers,
+        "params_before": before["params"], "params_after": after["params"],
+        "params_removed_predicted": predicted, "params_removed": before["params"] - after["params"],
+        "params_reduction_pct": round(100 * (before["params"] - after["params"]) / before["params"], 2),
+        "flops_before": before["flops"], "flops_after": after["flops"],
+        "flops_reduction_pct": round(100 * (before["flops"] - after["flops"]) / before["flops"], 2),
+        "flops_at": "one image" if groups and groups[0].component == "vision" else f"{LLM_FLOP_TOKENS}-token prefill",
+    }
