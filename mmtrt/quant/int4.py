@@ -135,7 +135,9 @@ def matmulnbits_offset_nodes(name: str, x_input: str, q: np.ndarray, scales: np.
     """`output` = x @ dequantized(W).T for unsigned q with float zero points, without MatMulNBits' float zero point
     input (ONNX Runtime 1.31 runs it on a slow path, measured 6x slower than fp32): (q - z) s = (q - 8) s + (8 - z) s,
     so a MatMulNBits without zero points (its fast kernels) plus, per group, the sum of x over the group times
-    (8 - z) s: (x @ E) @ O^T with E the [K, G] group indicator and O the [N, G] offsets, two small float MatMuls."""
+    (8 - z) s: (x @ E) @ O^T with E the [K, G] group indicator and O the [N, G] offsets, two small float MatMuls.
+    E and x @ E are named by the input and the block, so linears reading one tensor share them (callers keep the
+    first of equal names)."""
     g = num_groups(K, block)
     scales = np.asarray(scales)
     node, inits = matmulnbits_node(name, x_input, q.astype(np.int16) - 8, scales, None, K, N, block, accuracy_level,
@@ -143,12 +145,13 @@ def matmulnbits_offset_nodes(name: str, x_input: str, q: np.ndarray, scales: np.
     indicator = np.zeros((K, g), scales.dtype)
     indicator[np.arange(K), np.arange(K) // block] = 1
     offsets = ((8 - zero_points) * scales).astype(scales.dtype)
-    inits += [numpy_helper.from_array(indicator, f"{name}.group_sum"),
+    indicator_name = f"int4.group_indicator.k{K}.b{block}.{indicator.dtype}"
+    sums = f"{x_input}.group_sums.b{block}"
+    inits += [numpy_helper.from_array(indicator, indicator_name),
               numpy_helper.from_array(np.ascontiguousarray(offsets.T), f"{name}.offsets")]
     nodes = [node,
-             helper.make_node("MatMul", [x_input, f"{name}.group_sum"], [f"{name}.x_groups"], name=f"{name}.group_sum"),
-             helper.make_node("MatMul", [f"{name}.x_groups", f"{name}.offsets"], [f"{name}.offset_out"],
-                              name=f"{name}.offsets"),
+             helper.make_node("MatMul", [x_input, indicator_name], [sums], name=sums),
+             helper.make_node("MatMul", [sums, f"{name}.offsets"], [f"{name}.offset_out"], name=f"{name}.offsets"),
              helper.make_node("Add", [f"{name}.int4_out", f"{name}.offset_out"], [output], name=f"{name}.add")]
     return nodes, inits
 

@@ -210,7 +210,7 @@ def lower_linears(model: onnx.ModelProto, groups: list[Group], clips: list[list[
                   prequant: list[np.ndarray | None], settings: Settings) -> list[QuantizedLinear]:
     """Quantize each linear's (scaled) weight with its clip ratios and replace its MatMul by the lowering."""
     inits = {t.name: t for t in model.graph.initializer}
-    replaced, new, quantized = {}, [], []
+    replaced, new, quantized = {}, {}, []
     for group, group_clips, pre in zip(groups, clips, prequant):
         for lin, clip in zip(group.linears, group_clips):
             w = numpy_helper.to_array(inits[lin.weight]).T
@@ -218,10 +218,11 @@ def lower_linears(model: onnx.ModelProto, groups: list[Group], clips: list[list[
             dtype = helper.tensor_dtype_to_np_dtype(inits[lin.weight].data_type)
             nodes, lowered = _lower(lin, q, scales.astype(dtype), zp, settings)
             replaced[lin.output] = nodes
-            new += lowered
+            lowered = [t for t in lowered if t.name not in new]  # shared group indicators are stored once
+            new.update((t.name, t) for t in lowered)
             quantized.append(QuantizedLinear(lin, q, scales, zp, pre, sum(len(t.raw_data) for t in lowered)))
     _replace_nodes(model, {i: replaced[n.output[0]] for i, n in enumerate(model.graph.node)
-                           if n.op_type == "MatMul" and n.output[0] in replaced}, new)
+                           if n.op_type == "MatMul" and n.output[0] in replaced}, list(new.values()))
     if settings.lowering == "matmulnbits" and not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
     return quantized
@@ -240,10 +241,15 @@ def _lower(lin: Linear, q, scales, zp, settings: Settings) -> tuple[list[onnx.No
 
 def _replace_nodes(model: onnx.ModelProto, replacements: dict[int, list[onnx.NodeProto]],
                    initializers: list[onnx.TensorProto]) -> None:
-    """Rebuild the node list with the nodes at the given positions replaced, add initializers, drop the ones
-    nothing reads."""
+    """Rebuild the node list with the nodes at the given positions replaced (a replacement node whose outputs are
+    already made is dropped), add initializers, drop the ones nothing reads."""
     graph = model.graph
-    nodes = [_copy(n) for i, node in enumerate(graph.node) for n in replacements.get(i, [node])]
+    nodes, made = [], set()
+    for i, node in enumerate(graph.node):
+        for n in replacements.get(i, [node]):
+            if not made.intersection(n.output):  # a node shared by linears that read one tensor comes once
+                nodes.append(_copy(n))
+                made.update(n.output)
     del graph.node[:]
     graph.node.extend(nodes)
     graph.initializer.extend(initializers)

@@ -71,6 +71,9 @@ def test_rtn_rounds_the_original_weights_and_runs_as_its_dequantized_graph(tiny_
     assert sum(n.op_type == "MatMulNBits" for n in model.graph.node) == len(quantized)
     excluded = next(n for n in model.graph.node if n.output[0] == weights["llm.layers.1.o_proj"][0])
     assert excluded.op_type == "MatMul"
+    if float_zero_point:  # linears reading one tensor (q/k/v, gate/up) share its per-group sums
+        sums = [n for n in model.graph.node if n.output[0].endswith(".group_sums.b64")]
+        assert len(sums) == len({ql.linear.input for ql in quantized}) < len(quantized)
     for ql in quantized:
         q, scales, zp = quantize_groups(weights[ql.linear.name][1], 64, symmetric=False, float_zero_point=float_zero_point)
         np.testing.assert_array_equal(ql.q, q)
