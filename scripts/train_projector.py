@@ -6,7 +6,15 @@ The loss is the answer's next-token loss ("7" then <|im_end|>) after the chat-fo
 in fp32 and saved as fp32; inference uses fp32. Same seed, same weights (one thread, so reductions keep their
 order).
 
-    python scripts/train_projector.py [--epochs 2] [--out mmtrt/zoo/weights/dino_smollm_projector.safetensors]
+With --token-drop (zoo:dino-smollm-tokendrop) every batch draws a keep ratio from KEEP_SCHEDULE and every sample
+keeps a random subset of its image tokens at that ratio, in their original order, with the prompt's placeholder
+run shortened to the kept count: the sequence the runtime builds after token_prune. The LLM thus learns to read
+subsets of the image tokens (VisionZip fine-tunes the projector for its budget); random subsets favour no pruning
+criterion. The ratio is drawn per batch, not per sample, so a batch needs no padding and every sequence is exactly
+what inference sees. The drops have their own generator, so the sample order is the default run's.
+
+    python scripts/train_projector.py --epochs 4 --lr 5e-4                # zoo:dino-smollm (the committed weights)
+    python scripts/train_projector.py --epochs 4 --lr 5e-4 --token-drop   # zoo:dino-smollm-tokendrop
 """
 
 from __future__ import annotations
@@ -21,9 +29,10 @@ import torch
 from safetensors.torch import save_file
 
 from mmtrt.eval.digits import PROMPT, samples
-from mmtrt.zoo.dino_smollm import PROJECTOR, assemble
+from mmtrt.zoo.dino_smollm import PROJECTOR, TOKEN_DROP_PROJECTOR, assemble
 
 SEED = 0
+KEEP_SCHEDULE = (1.0, 0.5, 0.25, 0.125)  # keep 1.0 plus the budgets scripts/bench_token_prune.py measures
 THREADS = 1  # two OpenMP threads on a shared two-core machine stall at every barrier; one thread is steadier
 
 
@@ -63,6 +72,26 @@ def sequence_embeddings(model, prompt: list[int], answers: torch.Tensor, eos: in
     return embeds, ids[:, -2:]
 
 
+def expand_placeholder(prompt: list[int], image_token: int, count: int) -> list[int]:
+    """The prompt with its run of image placeholders replaced by `count` of them, as the runtime expands it."""
+    start = prompt.index(image_token)
+    text = [t for t in prompt if t != image_token]
+    return text[:start] + [image_token] * count + text[start:]
+
+
+def drop_tokens(features: torch.Tensor, count: int, gen: torch.Generator) -> torch.Tensor:
+    """Per sample, `count` of its image tokens drawn uniformly at random, kept in their original order."""
+    kept = torch.rand(features.shape[:2], generator=gen).topk(count, dim=1).indices.sort(dim=1).values
+    return features.gather(1, kept[..., None].expand(-1, -1, features.shape[2]))
+
+
+def token_drop_batch(prompt: list[int], image_token: int, features: torch.Tensor, gen: torch.Generator):
+    """A batch's prompt and image tokens at a keep ratio drawn from KEEP_SCHEDULE (counted as token_prune does)."""
+    keep = KEEP_SCHEDULE[int(torch.randint(len(KEEP_SCHEDULE), (1,), generator=gen))]
+    count = max(1, round(keep * features.shape[1]))
+    return expand_placeholder(prompt, image_token, count), drop_tokens(features, count, gen)
+
+
 def answer_logits(model, embeds) -> torch.Tensor:
     return model(inputs_embeds=embeds, logits_to_keep=3).logits[:, :2].float()
 
@@ -90,13 +119,18 @@ def train(args) -> None:
     opt = torch.optim.AdamW(projector.parameters(), lr=args.lr, weight_decay=0.0)
     sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 20) * 0.5 * (1 + math.cos(math.pi * s / steps)))
     gen = torch.Generator().manual_seed(SEED)
+    drop_gen = torch.Generator().manual_seed(SEED + 1)
     step = 0
     for epoch in range(args.epochs):
         order = torch.randperm(len(labels), generator=gen)
         for i in range(0, len(order), args.batch):
             idx = order[i:i + args.batch]
+            batch_prompt, batch_features = prompt, features[idx]
+            if args.token_drop:
+                batch_prompt, batch_features = token_drop_batch(prompt, model.config.image_token_id, batch_features,
+                                                                drop_gen)
             with torch.autocast("cpu", dtype=torch.bfloat16):
-                embeds, targets = sequence_embeddings(model, prompt, digit_ids[labels[idx]], eos, features[idx])
+                embeds, targets = sequence_embeddings(model, batch_prompt, digit_ids[labels[idx]], eos, batch_features)
                 logits = answer_logits(model, embeds)
             loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
             opt.zero_grad()
@@ -109,8 +143,11 @@ def train(args) -> None:
                     lr=round(sched.get_last_lr()[0], 6), seconds=round(time.perf_counter() - started, 1))
     state = {k: v.detach().float().contiguous() for k, v in projector.state_dict().items()}
     args.out.parent.mkdir(parents=True, exist_ok=True)
-    save_file(state, args.out, metadata={"seed": str(SEED), "epochs": str(args.epochs), "lr": str(args.lr),
-                                         "batch": str(args.batch), "train_images": str(len(labels))})
+    metadata = {"seed": str(SEED), "epochs": str(args.epochs), "lr": str(args.lr), "batch": str(args.batch),
+                "train_images": str(len(labels))}
+    if args.token_drop:
+        metadata["token_drop_keep"] = ",".join(map(str, KEEP_SCHEDULE))
+    save_file(state, args.out, metadata=metadata)
     accuracy = heldout_first_token_accuracy(model, processor, prompt, digit_ids)
     log(log_path, event="done", heldout_first_token_accuracy=accuracy, seconds=round(time.perf_counter() - started, 1))
 
@@ -137,8 +174,13 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--lr", type=float, default=1e-3)
-    parser.add_argument("--out", type=Path, default=PROJECTOR)
-    train(parser.parse_args())
+    parser.add_argument("--token-drop", action="store_true",
+                        help=f"train on random subsets of the image tokens, keep ratio per batch from {KEEP_SCHEDULE}")
+    parser.add_argument("--out", type=Path, help=f"default: {PROJECTOR.name}, or {TOKEN_DROP_PROJECTOR.name} with "
+                        "--token-drop")
+    args = parser.parse_args()
+    args.out = args.out or (TOKEN_DROP_PROJECTOR if args.token_drop else PROJECTOR)
+    train(args)
 
 
 if __name__ == "__main__":

