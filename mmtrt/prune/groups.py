@@ -64,6 +64,11 @@ class PruneGroup:
     cache: list[str] = field(default_factory=list)  # the layer's past/present graph inputs and outputs
 
     @property
+    def consumer(self) -> Member:
+        """The linear reading the group's activations: its weight's rows are always the last member."""
+        return self.members[-1]
+
+    @property
     def label(self) -> str:
         return f"{self.component}.layers.{self.layer}.{'mlp' if self.kind == 'mlp' else 'attention'}"
 
@@ -124,7 +129,7 @@ def _attention(index: GraphIndex, component: str, group: Group) -> PruneGroup:
     members = []
     for lin, width in ((q, rep * head_dim), (k, head_dim), (v, head_dim)):
         members.append(Member(lin.node, 1, 1, width))
-        members += [Member(node, slot, 0, width) for node, slot in _bias(index, lin)]
+        members += [Member(node, slot, 0, width) for node, slot in bias_of(index, lin)]
     members.append(Member(o.node, 1, 0, rep * head_dim))
     edits = _head_shape_edits(index, group, q, rep, head_dim, component)
     return PruneGroup(component, "heads", o.layer, kv_heads, members, o.input, rep * head_dim, edits, rep,
@@ -154,7 +159,7 @@ def _head_dim(index: GraphIndex, group: Group) -> int:
     raise UserError("channel_prune cannot find the attention head size")
 
 
-def _bias(index: GraphIndex, lin: Linear) -> list[tuple[onnx.NodeProto, int]]:
+def bias_of(index: GraphIndex, lin: Linear) -> list[tuple[onnx.NodeProto, int]]:
     """The (Add node, slot) adding a bias of the linear's width to its output, if any."""
     for node in index.consumers.get(lin.output, []):
         if node.op_type == "Add" and len(node.input) == 2:

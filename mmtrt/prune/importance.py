@@ -29,17 +29,21 @@ def l2_scores(model: onnx.ModelProto, group: PruneGroup) -> np.ndarray:
     return total
 
 
-def activation_scores(model: onnx.ModelProto, groups: list[PruneGroup],
-                      batches: Iterable[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """Per group label, the mean |activation| of each unit over every calibration token."""
+def activation_stats(model: onnx.ModelProto, groups: list[PruneGroup],
+                     batches: Iterable[dict[str, np.ndarray]]) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """Per group label, over every calibration token: the mean |activation| of each unit (its importance) and the
+    mean of each activation entry (what bias compensation puts in place of a removed one)."""
     sums = {g.label: np.zeros(g.units * g.activation_width) for g in groups}
+    abs_sums = {g.label: np.zeros(g.units * g.activation_width) for g in groups}
     tokens = 0
     for outputs in run_with_outputs(model, [g.activation for g in groups], list(batches)):
         for g in groups:
-            x = outputs[g.activation]
-            sums[g.label] += np.abs(x.reshape(-1, x.shape[-1])).sum(axis=0)
+            x = outputs[g.activation].reshape(-1, g.units * g.activation_width).astype(np.float64)
+            sums[g.label] += x.sum(axis=0)
+            abs_sums[g.label] += np.abs(x).sum(axis=0)
         tokens += int(np.prod(outputs[groups[0].activation].shape[:-1]))
-    return {g.label: (sums[g.label] / tokens).reshape(g.units, g.activation_width).mean(axis=1) for g in groups}
+    scores = {g.label: (abs_sums[g.label] / tokens).reshape(g.units, -1).mean(axis=1) for g in groups}
+    return scores, {label: total / tokens for label, total in sums.items()}
 
 
 def kept_units(scores: np.ndarray, count: int) -> np.ndarray:

@@ -13,13 +13,15 @@ from onnx import helper, numpy_helper
 
 from mmtrt.errors import UserError
 from mmtrt.ir.rewrite import cleanup, const_value
-from mmtrt.prune.groups import PruneGroup, ShapeEdit, shape_entries
-from mmtrt.quant.linears import GraphIndex
+from mmtrt.prune.groups import PruneGroup, ShapeEdit, bias_of, shape_entries
+from mmtrt.quant.linears import GraphIndex, Linear
 
 
-def prune_graph(model: onnx.ModelProto, groups: list[PruneGroup], kept: dict[str, np.ndarray]) -> onnx.ModelProto:
+def prune_graph(model: onnx.ModelProto, groups: list[PruneGroup], kept: dict[str, np.ndarray],
+                means: dict[str, np.ndarray] | None = None) -> onnx.ModelProto:
     """`model` with each group reduced to the units in `kept[group.label]` (sorted indices); groups whose every
-    unit is kept are left untouched."""
+    unit is kept are left untouched. With `means` (per label, the calibration mean of every activation entry),
+    the consuming linear's output gets the removed entries' mean contribution as a bias (FLAP's compensation)."""
     if all(len(kept[g.label]) == g.units for g in groups):
         return model
     index = GraphIndex(model.graph)
@@ -30,6 +32,8 @@ def prune_graph(model: onnx.ModelProto, groups: list[PruneGroup], kept: dict[str
         if len(keep) == group.units:
             continue
         tag = f"channel_prune.{group.label}"
+        if means is not None:
+            _compensate(index, group, keep, means[group.label], tag, new_inits, new_nodes)
         for i, member in enumerate(group.members):
             array = numpy_helper.to_array(index.initializers[member.name])
             sliced = np.take(array, _entries(keep, member.width), axis=member.axis)
@@ -43,6 +47,27 @@ def prune_graph(model: onnx.ModelProto, groups: list[PruneGroup], kept: dict[str
     model.graph.node.extend(new_nodes)
     del model.graph.value_info[:]
     return cleanup(model)
+
+
+def _compensate(index: GraphIndex, group: PruneGroup, keep: np.ndarray, mean: np.ndarray, tag: str,
+                new_inits: list, new_nodes: list) -> None:
+    """Add sum over removed entries j of mean_j * W[j, :] to the consumer's bias (a new Add when it has none)."""
+    consumer = group.consumer.node
+    weight = numpy_helper.to_array(index.initializers[group.consumer.name])
+    dropped = _entries(np.setdiff1d(np.arange(group.units), keep), group.activation_width)
+    delta = mean[dropped] @ weight[dropped].astype(np.float64)
+    linear = Linear(consumer, consumer.input[1], *weight.shape)
+    found = bias_of(index, linear)
+    if found:
+        node, slot = found[0]
+        bias = numpy_helper.to_array(index.initializers[node.input[slot]])
+        new_inits.append(numpy_helper.from_array((bias + delta).astype(bias.dtype), f"{tag}.bias"))
+        node.input[slot] = f"{tag}.bias"
+        return
+    out = consumer.output[0]
+    consumer.output[0] = f"{tag}.uncompensated"
+    new_inits.append(numpy_helper.from_array(delta.astype(weight.dtype), f"{tag}.bias"))
+    new_nodes.append(helper.make_node("Add", [consumer.output[0], f"{tag}.bias"], [out], name=f"{tag}.compensation"))
 
 
 def _entries(units: np.ndarray, width: int) -> np.ndarray:

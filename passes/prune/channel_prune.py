@@ -6,8 +6,10 @@ for gated MLPs, fc1 columns and bias with fc2 rows otherwise) and `heads` that s
 heads (Q, K, V columns and biases with the output projection's rows; with grouped-query attention whole KV groups,
 so the KV cache shrinks too). Every layer keeps the same count, so the model facts (heads, KV heads) stay uniform
 and TensorRT-LLM's config still describes the model; which units a layer keeps is its own ranking by `l2` (DepGraph)
-or `activation` (Minitron) importance. The component's external I/O is unchanged, but for the LLM's KV cache when
-KV groups go. No retraining: the accuracy cost is reported by the eval suites (recipe `budgets` / `evaluate`).
+or `activation` (Minitron) importance. The removed units' mean contribution on calibration data goes into the
+consuming linear's bias (FLAP's compensation), which the layer after it would otherwise miss. The component's
+external I/O is unchanged, but for the LLM's KV cache when KV groups go. No retraining: the accuracy cost is
+reported by the eval suites (recipe `budgets` / `evaluate`).
 """
 
 from __future__ import annotations
@@ -22,10 +24,11 @@ from pydantic import Field, model_validator
 from mmtrt.ir.flops import count_flops
 from mmtrt.ir.graph import ModelIR, graph_io
 from mmtrt.pipeline.pass_base import Pass, PassConfig
-from mmtrt.prune.groups import PruneGroup, find_groups
-from mmtrt.prune.importance import activation_scores, kept_count, kept_units, l2_scores
+from mmtrt.prune.groups import PruneGroup, bias_of, find_groups
+from mmtrt.prune.importance import activation_stats, kept_count, kept_units, l2_scores
 from mmtrt.prune.slicing import prune_graph
 from mmtrt.quant.calibration import calibration_batches
+from mmtrt.quant.linears import GraphIndex, Linear
 
 LLM_FLOP_TOKENS = 128  # the prefill the LLM's FLOPs are reported at
 
@@ -44,16 +47,22 @@ class ChannelPruneConfig(PassConfig):
     vision: Ratios = Field(Ratios(), description="Ratios for the vision encoder: `mlp`, `heads`.")
     llm: Ratios = Field(Ratios(), description="Ratios for the LLM: `mlp`, `heads`.")
     importance: Literal["l2", "activation"] = Field("l2", description="`l2`: weight magnitude over the whole dependency group, each member normalised by its mean (DepGraph); `activation`: mean magnitude of the unit's activations on calibration data (Minitron).")
+    bias_compensation: bool = Field(True, description="Add the removed units' mean contribution on calibration data to the consuming linear's bias (FLAP), so the next layer sees the expected value instead of zero.")
     multiple: int = Field(8, ge=1, description="Kept MLP channels round to a multiple of this (kernels stay efficient); heads are whole.")
-    calibration: Calibration = Field(Calibration(), description="`activation` only: `samples` (digit images) and `text_windows`.")
+    calibration: Calibration = Field(Calibration(), description="For `activation` importance and `bias_compensation`: `samples` (digit images) and `text_windows`.")
+
+    @property
+    def calibrates(self) -> bool:
+        return self.importance == "activation" or self.bias_compensation
 
     @model_validator(mode="after")
     def _consistent(self) -> "ChannelPruneConfig":
         cal = self.calibration
-        if self.importance == "activation" and self.vision != Ratios() and not cal.samples:
-            raise ValueError("activation importance for the vision encoder needs calibration.samples images")
-        if self.importance == "activation" and self.llm != Ratios() and not (cal.samples or cal.text_windows):
-            raise ValueError("activation importance for the LLM needs calibration.samples or text_windows")
+        fix = "give calibration data or set importance: l2 and bias_compensation: false"
+        if self.calibrates and self.vision != Ratios() and not cal.samples:
+            raise ValueError(f"pruning the vision encoder with calibration needs calibration.samples images; {fix}")
+        if self.calibrates and self.llm != Ratios() and not (cal.samples or cal.text_windows):
+            raise ValueError(f"pruning the LLM with calibration needs calibration.samples or text_windows; {fix}")
         return self
 
 
@@ -83,27 +92,31 @@ class ChannelPrune(Pass):
         for name, ratios in wanted.items():
             comp = ir.components[name]
             groups = [g for g in find_groups(comp.onnx, name) if (ratios.mlp if g.kind == "mlp" else ratios.heads)]
-            kept = self._decide(comp.onnx, groups, ratios, batches.get(name))
+            scores, means = self._stats(comp.onnx, groups, batches.get(name))
+            kept = self._decide(groups, ratios, scores)
             before = _measure(comp.onnx, name)
-            predicted = _params_removed(comp.onnx, groups, kept)
-            comp.onnx = prune_graph(comp.onnx, groups, kept)
+            predicted = _params_removed(comp.onnx, groups, kept, self.config.bias_compensation)
+            comp.onnx = prune_graph(comp.onnx, groups, kept, means if self.config.bias_compensation else None)
             comp.inputs, comp.outputs = graph_io(comp.onnx, "inputs"), graph_io(comp.onnx, "outputs")
             report[name] = _component_report(groups, kept, before, _measure(comp.onnx, name), predicted)
         ir.config = self.plan_facts(ir.config)
         return {**report, "graph_changed": True}
 
     def _batches(self, ir: ModelIR) -> dict[str, list]:
-        if self.config.importance != "activation":
+        if not self.config.calibrates:
             return {}
         cal = self.config.calibration
         batches = calibration_batches(ir, "digits", cal.samples, cal.text_windows)
         return {"vision": batches.vision, "llm": batches.llm}
 
-    def _decide(self, model, groups: list[PruneGroup], ratios: Ratios, batches) -> dict[str, np.ndarray]:
-        if self.config.importance == "activation":
-            scores = activation_scores(model, groups, batches)
-        else:
+    def _stats(self, model, groups: list[PruneGroup], batches) -> tuple[dict[str, np.ndarray], dict | None]:
+        """Scores per group, and the activation means when calibration ran."""
+        scores, means = activation_stats(model, groups, batches) if self.config.calibrates and groups else ({}, None)
+        if self.config.importance == "l2":
             scores = {g.label: l2_scores(model, g) for g in groups}
+        return scores, means
+
+    def _decide(self, groups: list[PruneGroup], ratios: Ratios, scores: dict) -> dict[str, np.ndarray]:
         kept = {}
         for g in groups:
             count = kept_count(g.units, ratios.mlp if g.kind == "mlp" else ratios.heads, g.kind, self.config.multiple)
@@ -111,18 +124,25 @@ class ChannelPrune(Pass):
         return kept
 
 
-def _params_removed(model, groups: list[PruneGroup], kept: dict[str, np.ndarray]) -> int:
+def _params_removed(model, groups: list[PruneGroup], kept: dict[str, np.ndarray], compensate: bool) -> int:
     """What slicing will remove, from the shapes alone: every pruned use of an initializer gets a sliced copy
-    (its size over the units times the units kept), and an initializer all of whose uses were sliced goes."""
+    (its size over the units times the units kept), an initializer all of whose uses were sliced goes, and
+    compensation gives each pruned group's consumer a bias of its own (replacing the use of any it had)."""
+    index = GraphIndex(model.graph)
     sizes = {t.name: int(np.prod(t.dims)) for t in model.graph.initializer}
     uses = Counter(name for node in model.graph.node for name in node.input if name in sizes)
     sliced: Counter = Counter()
     added = 0
-    for g in groups:
-        if len(kept[g.label]) < g.units:
-            for m in g.members:
-                sliced[m.name] += 1
-                added += sizes[m.name] // g.units * len(kept[g.label])
+    for g in (g for g in groups if len(kept[g.label]) < g.units):
+        for m in g.members:
+            sliced[m.name] += 1
+            added += sizes[m.name] // g.units * len(kept[g.label])
+        if compensate:
+            consumer = g.consumer
+            n_out = index.initializers[consumer.name].dims[1]
+            added += n_out
+            for node, slot in bias_of(index, Linear(consumer.node, consumer.name, g.units, n_out)):
+                sliced[node.input[slot]] += 1
     return sum(sizes[name] for name, n in sliced.items() if n == uses[name]) - added
 
 

@@ -4,6 +4,8 @@
   graphs give the unpruned graphs' outputs (LLM: prefill and a decode step on the shrunken KV cache).
 - Units removed at random (not zeroed) give the logits of a smaller transformers model built from the kept
   weights: the rewrite, not only the selection, is checked against an independent implementation.
+- With bias compensation, the pruned graphs compute the unpruned graphs with the removed activations held at
+  their calibration means (computed here by exposing them as outputs), vision and LLM.
 - Ratio 0, and ratios that round to every unit, leave the graphs bit-identical.
 - The parameter counts the report predicts are the counts of the written graph.
 """
@@ -14,13 +16,17 @@ import numpy as np
 import onnxruntime as ort
 import pytest
 import torch
+from onnx import helper, numpy_helper
 from PIL import Image
 from pydantic import ValidationError
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from conftest import compile_to
 from mmtrt.ir.frontend import lower
+from mmtrt.ir.rewrite import cleanup
+from mmtrt.prune.groups import find_groups
 from mmtrt.prune.importance import kept_count
+from mmtrt.quant.calibration import calibration_batches
 from mmtrt.runtime import load
 from mmtrt.zoo.tiny_llava import build_tiny_llava
 from passes.prune.channel_prune import ChannelPrune
@@ -140,7 +146,7 @@ def test_llm_pruned_by_l2_matches_a_smaller_transformers_model(tiny, lowered, rn
     """No zeroed units: the kept rows and columns, copied into a LlamaForCausalLM of the pruned sizes, must give
     the pruned graph's logits on fresh random embeddings."""
     model, ir = tiny[0], copy.deepcopy(lowered)
-    report = run_pass(ir, llm={"mlp": 0.5, "heads": 0.5})
+    report = run_pass(ir, llm={"mlp": 0.5, "heads": 0.5}, bias_compensation=False)
     kept_mlp = {layer: np.setdiff1d(np.arange(LLM_MLP), r) for layer, r in removed(report, "llm", "mlp").items()}
     kept_kv = {layer: np.setdiff1d(np.arange(LLM_KV), r) for layer, r in removed(report, "llm", "kv").items()}
     source = model.model.language_model
@@ -169,6 +175,61 @@ def test_llm_pruned_by_l2_matches_a_smaller_transformers_model(tiny, lowered, rn
     np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-4)
 
 
+def with_means_in_place(model, groups, removed_units, means):
+    """The unpruned graph with each removed unit's activations replaced by their calibration means: what pruning
+    with bias compensation must compute."""
+    model = copy.deepcopy(model)
+    for g in groups:
+        mask = np.ones(g.units * g.activation_width, np.float32)
+        for unit in removed_units[g.label]:
+            mask[unit * g.activation_width:(unit + 1) * g.activation_width] = 0
+        fill = ((1 - mask) * means[g.label]).astype(np.float32)
+        names = [f"{g.label}.{suffix}" for suffix in ("mask", "fill", "masked", "filled")]
+        for node in model.graph.node:
+            node.input[:] = [names[3] if n == g.activation else n for n in node.input]
+        model.graph.node.extend([helper.make_node("Mul", [g.activation, names[0]], [names[2]]),
+                                 helper.make_node("Add", [names[2], names[1]], [names[3]])])
+        model.graph.initializer.extend([numpy_helper.from_array(mask, names[0]), numpy_helper.from_array(fill, names[1])])
+    return cleanup(model)
+
+
+def calibration_means(model, groups, feeds_list):
+    """Mean of every activation entry over all calibration tokens, by exposing the tensors as graph outputs."""
+    model = copy.deepcopy(model)
+    model.graph.output.extend(helper.make_empty_tensor_value_info(g.activation) for g in groups)
+    sess = session(model)
+    sums, tokens = {g.label: 0.0 for g in groups}, 0
+    for feeds in feeds_list:
+        outs = sess.run([g.activation for g in groups], feeds)
+        for g, x in zip(groups, outs):
+            sums[g.label] = sums[g.label] + x.reshape(-1, x.shape[-1]).astype(np.float64).sum(axis=0)
+        tokens += int(np.prod(outs[0].shape[:-1]))
+    return {label: total / tokens for label, total in sums.items()}
+
+
+def test_bias_compensation_equals_removed_activations_held_at_their_means(lowered, rng):
+    """Vision (whose fc2 and out_proj have biases) and LLM (whose down_proj and o_proj get a new one)."""
+    ir = copy.deepcopy(lowered)
+    before = {name: copy.deepcopy(ir.components[name].onnx) for name in ("vision", "llm")}
+    batches = calibration_batches(ir, "digits", 4, 1)
+    ratios = {"mlp": 0.5, "heads": 0.5}
+    report = run_pass(ir, vision=ratios, llm=ratios, calibration={"samples": 4, "text_windows": 1})
+    pixels = rng.normal(size=(2, 3, 64, 64)).astype(np.float32)
+    embeds = rng.normal(size=(2, 7, HIDDEN)).astype(np.float32)
+    for name, feeds in (("vision", batches.vision), ("llm", batches.llm)):
+        groups = find_groups(before[name], name)
+        removed_units = {entry["layer"]: entry["removed"] for entry in report[name]["layers"]}
+        assert all(removed_units.values())
+        reference = with_means_in_place(before[name], groups, removed_units,
+                                        calibration_means(before[name], groups, feeds))
+        if name == "vision":
+            np.testing.assert_allclose(vision_out(ir.components[name].onnx, pixels), vision_out(reference, pixels),
+                                       rtol=1e-4, atol=1e-4)
+        else:
+            for got, want in zip(llm_steps(ir.components[name].onnx, embeds, 1), llm_steps(reference, embeds, LLM_KV)):
+                np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
 def test_ratios_that_keep_every_unit_leave_graphs_bit_identical(lowered):
     ir = copy.deepcopy(lowered)
     before = {name: ir.components[name].onnx.SerializeToString() for name in ("vision", "llm")}
@@ -187,8 +248,9 @@ def test_predicted_parameter_counts_are_the_written_ones(lowered):
         assert r["params_after"] == floats
         assert r["params_removed_predicted"] == r["params_before"] - floats
         assert 0 < r["flops_after"] < r["flops_before"]
-    # hand count for the LLM: 4 layers x 112 channels x (gate + up + down) x hidden, 384 * 0.7 -> 272 (multiple of 8)
-    assert report["llm"]["params_removed"] == 4 * (LLM_MLP - 272) * 3 * HIDDEN
+    # hand count for the LLM: 4 layers x 112 channels x (gate + up + down) x hidden, 384 * 0.7 -> 272 (multiple of 8),
+    # less the bias compensation gives each down_proj
+    assert report["llm"]["params_removed"] == 4 * ((LLM_MLP - 272) * 3 * HIDDEN - HIDDEN)
 
 
 def test_kept_counts_round_to_the_multiple_and_keep_one_head():
@@ -203,6 +265,7 @@ def test_kept_counts_round_to_the_multiple_and_keep_one_head():
     ({"vision": {"mlp": 1.0}}, "less than 1"),
     ({"llm": {"channels": 0.2}}, "Extra inputs"),
     ({"importance": "activation", "vision": {"mlp": 0.2}, "calibration": {"samples": 0}}, "needs calibration"),
+    ({"llm": {"mlp": 0.2}, "calibration": {"samples": 0, "text_windows": 0}}, "bias_compensation: false"),
 ])
 def test_bad_config_is_refused(config, message):
     with pytest.raises(ValidationError, match=message):
