@@ -46,7 +46,7 @@ class Calibration(PassConfig):
 class ChannelPruneConfig(PassConfig):
     vision: Ratios = Field(Ratios(), description="Ratios for the vision encoder: `mlp`, `heads`.")
     llm: Ratios = Field(Ratios(), description="Ratios for the LLM: `mlp`, `heads`.")
-    importance: Literal["l2", "activation"] = Field("l2", description="`l2`: weight magnitude over the whole dependency group, each member normalised by its mean (DepGraph); `activation`: mean magnitude of the unit's activations on calibration data (Minitron).")
+    importance: Literal["activation", "l2"] = Field("activation", description="`activation` (default; on dino-smollm it keeps 84 % digits accuracy where `l2` keeps 6 %, at 30 % of the vision MLP): mean magnitude of the unit's activations on calibration data (Minitron); `l2`: weight magnitude over the whole dependency group, each member normalised by its mean (DepGraph).")
     bias_compensation: bool = Field(True, description="Add the removed units' mean contribution on calibration data to the consuming linear's bias (FLAP), so the next layer sees the expected value instead of zero.")
     multiple: int = Field(8, ge=1, description="Kept MLP channels round to a multiple of this (kernels stay efficient); heads are whole.")
     calibration: Calibration = Field(Calibration(), description="For `activation` importance and `bias_compensation`: `samples` (digit images) and `text_windows`.")

@@ -146,7 +146,7 @@ def test_llm_pruned_by_l2_matches_a_smaller_transformers_model(tiny, lowered, rn
     """No zeroed units: the kept rows and columns, copied into a LlamaForCausalLM of the pruned sizes, must give
     the pruned graph's logits on fresh random embeddings."""
     model, ir = tiny[0], copy.deepcopy(lowered)
-    report = run_pass(ir, llm={"mlp": 0.5, "heads": 0.5}, bias_compensation=False)
+    report = run_pass(ir, llm={"mlp": 0.5, "heads": 0.5}, importance="l2", bias_compensation=False)
     kept_mlp = {layer: np.setdiff1d(np.arange(LLM_MLP), r) for layer, r in removed(report, "llm", "mlp").items()}
     kept_kv = {layer: np.setdiff1d(np.arange(LLM_KV), r) for layer, r in removed(report, "llm", "kv").items()}
     source = model.model.language_model
@@ -264,7 +264,7 @@ def test_kept_counts_round_to_the_multiple_and_keep_one_head():
 @pytest.mark.parametrize("config, message", [
     ({"vision": {"mlp": 1.0}}, "less than 1"),
     ({"llm": {"channels": 0.2}}, "Extra inputs"),
-    ({"importance": "activation", "vision": {"mlp": 0.2}, "calibration": {"samples": 0}}, "needs calibration"),
+    ({"vision": {"mlp": 0.2}, "calibration": {"samples": 0}}, "needs calibration"),
     ({"llm": {"mlp": 0.2}, "calibration": {"samples": 0, "text_windows": 0}}, "bias_compensation: false"),
 ])
 def test_bad_config_is_refused(config, message):
