@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from mmtrt.errors import UserError
 
 Backend = Literal["torchvision", "onnxruntime", "tensorrt", "tensorrt-llm"]
-ZOO_MODELS = ("tiny-llava", "dino-smollm")
+ZOO_MODELS = ("tiny-llava", "dino-smollm", "dino-smollm-tokendrop")
 
 
 class Strict(BaseModel):

@@ -14,4 +14,8 @@ def build_zoo_model(name: str):
         from mmtrt.zoo.dino_smollm import build_dino_smollm
 
         return build_dino_smollm()
+    if name == "dino-smollm-tokendrop":
+        from mmtrt.zoo.dino_smollm import TOKEN_DROP_PROJECTOR, build_dino_smollm
+
+        return build_dino_smollm(TOKEN_DROP_PROJECTOR)
     raise UserError(f"unknown zoo model {name!r}; known: {', '.join(ZOO_MODELS)}")

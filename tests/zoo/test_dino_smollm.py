@@ -1,8 +1,10 @@
-"""zoo:dino-smollm end to end: it compiles losslessly, the bundle agrees with PyTorch, and it reads digits."""
+"""zoo:dino-smollm end to end: it compiles losslessly, the bundle agrees with PyTorch, and it reads digits;
+zoo:dino-smollm-tokendrop is the same model but for the projector."""
 
 import json
 
 import pytest
+import torch
 
 pytest.importorskip("sklearn", reason="the digits task needs scikit-learn (make zoo-extras)")
 pretrained = pytest.importorskip("mmtrt.zoo.pretrained")
@@ -12,6 +14,7 @@ from mmtrt.compiler import compile_recipe  # noqa: E402
 from mmtrt.errors import UserError  # noqa: E402
 from mmtrt.eval.suites import run_suite  # noqa: E402
 from mmtrt.runtime import load  # noqa: E402
+from mmtrt.zoo import build_zoo_model  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -57,3 +60,13 @@ def test_perplexity_of_the_language_model(bundle):
     out = run_suite(load(bundle), "perplexity", 1)
     assert out["samples"]["tokens"] == 511
     assert 2.0 < out["metrics"]["perplexity"] < 60.0
+
+
+def test_tokendrop_variant_differs_only_in_the_projector(source):
+    """Built, not compiled: the compile path is the default's, so only the weights can tell them apart."""
+    variant = build_zoo_model("dino-smollm-tokendrop")[0].state_dict()
+    default = source[0].state_dict()
+    assert variant.keys() == default.keys()
+    changed = {name for name, weight in variant.items() if not torch.equal(weight, default[name])}
+    assert changed == {name for name in default if "multi_modal_projector" in name}
+    assert len(changed) == 4
