@@ -34,11 +34,7 @@ def prune_graph(model: onnx.ModelProto, groups: list[PruneGroup], kept: dict[str
         tag = f"channel_prune.{group.label}"
         if means is not None:
             _compensate(index, group, keep, means[group.label], tag, new_inits, new_nodes)
-        for i, member in enumerate(group.members):
-            array = numpy_helper.to_array(index.initializers[member.name])
-            sliced = np.take(array, _entries(keep, member.width), axis=member.axis)
-            new_inits.append(numpy_helper.from_array(np.ascontiguousarray(sliced), f"{tag}.{i}"))
-            member.node.input[member.slot] = f"{tag}.{i}"
+        _slice_members(index, group, keep, tag, new_inits)
         for i, edit in enumerate(group.shape_edits):
             _edit_shape(index, edit, group, len(keep), f"{tag}.shape{i}", new_inits, new_nodes)
         if group.kind == "heads":
@@ -47,6 +43,14 @@ def prune_graph(model: onnx.ModelProto, groups: list[PruneGroup], kept: dict[str
     model.graph.node.extend(new_nodes)
     del model.graph.value_info[:]
     return cleanup(model)
+
+
+def _slice_members(index: GraphIndex, group: PruneGroup, keep: np.ndarray, tag: str, new_inits: list) -> None:
+    for i, member in enumerate(group.members):
+        array = numpy_helper.to_array(index.initializers[member.name])
+        sliced = np.take(array, _entries(keep, member.width), axis=member.axis)
+        new_inits.append(numpy_helper.from_array(np.ascontiguousarray(sliced), f"{tag}.{i}"))
+        member.node.input[member.slot] = f"{tag}.{i}"
 
 
 def _compensate(index: GraphIndex, group: PruneGroup, keep: np.ndarray, mean: np.ndarray, tag: str,
