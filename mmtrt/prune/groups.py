@@ -10,7 +10,6 @@ the exporter's anonymous weight names do not matter.
 
 from __future__ import annotations
 
-from collections import deque
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -18,7 +17,7 @@ import onnx
 
 from mmtrt.errors import UserError
 from mmtrt.ir.rewrite import const_value
-from mmtrt.quant.linears import GraphIndex, Group, Linear, find_linears
+from mmtrt.quant.linears import GraphIndex, Group, Linear, find_linears, reachable
 
 ELEMENTWISE = frozenset({"Add", "Sub", "Mul", "Div"})
 PASS_THROUGH = frozenset({"Gelu", "Sigmoid", "Relu", "Tanh", "Erf", "Mul", "Add", "Sub", "Div", "Identity", "Cast",
@@ -200,16 +199,9 @@ def _head_shape_edits(index: GraphIndex, group: Group, q: Linear, rep: int, head
 
 
 def _derived(index: GraphIndex, start: str, group: Group) -> set[str]:
+    """Tensors made from `start` inside the group's region, up to (not through) its Attention."""
     inside = {id(n) for n in group.region}
-    seen, queue = {start}, deque([start])
-    while queue:
-        for node in index.consumers.get(queue.popleft(), []):
-            if id(node) in inside and node.op_type != "Attention":
-                for out in node.output:
-                    if out not in seen:
-                        seen.add(out)
-                        queue.append(out)
-    return seen
+    return reachable(index, [start], lambda node: id(node) in inside and node.op_type != "Attention")
 
 
 def shape_entries(index: GraphIndex, node: onnx.NodeProto) -> list[int | None] | None:

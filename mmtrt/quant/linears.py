@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections import deque
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Callable, Iterable
 
 import onnx
 from onnx import TensorProto
@@ -111,7 +111,7 @@ def _find_module(index: GraphIndex, by_node: dict, group: Group) -> None:
     """Walk forward from the group's outputs through everything but linears, normalisations and residual joins
     (an Add with an input that neither derives from the group nor is constant). When every path ends in the same
     linear, that linear's output is the module output and the nodes on the way are the module's region."""
-    derived = _forward(index, by_node, [lin.output for lin in group.linears], stop_joins=False)
+    derived = _forward(index, by_node, [lin.output for lin in group.linears])
     reached, stopped, visited, visited_ids = set(), False, [], set()
     seen = {lin.output for lin in group.linears}
     queue = deque(seen)
@@ -138,18 +138,22 @@ def _find_module(index: GraphIndex, by_node: dict, group: Group) -> None:
     group.region = _region(index, [lin.node for lin in group.linears] + visited + [downstream.node], downstream.output)
 
 
-def _forward(index: GraphIndex, by_node: dict, starts: Iterable[str], stop_joins: bool) -> set[str]:
-    """Tensors reachable from `starts` without passing through a linear or a normalisation."""
+def reachable(index: GraphIndex, starts: Iterable[str], through: Callable[[onnx.NodeProto], bool]) -> set[str]:
+    """Tensors reachable from `starts` (included) through the nodes `through` accepts."""
     seen, queue = set(starts), deque(starts)
     while queue:
         for node in index.consumers.get(queue.popleft(), []):
-            if id(node) in by_node or node.op_type in NORMS:
-                continue
-            for out in node.output:
-                if out and out not in seen:
-                    seen.add(out)
-                    queue.append(out)
+            if through(node):
+                for out in node.output:
+                    if out and out not in seen:
+                        seen.add(out)
+                        queue.append(out)
     return seen
+
+
+def _forward(index: GraphIndex, by_node: dict, starts: Iterable[str]) -> set[str]:
+    """Tensors reachable from `starts` without passing through a linear or a normalisation."""
+    return reachable(index, starts, lambda node: id(node) not in by_node and node.op_type not in NORMS)
 
 
 def _joins_outside(index: GraphIndex, node: onnx.NodeProto, derived: set[str]) -> bool:
@@ -197,20 +201,10 @@ def _absorber(index: GraphIndex, by_node: dict, group: Group) -> tuple[str, obje
 
 def _attention_slots(index: GraphIndex, by_node: dict, linear: Linear) -> set[int]:
     """Which inputs (0 query, 1 key, 2 value) of an Attention node the linear's output reaches."""
-    slots, seen, queue = set(), {linear.output}, deque([linear.output])
-    while queue:
-        name = queue.popleft()
-        for node in index.consumers.get(name, []):
-            if node.op_type == "Attention":
-                slots.update(i for i, n in enumerate(node.input) if n == name)
-                continue
-            if id(node) in by_node or node.op_type in NORMS:
-                continue
-            for out in node.output:
-                if out and out not in seen:
-                    seen.add(out)
-                    queue.append(out)
-    return slots
+    seen = reachable(index, [linear.output], lambda node: node.op_type != "Attention" and id(node) not in by_node
+                     and node.op_type not in NORMS)
+    return {i for name in seen for node in index.consumers.get(name, []) if node.op_type == "Attention"
+            for i, n in enumerate(node.input) if n == name}
 
 
 def _name(index: GraphIndex, component: str, linears: list[Linear], groups: list[Group]) -> None:
