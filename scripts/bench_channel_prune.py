@@ -12,10 +12,8 @@ retraining: the accuracy columns are what pruning costs as is.
 from __future__ import annotations
 
 import argparse
-import copy
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -25,23 +23,19 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 import numpy as np  # noqa: E402
-import yaml  # noqa: E402
 
-from mmtrt.compiler import Plan, stage_bundle  # noqa: E402
 from mmtrt.eval import digits  # noqa: E402
 from mmtrt.eval.suites import run_suite  # noqa: E402
 from mmtrt.ir.flops import count_flops  # noqa: E402
-from mmtrt.ir.frontend import COMPONENTS, FRONTEND_PROPERTIES, load_source, lower  # noqa: E402
 from mmtrt.ir.graph import ModelIR  # noqa: E402
-from mmtrt.partition.assign import assign_backends  # noqa: E402
-from mmtrt.partition.placement import annotate  # noqa: E402
-from mmtrt.pipeline.runner import plan_passes, run_passes  # noqa: E402
-from mmtrt.recipe import load_recipe  # noqa: E402
 from mmtrt.runtime import load  # noqa: E402
+from benchlib import lossless_ir, side_by_side, write_bundle  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "dino-smollm.yaml"
 ORT_ONLY = {"preprocess": ["torchvision"], "vision": ["onnxruntime"], "embed": ["onnxruntime"], "llm": ["onnxruntime"]}
+CHANGED = ("vision", "llm")  # the components channel_prune may rewrite, copied per configuration
+STAGES = ("vision", "prefill", "decode")
 PREFILL_TOKENS = 100  # the digits prompt with 64 image tokens
 CONFIGS = {
     "vision mlp 0.3, l2": {"vision": {"mlp": 0.3}},
@@ -55,37 +49,6 @@ CONFIGS = {
                                                  "bias_compensation": False},
     "llm kv groups 1 of 3, activation": {"llm": {"heads": 0.34}, "importance": "activation"},
 }
-
-
-def plan_for(folder: Path, prune: dict | None, facts: dict) -> Plan:
-    data = yaml.safe_load(RECIPE.read_text())
-    data["partition"] = ORT_ONLY
-    data["passes"] += [{"channel_prune": prune}] if prune else []
-    (folder / "recipe.yaml").write_text(yaml.safe_dump(data))
-    recipe, recipe_dir = load_recipe(folder / "recipe.yaml")
-    passes = plan_passes(recipe, set(FRONTEND_PROPERTIES), set(COMPONENTS), facts)
-    return Plan(recipe, recipe_dir, facts, passes, assign_backends(recipe.partition, list(COMPONENTS)))
-
-
-def lossless_ir() -> tuple[ModelIR, list[dict]]:
-    recipe, recipe_dir = load_recipe(RECIPE)
-    ir = lower(*load_source(recipe.model, recipe_dir))
-    annotate(ir, recipe.partition)
-    return ir, run_passes(plan_passes(recipe, set(FRONTEND_PROPERTIES), set(COMPONENTS)).passes, ir, [])
-
-
-def write_bundle(base: ModelIR, reports: list[dict], prune: dict | None, folder: Path) -> tuple[Path, ModelIR, float]:
-    """The bundle with channel_prune applied to copies of the vision and LLM components, the pruned IR and the
-    pass's seconds."""
-    (folder / "bundle").mkdir(parents=True)
-    plan = plan_for(folder, prune, base.config)
-    ir = ModelIR({**base.components, **{n: copy.deepcopy(base.components[n]) for n in ("vision", "llm")}},
-                 copy.deepcopy(base.config), base.assets, set(base.properties))
-    start = time.perf_counter()
-    reports = reports + run_passes(plan.passes.passes[len(reports):], ir, [])
-    seconds = time.perf_counter() - start
-    stage_bundle(plan, ir, reports, folder / "bundle")
-    return folder / "bundle", ir, seconds
 
 
 def size(ir: ModelIR) -> dict[str, float]:
@@ -115,26 +78,6 @@ class Probe:
 
     def decode(self):
         self.pipe.step(self.embeds[:, -1:], self.cache)
-
-
-def median_ms(fn, repeats: int = 3) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
-
-
-def side_by_side(base: Probe, other: Probe, rounds: int) -> dict[str, tuple[float, float]]:
-    out = {}
-    for stage in ("vision", "prefill", "decode"):
-        a, b = [], []
-        for _ in range(rounds):
-            a.append(median_ms(getattr(base, stage)))
-            b.append(median_ms(getattr(other, stage)))
-        out[stage] = (statistics.median(a), statistics.median(b))
-    return out
 
 
 def quality(pipe, args) -> dict[str, float]:
@@ -168,17 +111,18 @@ def main(argv=None) -> int:
     started = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="bench-channel-prune-") as tmp:
         tmp = Path(tmp)
-        base_ir, reports = lossless_ir()
-        path, _, _ = write_bundle(base_ir, reports, None, tmp / "unpruned")
+        base_ir, reports = lossless_ir(RECIPE)
+        path, _, _ = write_bundle(RECIPE, base_ir, reports, None, tmp / "unpruned", CHANGED, ORT_ONLY)
         base_probe = Probe(path, args.threads)
         base = {"config": "unpruned", **size(base_ir), **quality(base_probe.pipe, args), "seconds": None,
-                "times": side_by_side(base_probe, base_probe, args.rounds)}
+                "times": side_by_side(base_probe, base_probe, STAGES, args.rounds)}
         rows = [base]
         for name in args.configs:
-            path, ir, seconds = write_bundle(base_ir, reports, CONFIGS[name], tmp / name.replace(" ", "_"))
+            path, ir, seconds = write_bundle(RECIPE, base_ir, reports, {"channel_prune": CONFIGS[name]},
+                                             tmp / name.replace(" ", "_"), CHANGED, ORT_ONLY)
             probe = Probe(path, args.threads)
             rows.append({"config": name, **size(ir), **quality(probe.pipe, args), "seconds": seconds,
-                         "times": side_by_side(base_probe, probe, args.rounds)})
+                         "times": side_by_side(base_probe, probe, STAGES, args.rounds)})
             print(f"[{time.perf_counter() - started:.0f} s] {name}: digits {rows[-1]['digits']:.1f} %, "
                   f"ppl {rows[-1]['ppl']:.2f}", file=sys.stderr, flush=True)
             del probe, ir

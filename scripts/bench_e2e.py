@@ -8,10 +8,8 @@ from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import numpy as np
@@ -27,6 +25,7 @@ from transformers.utils import logging as hf_logging  # noqa: E402
 from mmtrt.compiler import compile_recipe  # noqa: E402
 from mmtrt.runtime import load  # noqa: E402
 from mmtrt.zoo.tiny_llava import build_tiny_llava  # noqa: E402
+from benchlib import side_by_side  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 CONFIGS = {
@@ -36,15 +35,6 @@ CONFIGS = {
         hidden=576, layers=12, heads=9, kv_heads=3),
 }
 PROMPT = "Describe the picture in one sentence."
-
-
-def median_ms(fn, repeats: int) -> float:
-    times = []
-    for _ in range(repeats):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
-    return 1e3 * statistics.median(times)
 
 
 class Eager:
@@ -119,15 +109,8 @@ def bench(name, sizes, threads, repeats, folder):
     bundle_path, model, processor = compile_config(name, sizes, folder)
     image = Image.open(ROOT / "examples" / "sample.png")
     eager, bundle = Eager(model, processor, image, PROMPT), Bundle(bundle_path, image, PROMPT, threads)
-    rows = []
-    for stage in ("preprocess", "vision", "prefill", "decode_step"):
-        a, b = [], []
-        for _ in range(repeats):
-            a.append(median_ms(getattr(eager, stage), 3))
-            b.append(median_ms(getattr(bundle, stage), 3))
-        ea, bb = statistics.median(a), statistics.median(b)
-        rows.append((name, stage, ea, bb, ea / bb))
-    return rows, int(bundle.ids.shape[1])
+    times = side_by_side(eager, bundle, ("preprocess", "vision", "prefill", "decode_step"), repeats)
+    return [(name, stage, ea, bb, ea / bb) for stage, (ea, bb) in times.items()], int(bundle.ids.shape[1])
 
 
 def main(argv=None):

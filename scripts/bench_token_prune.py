@@ -11,10 +11,8 @@ request is the digits prompt with one held-out digit image; accuracy is over the
 from __future__ import annotations
 
 import argparse
-import copy
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -24,58 +22,22 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
 import numpy as np  # noqa: E402
-import yaml  # noqa: E402
 
-from mmtrt.compiler import Plan, stage_bundle  # noqa: E402
 from mmtrt.eval import digits  # noqa: E402
 from mmtrt.eval.suites import run_suite  # noqa: E402
-from mmtrt.ir.frontend import COMPONENTS, FRONTEND_PROPERTIES, load_source, lower  # noqa: E402
-from mmtrt.ir.graph import ModelIR  # noqa: E402
-from mmtrt.partition.assign import assign_backends  # noqa: E402
-from mmtrt.partition.placement import annotate  # noqa: E402
-from mmtrt.pipeline.runner import plan_passes, run_passes  # noqa: E402
-from mmtrt.recipe import load_recipe  # noqa: E402
 from mmtrt.runtime import load  # noqa: E402
+from benchlib import lossless_ir, side_by_side, write_bundle  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "recipes" / "dino-smollm.yaml"
 KEEPS = (0.5, 0.25, 0.125)
+STAGES = ("prefill", "first_token")
 METHODS = {
     "cls_attention": {"method": "cls_attention"},
     "norm": {"method": "norm"},
     "random": {"method": "random"},
     "cls_attention+merge": {"method": "cls_attention", "merge": "contextual"},
 }
-
-
-def plan_for(recipe: Path, folder: Path, prune: dict | None, facts: dict) -> Plan:
-    """The compiler's plan for the recipe plus a token_prune entry, without rebuilding the model."""
-    data = yaml.safe_load(recipe.read_text())
-    data["passes"] += [{"token_prune": prune}] if prune else []
-    path = folder / "recipe.yaml"
-    path.write_text(yaml.safe_dump(data))
-    recipe, recipe_dir = load_recipe(path)
-    passes = plan_passes(recipe, set(FRONTEND_PROPERTIES), set(COMPONENTS), facts)
-    return Plan(recipe, recipe_dir, facts, passes, assign_backends(recipe.partition, list(COMPONENTS)))
-
-
-def lossless_ir(path: Path) -> tuple[ModelIR, list[dict]]:
-    """The lowered model after the recipe's own (lossless) passes, and their reports."""
-    recipe, recipe_dir = load_recipe(path)
-    ir = lower(*load_source(recipe.model, recipe_dir))
-    annotate(ir, recipe.partition)
-    return ir, run_passes(plan_passes(recipe, set(FRONTEND_PROPERTIES), set(COMPONENTS)).passes, ir, [])
-
-
-def write_bundle(recipe: Path, base: ModelIR, reports: list[dict], prune: dict | None, folder: Path) -> Path:
-    """A bundle of `base` with token_prune applied; only the vision component is copied, the rest is shared."""
-    (folder / "bundle").mkdir(parents=True)
-    plan = plan_for(recipe, folder, prune, base.config)
-    ir = ModelIR({**base.components, "vision": copy.deepcopy(base.components["vision"])}, copy.deepcopy(base.config),
-                 base.assets, set(base.properties))
-    reports = reports + run_passes(plan.passes.passes[len(reports):], ir, [])
-    stage_bundle(plan, ir, reports, folder / "bundle")
-    return folder / "bundle"
 
 
 class Probe:
@@ -94,27 +56,6 @@ class Probe:
 
     def first_token(self):
         self.pipe.generate(self.image, digits.PROMPT, max_new_tokens=1)
-
-
-def median_ms(fn, repeats: int = 3) -> float:
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - start)
-    return 1e3 * statistics.median(times)
-
-
-def side_by_side(base: Probe, other: Probe, rounds: int) -> dict[str, tuple[float, float]]:
-    """Per stage, (median ms of base, median ms of other), alternating within every round."""
-    out = {}
-    for stage in ("prefill", "first_token"):
-        a, b = [], []
-        for _ in range(rounds):
-            a.append(median_ms(getattr(base, stage)))
-            b.append(median_ms(getattr(other, stage)))
-        out[stage] = (statistics.median(a), statistics.median(b))
-    return out
 
 
 def row(name: str, keep: float, probe: Probe, accuracy: float, times: dict, base_acc: float, base_kv: int) -> dict:
@@ -162,17 +103,19 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-token-prune-") as tmp:
         tmp = Path(tmp)
         base_ir, reports = lossless_ir(args.recipe)
-        base = Probe(write_bundle(args.recipe, base_ir, reports, None, tmp / "keep-1.0"), args.threads)
+        base = Probe(write_bundle(args.recipe, base_ir, reports, None, tmp / "keep-1.0", ("vision",))[0],
+                     args.threads)
         base_acc = run_suite(base.pipe, "digits", args.limit)["metrics"]["accuracy_pct"]
-        base_times = side_by_side(base, base, args.rounds)
+        base_times = side_by_side(base, base, STAGES, args.rounds)
         rows = [row("unpruned", 1.0, base, base_acc, base_times, base_acc, base.kv_bytes)]
         for keep in args.keeps:
             for name in args.methods:
                 folder = tmp / f"{name}-{keep}"
-                bundle = write_bundle(args.recipe, base_ir, reports, {**METHODS[name], "keep": keep}, folder)
+                entry = {"token_prune": {**METHODS[name], "keep": keep}}
+                bundle = write_bundle(args.recipe, base_ir, reports, entry, folder, ("vision",))[0]
                 probe = Probe(bundle, args.threads)
                 accuracy = run_suite(probe.pipe, "digits", args.limit)["metrics"]["accuracy_pct"]
-                rows.append(row(name, keep, probe, accuracy, side_by_side(base, probe, args.rounds), base_acc,
+                rows.append(row(name, keep, probe, accuracy, side_by_side(base, probe, STAGES, args.rounds), base_acc,
                                 base.kv_bytes))
                 print(f"[{time.perf_counter() - started:.0f} s] {name} keep {keep}: {rows[-1]['acc']:.1f} %",
                       file=sys.stderr, flush=True)
