@@ -64,6 +64,11 @@ def llm_steps(model, embeds, kv_heads):
     return out["logits"], sess.run(["logits"], step)[0]
 
 
+def block_rows(units, width):
+    """The rows of the given units when each unit owns `width` consecutive rows."""
+    return np.concatenate([np.arange(u * width, (u + 1) * width) for u in units])
+
+
 def zero_units(model, chosen):
     """Zero, in the PyTorch model, every weight of the chosen units: vision MLP channels and heads, LLM MLP
     channels and KV groups (with their query heads), per layer."""
@@ -76,7 +81,7 @@ def zero_units(model, chosen):
             mlp.fc2.weight[:, units] = 0
         for layer, heads in chosen["vision_heads"].items():
             attn = tower[layer].self_attn
-            rows = np.concatenate([np.arange(h * 16, (h + 1) * 16) for h in heads])
+            rows = block_rows(heads, 16)
             for proj in (attn.q_proj, attn.k_proj, attn.v_proj):
                 proj.weight[rows] = 0
                 proj.bias[rows] = 0
@@ -88,8 +93,7 @@ def zero_units(model, chosen):
             mlp.down_proj.weight[:, units] = 0
         for layer, groups in chosen["llm_kv"].items():
             attn = lm[layer].self_attn
-            kv_rows = np.concatenate([np.arange(g * HEAD_DIM, (g + 1) * HEAD_DIM) for g in groups])
-            q_rows = np.concatenate([np.arange(g * LLM_REP * HEAD_DIM, (g + 1) * LLM_REP * HEAD_DIM) for g in groups])
+            kv_rows, q_rows = block_rows(groups, HEAD_DIM), block_rows(groups, LLM_REP * HEAD_DIM)
             attn.k_proj.weight[kv_rows] = 0
             attn.v_proj.weight[kv_rows] = 0
             attn.q_proj.weight[q_rows] = 0
@@ -160,9 +164,8 @@ def test_llm_pruned_by_l2_matches_a_smaller_transformers_model(tiny, lowered, rn
         for name in ("gate_proj", "up_proj"):
             state[p + f"mlp.{name}.weight"] = state[p + f"mlp.{name}.weight"][ch]
         state[p + "mlp.down_proj.weight"] = state[p + "mlp.down_proj.weight"][:, ch]
-        kv = torch.as_tensor(np.concatenate([np.arange(g * HEAD_DIM, (g + 1) * HEAD_DIM) for g in kept_kv[layer]]))
-        q = torch.as_tensor(np.concatenate([np.arange(g * LLM_REP * HEAD_DIM, (g + 1) * LLM_REP * HEAD_DIM)
-                                            for g in kept_kv[layer]]))
+        kv = torch.as_tensor(block_rows(kept_kv[layer], HEAD_DIM))
+        q = torch.as_tensor(block_rows(kept_kv[layer], LLM_REP * HEAD_DIM))
         for name, rows in (("q_proj", q), ("k_proj", kv), ("v_proj", kv)):
             state[p + f"self_attn.{name}.weight"] = state[p + f"self_attn.{name}.weight"][rows]
         state[p + "self_attn.o_proj.weight"] = state[p + "self_attn.o_proj.weight"][:, q]
