@@ -65,7 +65,7 @@ class Probe:
 
     def __init__(self, path: Path, threads: int):
         self.pipe = load(path, threads=threads, spin=False)
-        self.pixels = self.pipe.pixel_values(digits.samples("heldout", 1)[0][0])
+        self.pixels = self.pipe.pixel_values(digits.samples("heldout", 1, page=self.pipe.image_side)[0][0])
         ids = np.array([self.pipe.prompt_ids(digits.PROMPT)], np.int64)
         self.embeds = self.pipe.embed(ids, self.pipe.image_features(self.pixels))
         _, self.cache = self.pipe.step(self.embeds, self.pipe.empty_cache())

@@ -45,7 +45,7 @@ class Probe:
 
     def __init__(self, path: Path, threads: int):
         self.pipe = load(path, threads=threads, spin=False)
-        self.image = digits.samples("heldout", 1)[0][0]
+        self.image = digits.samples("heldout", 1, page=self.pipe.image_side)[0][0]
         self.ids = np.array([self.pipe.prompt_ids(digits.PROMPT)], np.int64)
         self.embeds = self.pipe.embed(self.ids, self.pipe.image_features(self.pipe.pixel_values(self.image)))
         _, cache = self.pipe.step(self.embeds, self.pipe.empty_cache())

@@ -16,8 +16,16 @@ The committed variant uses keeps 1 and 0.5: with 1, 0.5, 0.25 and 0.125 the held
 64 tokens fell to 64.0 % (from 94.2): 8 or 16 random patches of a digit, most of them background, cannot name it,
 their loss dominates, and one per-token MLP serves every budget.
 
+--select METHOD... draws, per batch, which of token_prune's criteria picks the kept tokens (`random` per sample,
+`cls_attention` from the tower's own [CLS] attention at the feature layer, `norm` from the features' L2 norms,
+each exactly as the pass scores them), so the projector learns every criterion's selections alike and the
+benchmark compares the criteria, not the training. --page 224 (zoo:dino-smollm-page) trains a 224 px model on the
+digit centred on a white page (mmtrt.eval.digits).
+
     python scripts/train_projector.py --epochs 4 --lr 5e-4                      # zoo:dino-smollm
     python scripts/train_projector.py --epochs 4 --lr 5e-4 --token-drop 1 0.5   # zoo:dino-smollm-tokendrop
+    python scripts/train_projector.py --page 224 --epochs 4 --lr 5e-4 --token-drop 1 0.5 0.25 \
+        --select random cls_attention norm                                      # zoo:dino-smollm-page
 """
 
 from __future__ import annotations
@@ -32,9 +40,10 @@ import torch
 from safetensors.torch import save_file
 
 from mmtrt.eval.digits import PROMPT, samples
-from mmtrt.zoo.dino_smollm import PROJECTOR, TOKEN_DROP_PROJECTOR, assemble
+from mmtrt.zoo.dino_smollm import IMAGE_SIZE, PAGE_PROJECTOR, PROJECTOR, TOKEN_DROP_PROJECTOR, assemble
 
 SEED = 0
+SELECT = ("random", "cls_attention", "norm")
 THREADS = 1  # two OpenMP threads on a shared two-core machine stall at every barrier; one thread is steadier
 
 
@@ -45,20 +54,30 @@ def log(path: Path, **record) -> None:
 
 
 @torch.no_grad()
-def tower_features(model, processor, images, batch: int = 16) -> torch.Tensor:
-    """The feature layer's patch tokens (the projector's input) for every image."""
-    out = []
-    for i in range(0, len(images), batch):
-        pixels = processor.image_processor(images=images[i:i + batch], return_tensors="pt")["pixel_values"]
-        hidden = model.model.vision_tower(pixels, output_hidden_states=True).hidden_states
-        out.append(hidden[model.config.vision_feature_layer][:, 1:])
-    return torch.cat(out)
+def tower_features(model, processor, images, batch: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
+    """The feature layer's patch tokens (the projector's input) for every image, and the attention [CLS] pays
+    each of them at that layer, mean over heads (token_prune's cls_attention score)."""
+    tower = model.model.vision_tower
+    layer = model.config.vision_feature_layer % (model.config.vision_config.num_hidden_layers + 1) - 1
+    previous = tower.config._attn_implementation
+    tower.set_attn_implementation("eager")
+    features, attention = [], []
+    try:
+        for i in range(0, len(images), batch):
+            pixels = processor.image_processor(images=images[i:i + batch], return_tensors="pt")["pixel_values"]
+            out = tower(pixels, output_hidden_states=True, output_attentions=True)
+            features.append(out.hidden_states[model.config.vision_feature_layer][:, 1:])
+            attention.append(out.attentions[layer][:, :, 0, 1:].mean(1))
+    finally:
+        tower.set_attn_implementation(previous)
+    return torch.cat(features), torch.cat(attention)
 
 
 def prompt_ids(processor) -> tuple[list[int], int]:
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": PROMPT}]}]
     text = processor.apply_chat_template(messages, add_generation_prompt=True)
-    ids = processor(text=text, images=samples("train", 1)[0][0])["input_ids"][0]
+    ids = processor(text=text, images=samples("train", 1, page=processor.image_processor.crop_size["height"])[0][0])
+    ids = ids["input_ids"][0]
     return list(ids), processor.tokenizer.eos_token_id
 
 
@@ -81,18 +100,34 @@ def expand_placeholder(prompt: list[int], image_token: int, count: int) -> list[
     return text[:start] + [image_token] * count + text[start:]
 
 
-def drop_tokens(features: torch.Tensor, count: int, gen: torch.Generator) -> torch.Tensor:
-    """Per sample, `count` of its image tokens drawn uniformly at random, kept in their original order."""
-    kept = torch.rand(features.shape[:2], generator=gen).topk(count, dim=1).indices.sort(dim=1).values
+def selection_scores(method: str, features: torch.Tensor, attention: torch.Tensor, gen: torch.Generator):
+    """Per sample and token, the score token_prune ranks by; `random` is a fresh uniform draw per sample."""
+    if method == "random":
+        return torch.rand(features.shape[:2], generator=gen)
+    if method == "cls_attention":
+        return attention
+    return features.float().norm(dim=-1)
+
+
+def drop_tokens(features: torch.Tensor, scores: torch.Tensor, count: int) -> torch.Tensor:
+    """Per sample, its `count` best-scored image tokens, kept in their original order."""
+    kept = scores.topk(count, dim=1).indices.sort(dim=1).values
     return features.gather(1, kept[..., None].expand(-1, -1, features.shape[2]))
 
 
-def token_drop_batch(prompt: list[int], image_token: int, features: torch.Tensor, keeps: list[float],
-                     gen: torch.Generator):
-    """A batch's prompt and image tokens at a keep ratio drawn from `keeps` (counted as token_prune counts)."""
-    keep = keeps[int(torch.randint(len(keeps), (1,), generator=gen))]
+def draw(options: list, gen: torch.Generator):
+    return options[int(torch.randint(len(options), (1,), generator=gen))]
+
+
+def token_drop_batch(prompt: list[int], image_token: int, features: torch.Tensor, attention: torch.Tensor,
+                     args, gen: torch.Generator):
+    """A batch's prompt and image tokens at a keep ratio drawn from --token-drop (counted as token_prune counts),
+    chosen by a criterion drawn from --select."""
+    keep = draw(args.token_drop, gen)
+    method = draw(args.select, gen) if len(args.select) > 1 else args.select[0]
     count = max(1, round(keep * features.shape[1]))
-    return expand_placeholder(prompt, image_token, count), drop_tokens(features, count, gen)
+    scores = selection_scores(method, features, attention, gen)
+    return expand_placeholder(prompt, image_token, count), drop_tokens(features, scores, count)
 
 
 def answer_logits(model, embeds) -> torch.Tensor:
@@ -102,7 +137,7 @@ def answer_logits(model, embeds) -> torch.Tensor:
 def train(args) -> None:
     torch.manual_seed(SEED)
     torch.set_num_threads(THREADS)
-    model, processor = assemble()
+    model, processor = assemble(image_size=args.page)
     for p in model.parameters():
         p.requires_grad_(False)
     projector = model.model.multi_modal_projector
@@ -112,9 +147,9 @@ def train(args) -> None:
     log_path.unlink(missing_ok=True)
     prompt, eos = prompt_ids(processor)
     digit_ids = torch.tensor([processor.tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)])
-    train_set = samples("train")
+    train_set = samples("train", page=args.page)
     started = time.perf_counter()
-    features = tower_features(model, processor, [img for img, _ in train_set])
+    features, attention = tower_features(model, processor, [img for img, _ in train_set])
     labels = torch.tensor([label for _, label in train_set])
     log(log_path, event="features", count=len(labels), seconds=round(time.perf_counter() - started, 1))
 
@@ -131,7 +166,7 @@ def train(args) -> None:
             batch_prompt, batch_features = prompt, features[idx]
             if args.token_drop:
                 batch_prompt, batch_features = token_drop_batch(prompt, model.config.image_token_id, batch_features,
-                                                                args.token_drop, drop_gen)
+                                                                attention[idx], args, drop_gen)
             with torch.autocast("cpu", dtype=torch.bfloat16):
                 embeds, targets = sequence_embeddings(model, batch_prompt, digit_ids[labels[idx]], eos, batch_features)
                 logits = answer_logits(model, embeds)
@@ -150,19 +185,22 @@ def train(args) -> None:
                 "train_images": str(len(labels))}
     if args.token_drop:
         metadata["token_drop_keep"] = ",".join(map(str, args.token_drop))
+        metadata["token_drop_select"] = ",".join(args.select)
+    if args.page != IMAGE_SIZE:
+        metadata["page"] = str(args.page)
     save_file(state, args.out, metadata=metadata)
-    accuracy = heldout_first_token_accuracy(model, processor, prompt, digit_ids)
+    accuracy = heldout_first_token_accuracy(model, processor, prompt, digit_ids, args.page)
     log(log_path, event="done", heldout_first_token_accuracy=accuracy, seconds=round(time.perf_counter() - started, 1))
 
 
 @torch.no_grad()
-def heldout_first_token_accuracy(model, processor, prompt, digit_ids, batch: int = 16) -> float:
+def heldout_first_token_accuracy(model, processor, prompt, digit_ids, page: int, batch: int = 16) -> float:
     """A quick fp32 check: the answer's first token, argmax over the whole vocabulary, on the held-out split."""
-    heldout = samples("heldout")
+    heldout = samples("heldout", page=page)
     correct = 0
     for i in range(0, len(heldout), batch):
         chunk = heldout[i:i + batch]
-        feats = tower_features(model, processor, [img for img, _ in chunk])
+        feats, _ = tower_features(model, processor, [img for img, _ in chunk])
         ids = torch.tensor(prompt).repeat(len(chunk), 1)
         embeds = model.get_input_embeddings()(ids)
         mask = ids == model.config.image_token_id
@@ -179,12 +217,20 @@ def main() -> None:
     parser.add_argument("--lr", type=float, default=1e-3)
     parser.add_argument("--token-drop", nargs="+", type=float, metavar="KEEP",
                         help="train on random subsets of the image tokens, a keep ratio in (0, 1] drawn per batch")
-    parser.add_argument("--out", type=Path, help=f"default: {PROJECTOR.name}, or {TOKEN_DROP_PROJECTOR.name} with "
-                        "--token-drop")
+    parser.add_argument("--select", nargs="+", default=["random"], choices=SELECT, metavar="METHOD",
+                        help=f"with --token-drop: the criteria that pick the kept tokens, one drawn per batch "
+                        f"({', '.join(SELECT)}; default random)")
+    parser.add_argument("--page", type=int, default=IMAGE_SIZE,
+                        help=f"the model's input side; above {IMAGE_SIZE} the digit sits on a white page of that size")
+    parser.add_argument("--out", type=Path, help=f"default: {PROJECTOR.name}, {TOKEN_DROP_PROJECTOR.name} with "
+                        f"--token-drop, {PAGE_PROJECTOR.name} with --page")
     args = parser.parse_args()
     if args.token_drop and not all(0 < keep <= 1 for keep in args.token_drop):
         parser.error(f"--token-drop takes keep ratios in (0, 1], got {args.token_drop}")
-    args.out = args.out or (TOKEN_DROP_PROJECTOR if args.token_drop else PROJECTOR)
+    if args.select != ["random"] and not args.token_drop:
+        parser.error("--select needs --token-drop")
+    default = PAGE_PROJECTOR if args.page != IMAGE_SIZE else TOKEN_DROP_PROJECTOR if args.token_drop else PROJECTOR
+    args.out = args.out or default
     train(args)
 
 

@@ -24,7 +24,7 @@ def result(suite: str, pipe: Pipeline, metrics: dict[str, float], samples: dict[
 
 def digits_suite(pipe: Pipeline, limit: int | None = None, **_) -> dict[str, Any]:
     """Answer accuracy on the held-out digits: the first digit in the greedy answer must be the label."""
-    data = digits.samples("heldout", limit)
+    data = digits.samples("heldout", limit, page=pipe.image_side)
     correct = sum(digits.parse_answer(pipe.generate(img, digits.PROMPT, max_new_tokens=4).text) == label
                   for img, label in data)
     return result("digits", pipe, {"accuracy_pct": round(100 * correct / len(data), 2)}, {"images": len(data)})
@@ -71,7 +71,7 @@ def parity_suite(pipe: Pipeline, limit: int | None = None, source=None, **_) -> 
     import torch
 
     model, processor = source
-    data = digits.samples("heldout", limit)
+    data = digits.samples("heldout", limit, page=pipe.image_side)
     agree = kl = positions = identical = 0
     max_abs = 0.0
     for img, _ in data:

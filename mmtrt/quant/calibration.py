@@ -94,7 +94,7 @@ def _image_sequences(ir: ModelIR, tokenizer, samples: int) -> tuple[list[np.ndar
     prompt = embed.run(None, {"input_ids": ids[None]})[0][0]
     image_rows = ids == facts["image_token_id"]
     pixels, embeds = [], []
-    for img, _ in digits.samples("train", samples):
+    for img, _ in digits.samples("train", samples, page=ir.components["preprocess"].outputs[0].shape[-1]):
         p = transform(img)[None].numpy()
         features = vision.run(None, {"pixel_values": p})[0]
         e = prompt.copy()

@@ -61,6 +61,7 @@ class Pipeline:
         self.hash = bundle_hash(self.path)
         self.model = self.manifest["model"]
         self.dims = self.manifest["dims"]
+        self.image_side = self.manifest["components"]["preprocess"]["outputs"][0]["shape"][-1]
         self.specs = {name: [TensorSpec.from_json(s) for s in comp["inputs"]]
                       for name, comp in self.manifest["components"].items()}
         self.transform = build_transform(read_json(self.path / self.manifest["components"]["preprocess"]["artifact"]))
