@@ -13,7 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_valida
 from mmtrt.errors import UserError
 
 Backend = Literal["torchvision", "onnxruntime", "tensorrt", "tensorrt-llm"]
-ZOO_MODELS = ("tiny-llava", "dino-smollm", "dino-smollm-tokendrop")
+ZOO_MODELS = ("tiny-llava", "dino-smollm", "dino-smollm-tokendrop", "dino-smollm-page")
 
 
 class Strict(BaseModel):

@@ -18,4 +18,8 @@ def build_zoo_model(name: str):
         from mmtrt.zoo.dino_smollm import TOKEN_DROP_PROJECTOR, build_dino_smollm
 
         return build_dino_smollm(TOKEN_DROP_PROJECTOR)
+    if name == "dino-smollm-page":
+        from mmtrt.zoo.dino_smollm import PAGE_PROJECTOR, PAGE_SIZE, build_dino_smollm
+
+        return build_dino_smollm(PAGE_PROJECTOR, PAGE_SIZE)
     raise UserError(f"unknown zoo model {name!r}; known: {', '.join(ZOO_MODELS)}")

@@ -1,8 +1,9 @@
 """zoo:dino-smollm end to end: it compiles losslessly, the bundle agrees with PyTorch, and it reads digits;
-zoo:dino-smollm-tokendrop is the same model but for the projector."""
+zoo:dino-smollm-tokendrop is the same model but for the projector; zoo:dino-smollm-page too, at 224 px."""
 
 import json
 
+import numpy as np
 import pytest
 import torch
 
@@ -12,6 +13,7 @@ pretrained = pytest.importorskip("mmtrt.zoo.pretrained")
 from conftest import ROOT  # noqa: E402
 from mmtrt.compiler import compile_recipe  # noqa: E402
 from mmtrt.errors import UserError  # noqa: E402
+from mmtrt.eval import digits  # noqa: E402
 from mmtrt.eval.suites import run_suite  # noqa: E402
 from mmtrt.runtime import load  # noqa: E402
 from mmtrt.zoo import build_zoo_model  # noqa: E402
@@ -62,11 +64,30 @@ def test_perplexity_of_the_language_model(bundle):
     assert 2.0 < out["metrics"]["perplexity"] < 60.0
 
 
-def test_tokendrop_variant_differs_only_in_the_projector(source):
-    """Built, not compiled: the compile path is the default's, so only the weights can tell them apart."""
-    variant = build_zoo_model("dino-smollm-tokendrop")[0].state_dict()
-    default = source[0].state_dict()
+def assert_only_the_projector_differs(variant, source) -> None:
+    variant, default = variant.state_dict(), source[0].state_dict()
     assert variant.keys() == default.keys()
     changed = {name for name, weight in variant.items() if not torch.equal(weight, default[name])}
     assert changed == {name for name in default if "multi_modal_projector" in name}
     assert len(changed) == 4
+
+
+def test_tokendrop_variant_differs_only_in_the_projector(source):
+    """Built, not compiled: the compile path is the default's, so only the weights can tell them apart."""
+    assert_only_the_projector_differs(build_zoo_model("dino-smollm-tokendrop")[0], source)
+
+
+def test_page_variant_reads_256_tokens_of_a_page_with_the_digit_in_the_middle(source):
+    model, processor = build_zoo_model("dino-smollm-page")
+    assert_only_the_projector_differs(model, source)
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": digits.PROMPT}]}]
+    text = processor.apply_chat_template(messages, add_generation_prompt=True)
+    (page, label), = digits.samples("heldout", 1, page=224)
+    ids = processor(text=text, images=page)["input_ids"][0]
+    assert sum(int(t) == model.config.image_token_id for t in ids) == 256
+    (digit, same), = digits.samples("heldout", 1)
+    sheet, drawn = np.asarray(page).copy(), np.asarray(digit)
+    assert same == label and sheet.shape == (224, 224, 3) and drawn.min() < 64
+    np.testing.assert_array_equal(sheet[56:168, 56:168], drawn)
+    sheet[56:168, 56:168] = 255
+    assert (sheet == 255).all()
