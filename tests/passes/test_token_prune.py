@@ -196,6 +196,35 @@ def test_cls_attention_reads_the_layer_transformers_reports(tiny, clip_ir, rng):
         np.testing.assert_allclose(after[image], before[image, kept], rtol=1e-5, atol=1e-5)
 
 
+def train_projector_script():
+    import importlib.util
+
+    pytest.importorskip("mmtrt.zoo.pretrained", reason="scripts/train_projector.py needs the zoo extras")
+    spec = importlib.util.spec_from_file_location("train_projector", ROOT / "scripts" / "train_projector.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("method", ["cls_attention", "norm"])
+def test_projector_training_keeps_the_tokens_the_pass_keeps(method, tiny, clip_ir, rng):
+    """zoo:dino-smollm-page's projector was trained on each criterion's own choice (train_projector --select):
+    the tokens training keeps are the ones the compiled graph keeps."""
+    import torch
+
+    train = train_projector_script()
+    model, processor = tiny
+    images = [random_image(rng, 40, 56) for _ in range(3)]
+    features, attention = train.tower_features(model, processor, images)
+    pixels = processor.image_processor(images=images, return_tensors="np")["pixel_values"].astype(np.float32)
+    ir = copy.deepcopy(clip_ir)
+    prune(ir, keep=16, method=method)
+    after = run(ir.components["vision"].onnx, {"pixel_values": pixels})[0]
+    kept = train.drop_tokens(features, train.selection_scores(method, features, attention, None), 16)
+    with torch.no_grad():
+        np.testing.assert_allclose(after, model.model.multi_modal_projector(kept).numpy(), rtol=1e-4, atol=1e-4)
+
+
 def test_inserted_nodes_are_all_placeable_on_tensorrt(clip_ir):
     ir = copy.deepcopy(clip_ir)
     prune(ir, keep=16, merge="contextual")
