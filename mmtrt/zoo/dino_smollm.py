@@ -6,7 +6,7 @@ It is an ordinary `LlavaForConditionalGeneration`, so it compiles through the sa
 
 Image size 112 gives 8 x 8 = 64 image tokens, two thirds of a ~100-token prompt: the 8x8 digits lose nothing
 at that size, and the projector's training (LLM forward and backward for every sample) fits the time we have on
-two shared cores. 196 px (196 tokens) would give visual token pruning more to win; see scripts/train_projector.py.
+two shared cores. Visual token pruning has little to win there; the page variant below is its case.
 
 `zoo:dino-smollm-tokendrop` is the same model with a projector trained on random subsets of the image tokens
 (`--token-drop`), so that the LLM reads the fewer tokens token_prune leaves.
