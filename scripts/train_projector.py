@@ -56,30 +56,33 @@ def log(path: Path, **record) -> None:
 
 
 @torch.no_grad()
-def tower_features(model, processor, images, batch: int = 16) -> tuple[torch.Tensor, torch.Tensor]:
-    """The feature layer's patch tokens (the projector's input) for every image, and the attention [CLS] pays
-    each of them at that layer, mean over heads (token_prune's cls_attention score)."""
+def tower_features(model, processor, images, with_attention: bool = False, batch: int = 16):
+    """The feature layer's patch tokens (the projector's input) for every image and, with_attention, the
+    attention [CLS] pays each of them at that layer, mean over heads (token_prune's cls_attention score; it needs
+    eager attention, so only runs that select by it pay for it, and the other projectors' features stay as
+    they were trained)."""
     tower = model.model.vision_tower
     layer = model.config.vision_feature_layer % (model.config.vision_config.num_hidden_layers + 1) - 1
     previous = tower.config._attn_implementation
-    tower.set_attn_implementation("eager")
+    if with_attention:
+        tower.set_attn_implementation("eager")
     features, attention = [], []
     try:
         for i in range(0, len(images), batch):
             pixels = processor.image_processor(images=images[i:i + batch], return_tensors="pt")["pixel_values"]
-            out = tower(pixels, output_hidden_states=True, output_attentions=True)
+            out = tower(pixels, output_hidden_states=True, output_attentions=with_attention)
             features.append(out.hidden_states[model.config.vision_feature_layer][:, 1:])
-            attention.append(out.attentions[layer][:, :, 0, 1:].mean(1))
+            if with_attention:
+                attention.append(out.attentions[layer][:, :, 0, 1:].mean(1))
     finally:
         tower.set_attn_implementation(previous)
-    return torch.cat(features), torch.cat(attention)
+    return torch.cat(features), torch.cat(attention) if with_attention else None
 
 
 def prompt_ids(processor) -> tuple[list[int], int]:
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": PROMPT}]}]
     text = processor.apply_chat_template(messages, add_generation_prompt=True)
-    ids = processor(text=text, images=samples("train", 1, page=processor.image_processor.crop_size["height"])[0][0])
-    ids = ids["input_ids"][0]
+    ids = processor(text=text, images=samples("train", 1)[0][0])["input_ids"][0]
     return list(ids), processor.tokenizer.eos_token_id
 
 
@@ -126,6 +129,7 @@ def token_drop_batch(prompt: list[int], image_token: int, features: torch.Tensor
     """A batch's prompt and image tokens at a keep ratio drawn from --token-drop (counted as token_prune counts),
     chosen by a criterion drawn from --select."""
     keep = draw(args.token_drop, gen)
+    # a single criterion draws nothing, so --token-drop alone replays the committed tokendrop run's draws
     method = draw(args.select, gen) if len(args.select) > 1 else args.select[0]
     count = max(1, round(keep * features.shape[1]))
     scores = selection_scores(method, features, attention, gen)
@@ -151,7 +155,8 @@ def train(args) -> None:
     digit_ids = torch.tensor([processor.tokenizer.convert_tokens_to_ids(str(d)) for d in range(10)])
     train_set = samples("train", page=args.page)
     started = time.perf_counter()
-    features, attention = tower_features(model, processor, [img for img, _ in train_set])
+    features, attention = tower_features(model, processor, [img for img, _ in train_set],
+                                         with_attention="cls_attention" in args.select)
     labels = torch.tensor([label for _, label in train_set])
     log(log_path, event="features", count=len(labels), seconds=round(time.perf_counter() - started, 1))
 

@@ -215,7 +215,7 @@ def test_projector_training_keeps_the_tokens_the_pass_keeps(method, tiny, clip_i
     train = train_projector_script()
     model, processor = tiny
     images = [random_image(rng, 40, 56) for _ in range(3)]
-    features, attention = train.tower_features(model, processor, images)
+    features, attention = train.tower_features(model, processor, images, with_attention=True)
     pixels = processor.image_processor(images=images, return_tensors="np")["pixel_values"].astype(np.float32)
     ir = copy.deepcopy(clip_ir)
     prune(ir, keep=16, method=method)
