@@ -8,6 +8,7 @@ import sys
 from pathlib import Path
 
 from mmtrt.errors import UserError
+from mmtrt.progress import set_quiet
 
 EXIT_USER_ERROR = 2
 EXIT_COMPARE_FAILED = 1
@@ -156,6 +157,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
+    set_quiet(bool(getattr(args, "json", False)))
     try:
         return args.func(args)
     except UserError as exc:
