@@ -1,0 +1,287 @@
+// mmtrt::Bundle: the steps of mmtrt.runtime.pipeline.Pipeline, in the same order and with the same messages.
+#include "mmtrt/bundle.hpp"
+
+#include <algorithm>
+#include <chrono>
+#include <climits>
+#include <cmath>
+#include <cstdlib>
+#include <set>
+
+#include "engines.hpp"
+#include "image.hpp"
+#include "kv_cache.hpp"
+#include "manifest.hpp"
+#include "preprocess.hpp"
+#include "runner.hpp"
+#include "tokenizer.hpp"
+
+namespace mmtrt {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point start) {
+  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
+}
+
+std::string absolute(const std::string& path) {
+  char resolved[PATH_MAX];
+  return realpath(path.c_str(), resolved) ? std::string(resolved) : path;
+}
+
+size_t count_of(const std::string& text, const std::string& needle) {
+  size_t count = 0;
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + needle.size())) ++count;
+  return count;
+}
+
+std::string replace_all(std::string text, const std::string& needle, const std::string& with) {
+  for (size_t at = text.find(needle); at != std::string::npos; at = text.find(needle, at + with.size()))
+    text.replace(at, needle.size(), with);
+  return text;
+}
+
+std::string join(const std::vector<std::string>& parts, const std::string& sep) {
+  std::string out;
+  for (const auto& p : parts) out += (out.empty() ? "" : sep) + p;
+  return out;
+}
+
+void refuse_modified(const std::string& bundle, const Manifest& manifest) {
+  const std::vector<std::string> bad = modified_artifacts(bundle, manifest);
+  if (bad.empty()) return;
+  const std::string more = bad.size() > 1 ? " (and " + std::to_string(bad.size() - 1) + " more)" : "";
+  throw Error(ErrorKind::BadBundle, bundle + "/" + bad.front() + " is missing or does not match its sha256 in "
+                                        "manifest.json" + more + "; restore the bundle or recompile the recipe");
+}
+
+template <typename T>
+Ort::Value tensor(std::vector<T>& data, const std::vector<int64_t>& shape) {
+  static const Ort::MemoryInfo cpu = Ort::MemoryInfo::CreateCpu(OrtArenaAllocator, OrtMemTypeDefault);
+  return Ort::Value::CreateTensor<T>(cpu, data.data(), data.size(), shape.data(), shape.size());
+}
+
+}  // namespace
+
+struct Bundle::Impl {
+  std::string path;  // as the caller named it, for messages
+  std::string root;  // absolute
+  Manifest manifest;
+  json model;
+  std::unique_ptr<Preprocessor> preprocessor;
+  std::unique_ptr<Tokenizer> tokenizer;
+  std::map<std::string, std::unique_ptr<Runner>> runners;
+  NamedStrings backends, fallbacks;
+  double load_ms = 0;
+
+  Tensors run(const std::string& name, const TensorViews& feeds) {
+    for (const auto& spec : manifest.inputs.at(name)) {
+      const auto found = feeds.find(spec.name);
+      if (found == feeds.end()) throw Error(ErrorKind::Runtime, name + " needs the input " + spec.name);
+      check_shape(name, spec, shape_of(found->second), manifest.dims);
+    }
+    return runners.at(name)->run(feeds);
+  }
+
+  std::vector<int32_t> prompt_ids(const std::string& prompt, bool raw) const {
+    const std::string text = raw ? prompt : tokenizer->format_prompt(model.at("chat_template"), prompt);
+    const std::string image_token = model.at("image_token");
+    const int64_t image_tokens = model.at("vision").at("image_tokens");
+    const size_t count = count_of(text, image_token);
+    if (count != 1)
+      throw Error(ErrorKind::BadInput, "the prompt holds " + std::to_string(count) + " " + image_token +
+                                           " placeholders; with one image it needs exactly one (with --raw-prompt, "
+                                           "put " + image_token + " where the image goes)");
+    std::string repeated;
+    for (int64_t i = 0; i < image_tokens; ++i) repeated += image_token;
+    const std::string expanded = replace_all(text, image_token, repeated);
+    const std::string& bos = tokenizer->bos_token();
+    const bool add_special = !(!bos.empty() && expanded.rfind(bos, 0) == 0);
+    std::vector<int32_t> ids = tokenizer->encode(expanded, add_special);
+    const int64_t limit = manifest.dims.at("seq").max;
+    if (static_cast<int64_t>(ids.size()) > limit)
+      throw Error(ErrorKind::BadInput, "the prompt is " + std::to_string(ids.size() - image_tokens) +
+                                           " tokens after the chat template; this bundle accepts at most " +
+                                           std::to_string(limit - image_tokens) + "; shorten it or recompile with "
+                                           "a larger envelope.prompt_tokens.max");
+    return ids;
+  }
+
+  std::vector<float> pixel_values(const std::string& image_path) const {
+    const RgbImage image = read_image(image_path);
+    const DimRange& side = manifest.dims.at("height");
+    const auto inside = [&](int v) { return side.min <= v && v <= side.max; };
+    if (!inside(image.width) || !inside(image.height))
+      throw Error(ErrorKind::BadInput, "image is " + std::to_string(image.width) + "x" + std::to_string(image.height) +
+                                           "; this bundle accepts sides from " + std::to_string(side.min) + " to " +
+                                           std::to_string(side.max) + " pixels; resize it or recompile with a wider "
+                                           "envelope.image");
+    return preprocessor->run(image);
+  }
+
+  std::vector<int64_t> pixel_shape() const {
+    const auto& shape = manifest.outputs.at("preprocess").at(0).shape;
+    std::vector<int64_t> out;
+    for (const auto& d : shape) out.push_back(std::holds_alternative<int64_t>(d) ? std::get<int64_t>(d) : 1);
+    return out;
+  }
+
+  Ort::Value embed(std::vector<int64_t>& ids, const Ort::Value* features) {
+    Ort::Value input = tensor(ids, {1, static_cast<int64_t>(ids.size())});
+    Tensors out = run("embed", {{"input_ids", input}});
+    Ort::Value embeds = std::move(out.at("inputs_embeds"));
+    if (!features) return embeds;
+    const int64_t hidden = shape_of(embeds).back();
+    const int64_t image_token_id = model.at("image_token_id");
+    const auto feature_shape = features->GetTensorTypeAndShapeInfo().GetShape();
+    const int64_t rows = feature_shape.at(0) * feature_shape.at(1);
+    const int64_t slots = std::count(ids.begin(), ids.end(), image_token_id);
+    if (rows != slots || feature_shape.at(2) != hidden)
+      throw Error(ErrorKind::Runtime, "the prompt holds " + std::to_string(slots) + " image tokens but the vision "
+                                          "encoder gave " + std::to_string(rows) + " features");
+    float* data = embeds.GetTensorMutableData<float>();
+    const float* rows_data = features->GetTensorData<float>();
+    int64_t row = 0;
+    for (size_t i = 0; i < ids.size(); ++i)
+      if (ids[i] == image_token_id) std::copy_n(rows_data + hidden * row++, hidden, data + hidden * i);
+    return embeds;
+  }
+
+  // One LLM call from the cache's position: returns the logits; the cache grows.
+  Ort::Value step(const Ort::Value& embeds, KvCache& cache) {
+    const int64_t past = cache.past_length();
+    const int64_t seq = shape_of(embeds)[1];
+    std::vector<int64_t> mask(static_cast<size_t>(past + seq), 1), positions(static_cast<size_t>(seq));
+    for (int64_t i = 0; i < seq; ++i) positions[i] = past + i;
+    Ort::Value mask_value = tensor(mask, {1, past + seq});
+    Ort::Value position_value = tensor(positions, {1, seq});
+    TensorViews feeds = {{"inputs_embeds", embeds}, {"attention_mask", mask_value}, {"position_ids", position_value}};
+    cache.add_feeds(feeds);
+    Tensors out = run("llm", feeds);
+    cache.update(out);
+    return std::move(out.at("logits"));
+  }
+
+  static int32_t last_argmax(const Ort::Value& logits) {
+    const auto shape = logits.GetTensorTypeAndShapeInfo().GetShape();
+    const int64_t vocab = shape.back();
+    const float* last = logits.GetTensorData<float>() + (shape[1] - 1) * vocab;
+    return static_cast<int32_t>(std::max_element(last, last + vocab) - last);  // the first maximum, as np.argmax
+  }
+
+  std::vector<int32_t> decode_greedy(Ort::Value logits, KvCache& cache, int max_new_tokens) {
+    std::set<int64_t> eos;
+    for (const auto& id : model.at("eos_token_ids")) eos.insert(id.get<int64_t>());
+    std::vector<int32_t> generated;
+    while (true) {
+      const int32_t token = last_argmax(logits);
+      generated.push_back(token);
+      if (eos.count(token) || static_cast<int>(generated.size()) == max_new_tokens) return generated;
+      std::vector<int64_t> next = {token};
+      logits = step(embed(next, nullptr), cache);
+    }
+  }
+};
+
+Bundle::Bundle(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+Bundle::~Bundle() = default;
+
+std::unique_ptr<Bundle> Bundle::load(const std::string& path, const LoadOptions& options) {
+  const auto start = Clock::now();
+  auto impl = std::make_unique<Impl>();
+  impl->path = path;
+  impl->manifest = read_manifest(path);
+  impl->root = absolute(path);
+  refuse_modified(path, impl->manifest);
+  const Manifest& m = impl->manifest;
+  impl->model = m.raw.at("model");
+  make_kv_cache(m);  // refuses a layout this runtime does not run, before the sessions load
+  impl->preprocessor = std::make_unique<Preprocessor>(
+      read_json_file(impl->root + "/" + m.raw.at("components").at("preprocess").at("artifact").get<std::string>()));
+  const auto choices = engine_choices(impl->root, m);
+  for (const auto& [segment, choice] : choices)
+    if (choice.engine.empty()) impl->fallbacks.emplace_back(segment, choice.why);
+  const SessionSettings settings{options.threads, options.spin};
+  for (const char* name : {"vision", "embed", "llm"}) {
+    impl->runners[name] = component_runner(impl->root, m, name, choices, settings);
+    impl->backends.emplace_back(name, join(impl->runners[name]->providers(), "+"));
+  }
+  impl->backends.emplace_back("preprocess", "cpp");
+  impl->tokenizer = std::make_unique<Tokenizer>(impl->root + "/tokenizer", impl->model);
+  impl->load_ms = ms_since(start);
+  return std::unique_ptr<Bundle>(new Bundle(std::move(impl)));
+}
+
+Generation Bundle::generate(const std::string& image_path, const std::string& prompt,
+                            std::optional<int> max_new_tokens, bool raw_prompt) {
+  Impl& b = *impl_;
+  const int limit = b.manifest.raw.at("envelope").at("max_new_tokens");
+  const int wanted = max_new_tokens.value_or(limit);
+  if (wanted < 1 || wanted > limit)
+    throw Error(ErrorKind::BadInput, "max_new_tokens " + std::to_string(wanted) + " is outside 1.." +
+                                         std::to_string(limit) + ", the bundle's KV capacity; recompile with a "
+                                         "larger envelope.max_new_tokens");
+  const std::vector<int32_t> ids32 = b.prompt_ids(prompt, raw_prompt);
+  std::vector<int64_t> ids(ids32.begin(), ids32.end());
+  const auto t0 = Clock::now();
+  std::vector<float> pixels = b.pixel_values(image_path);
+  const auto t1 = Clock::now();
+  const std::vector<int64_t> shape = b.pixel_shape();
+  int64_t elements = 1;
+  for (int64_t d : shape) elements *= d;
+  if (elements != static_cast<int64_t>(pixels.size()))
+    throw Error(ErrorKind::Runtime, "preprocessing gave " + std::to_string(pixels.size()) + " values where the "
+                                        "manifest's preprocess output holds " + std::to_string(elements));
+  Ort::Value pixel_tensor = tensor(pixels, shape);
+  Tensors vision = b.run("vision", {{"pixel_values", pixel_tensor}});
+  const auto t2 = Clock::now();
+  auto cache = make_kv_cache(b.manifest);
+  Ort::Value embeds = b.embed(ids, &vision.at("image_features"));
+  Ort::Value logits = b.step(embeds, *cache);
+  const auto t3 = Clock::now();
+  Generation g;
+  g.token_ids = b.decode_greedy(std::move(logits), *cache, wanted);
+  const auto t4 = Clock::now();
+  const double steps = std::max<double>(static_cast<double>(g.token_ids.size()) - 1, 1);
+  const auto ms = [](Clock::time_point a, Clock::time_point z) {
+    return std::chrono::duration<double, std::milli>(z - a).count();
+  };
+  const auto round3 = [](double v) { return std::round(v * 1000) / 1000; };
+  g.timings = {round3(ms(t0, t1)), round3(ms(t1, t2)), round3(ms(t2, t3)), round3(ms(t3, t4) / steps)};
+  g.text = b.tokenizer->decode(g.token_ids);
+  g.prompt_tokens = static_cast<int>(ids.size());
+  g.backends = b.backends;
+  g.fallbacks = b.fallbacks;
+  return g;
+}
+
+std::vector<int32_t> Bundle::prompt_ids(const std::string& prompt, bool raw_prompt) const {
+  return impl_->prompt_ids(prompt, raw_prompt);
+}
+
+std::vector<float> Bundle::pixel_values(const std::string& image_path) const {
+  return impl_->pixel_values(image_path);
+}
+
+std::string Bundle::decode(const std::vector<int32_t>& ids) const { return impl_->tokenizer->decode(ids); }
+
+double Bundle::load_ms() const { return impl_->load_ms; }
+
+std::string Generation::to_json() const {
+  nlohmann::ordered_json out;
+  out["text"] = text;
+  out["token_ids"] = token_ids;
+  out["prompt_tokens"] = prompt_tokens;
+  out["timings"] = {{"preprocess_ms", timings.preprocess_ms},
+                    {"vision_ms", timings.vision_ms},
+                    {"prefill_ms", timings.prefill_ms},
+                    {"decode_ms_per_token", timings.decode_ms_per_token}};
+  out["backends"] = nlohmann::ordered_json::object();
+  for (const auto& [k, v] : backends) out["backends"][k] = v;
+  out["fallbacks"] = nlohmann::ordered_json::object();
+  for (const auto& [k, v] : fallbacks) out["fallbacks"][k] = v;
+  return out.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);
+}
+
+}  // namespace mmtrt

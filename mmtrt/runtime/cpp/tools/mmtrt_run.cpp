@@ -1,0 +1,123 @@
+// mmtrt-run BUNDLE --image IMAGE --prompt PROMPT [--max-new-tokens N] [--raw-prompt] [--threads N] [--json]
+// The arguments and output of `mmtrt run`. Bad input: one line on stderr, exit code 2.
+#include <cstdio>
+#include <iostream>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "mmtrt/bundle.hpp"
+
+namespace {
+
+constexpr int kUserError = 2;
+const char* kUsage =
+    "usage: mmtrt-run [-h] --image IMAGE --prompt PROMPT [--max-new-tokens MAX_NEW_TOKENS] [--raw-prompt] "
+    "[--threads THREADS] [--json] bundle";
+
+struct Args {
+  std::string bundle, image, prompt;
+  std::optional<int> max_new_tokens, threads;
+  bool raw_prompt = false, json = false;
+};
+
+struct UsageError {
+  std::string message;
+};
+
+int parse_int(const std::string& flag, const std::string& value) {
+  try {
+    size_t used = 0;
+    const int v = std::stoi(value, &used);
+    if (used == value.size()) return v;
+  } catch (const std::exception&) {
+  }
+  throw UsageError{"argument " + flag + ": invalid int value: '" + value + "'"};
+}
+
+Args parse(int argc, char** argv) {
+  Args args;
+  std::vector<std::string> positional;
+  bool have_image = false, have_prompt = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i], value;
+    const size_t eq = arg.find('=');
+    const bool inline_value = arg.rfind("--", 0) == 0 && eq != std::string::npos;
+    if (inline_value) {
+      value = arg.substr(eq + 1);
+      arg = arg.substr(0, eq);
+    }
+    auto take = [&]() -> std::string {
+      if (inline_value) return value;
+      if (i + 1 >= argc) throw UsageError{"argument " + arg + ": expected one argument"};
+      return argv[++i];
+    };
+    if (arg == "-h" || arg == "--help") {
+      std::cout << kUsage << "\n";
+      std::exit(0);
+    } else if (arg == "--image") {
+      args.image = take();
+      have_image = true;
+    } else if (arg == "--prompt") {
+      args.prompt = take();
+      have_prompt = true;
+    } else if (arg == "--max-new-tokens") {
+      args.max_new_tokens = parse_int(arg, take());
+    } else if (arg == "--threads") {
+      args.threads = parse_int(arg, take());
+    } else if (arg == "--raw-prompt" && !inline_value) {
+      args.raw_prompt = true;
+    } else if (arg == "--json" && !inline_value) {
+      args.json = true;
+    } else if (arg.rfind("--", 0) == 0 && arg.size() > 2) {
+      throw UsageError{"unrecognized arguments: " + std::string(argv[i])};
+    } else {
+      positional.push_back(argv[i]);
+    }
+  }
+  std::vector<std::string> missing;
+  if (positional.empty()) missing.push_back("bundle");
+  if (!have_image) missing.push_back("--image");
+  if (!have_prompt) missing.push_back("--prompt");
+  if (!missing.empty()) {
+    std::string names;
+    for (const auto& m : missing) names += (names.empty() ? "" : ", ") + m;
+    throw UsageError{"the following arguments are required: " + names};
+  }
+  if (positional.size() > 1) throw UsageError{"unrecognized arguments: " + positional[1]};
+  args.bundle = positional.front();
+  return args;
+}
+
+int run(const Args& args) {
+  mmtrt::LoadOptions options;
+  options.threads = args.threads.value_or(0);
+  const auto bundle = mmtrt::Bundle::load(args.bundle, options);
+  const mmtrt::Generation result = bundle->generate(args.image, args.prompt, args.max_new_tokens, args.raw_prompt);
+  if (args.json) {
+    std::cout << result.to_json() << "\n";
+    return 0;
+  }
+  std::cout << result.text << "\n";
+  const auto& t = result.timings;
+  std::fprintf(stderr, "preprocess_ms=%.2f vision_ms=%.2f prefill_ms=%.2f decode_ms_per_token=%.2f\n",
+               t.preprocess_ms, t.vision_ms, t.prefill_ms, t.decode_ms_per_token);
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  try {
+    return run(parse(argc, argv));
+  } catch (const UsageError& exc) {
+    std::cerr << kUsage << "\nmmtrt-run: error: " << exc.message << "\n";
+    return kUserError;
+  } catch (const mmtrt::Error& exc) {
+    std::cerr << "mmtrt-run: error: " << exc.what() << "\n";
+    return exc.kind() == mmtrt::ErrorKind::Runtime ? 1 : kUserError;
+  } catch (const std::exception& exc) {
+    std::cerr << "mmtrt-run: internal error: " << exc.what() << "\n";
+    return 1;
+  }
+}
