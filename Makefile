@@ -18,8 +18,24 @@ demo: $(STAMP)
 	$(BIN)/mmtrt inspect $(DEMO_BUNDLE)
 	$(BIN)/mmtrt run $(DEMO_BUNDLE) --image examples/sample.png --prompt "What is in the picture?" --max-new-tokens 16 --json
 
-test: $(STAMP)
+test: $(STAMP) cpp
 	$(BIN)/python -m pytest -q -p no:logging
+
+# The C++ runtime (mmtrt/runtime/cpp): build/cpp/mmtrt-run, libmmtrt.so; fetch_deps.sh installs what it needs.
+CPP_BUILD := build/cpp
+.PHONY: cpp cpp-asan
+cpp: $(STAMP)
+	mmtrt/runtime/cpp/fetch_deps.sh $(BIN)/python $(CPP_BUILD)/deps
+	cmake -S mmtrt/runtime/cpp -B $(CPP_BUILD) -G Ninja -DMMTRT_DEPS=$(abspath $(CPP_BUILD))/deps >/dev/null
+	cmake --build $(CPP_BUILD)
+
+# The same tests driving an AddressSanitizer + UndefinedBehaviorSanitizer build (about 3 minutes: not in `test`).
+cpp-asan: cpp
+	cmake -S mmtrt/runtime/cpp -B build/cpp-asan -G Ninja -DMMTRT_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug \
+	  -DMMTRT_DEPS=$(abspath $(CPP_BUILD))/deps >/dev/null
+	cmake --build build/cpp-asan
+	ASAN_OPTIONS=detect_leaks=0 ctest --test-dir build/cpp-asan --output-on-failure
+	MMTRT_CPP_BUILD=build/cpp-asan MMTRT_CPP_SANITIZED=1 ASAN_OPTIONS=detect_leaks=0 $(BIN)/python -m pytest -q -p no:logging tests/runtime/cpp
 
 bench: $(STAMP)
 	$(BIN)/python scripts/bench_e2e.py
