@@ -8,6 +8,7 @@
 #include <sys/stat.h>
 
 #include <jpeglib.h>
+#include <jerror.h>
 
 #define STB_IMAGE_IMPLEMENTATION
 #define STBI_NO_LINEAR
@@ -28,6 +29,7 @@ struct JpegError {
   jpeg_error_mgr mgr;
   std::jmp_buf jump;
   char message[JMSG_LENGTH_MAX];
+  bool truncated;
 };
 
 void on_jpeg_error(j_common_ptr cinfo) {
@@ -36,12 +38,18 @@ void on_jpeg_error(j_common_ptr cinfo) {
   std::longjmp(err->jump, 1);
 }
 
+// libjpeg only warns about a truncated file and fills the rest with grey; PIL refuses it, and so do we.
+void on_jpeg_message(j_common_ptr cinfo, int level) {
+  if (level < 0 && cinfo->err->msg_code == JWRN_JPEG_EOF) reinterpret_cast<JpegError*>(cinfo->err)->truncated = true;
+}
+
 // No C++ object with a destructor lives across the setjmp, so longjmp skips nothing.
 bool decode_jpeg(const std::vector<uint8_t>& data, RgbImage& out, std::string& why) {
   jpeg_decompress_struct cinfo{};
   JpegError err{};
   cinfo.err = jpeg_std_error(&err.mgr);
   err.mgr.error_exit = on_jpeg_error;
+  err.mgr.emit_message = on_jpeg_message;
   if (setjmp(err.jump)) {
     why = err.message;
     jpeg_destroy_decompress(&cinfo);
@@ -66,7 +74,8 @@ bool decode_jpeg(const std::vector<uint8_t>& data, RgbImage& out, std::string& w
   }
   jpeg_finish_decompress(&cinfo);
   jpeg_destroy_decompress(&cinfo);
-  return true;
+  if (err.truncated) why = "image file is truncated";
+  return !err.truncated;
 }
 
 // PIL's AlphaComposite.c with a white opaque background, PRECISION_BITS 7.
