@@ -34,8 +34,8 @@ cpp-asan: cpp
 	cmake -S mmtrt/runtime/cpp -B build/cpp-asan -G Ninja -DMMTRT_SANITIZE=ON -DCMAKE_BUILD_TYPE=Debug \
 	  -DMMTRT_DEPS=$(abspath $(CPP_BUILD))/deps >/dev/null
 	cmake --build build/cpp-asan
-	ASAN_OPTIONS=detect_leaks=0 ctest --test-dir build/cpp-asan --output-on-failure
-	MMTRT_CPP_BUILD=build/cpp-asan MMTRT_CPP_SANITIZED=1 ASAN_OPTIONS=detect_leaks=0 $(BIN)/python -m pytest -q -p no:logging tests/runtime/cpp
+	ctest --test-dir build/cpp-asan --output-on-failure
+	MMTRT_CPP_BUILD=build/cpp-asan MMTRT_CPP_SANITIZED=1 $(BIN)/python -m pytest -q -p no:logging tests/runtime/cpp
 
 bench: $(STAMP)
 	$(BIN)/python scripts/bench_e2e.py

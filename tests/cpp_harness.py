@@ -57,9 +57,9 @@ class CApi:
     def error(self) -> str:
         return self.lib.mmtrt_last_error().decode()
 
-    def load(self, bundle, threads=1):
+    def load(self, bundle, threads=1, spin=True):
         handle = ctypes.c_void_p()
-        status = self.lib.mmtrt_bundle_load(str(bundle).encode(), threads, 1, ctypes.byref(handle))
+        status = self.lib.mmtrt_bundle_load(str(bundle).encode(), threads, int(spin), ctypes.byref(handle))
         return status, handle
 
     def generate(self, handle, image, prompt, max_new_tokens=0, raw=False):

@@ -1,7 +1,6 @@
 #include "engines.hpp"
 
 #include <algorithm>
-#include <fstream>
 #include <sstream>
 #include <sys/stat.h>
 

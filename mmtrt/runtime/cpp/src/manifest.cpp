@@ -1,7 +1,6 @@
 #include "manifest.hpp"
 
 #include <fstream>
-#include <sstream>
 #include <sys/stat.h>
 
 #include <openssl/evp.h>
