@@ -21,10 +21,6 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-double ms_since(Clock::time_point start) {
-  return std::chrono::duration<double, std::milli>(Clock::now() - start).count();
-}
-
 std::string absolute(const std::string& path) {
   char resolved[PATH_MAX];
   return realpath(path.c_str(), resolved) ? std::string(resolved) : path;
@@ -73,7 +69,6 @@ struct Bundle::Impl {
   std::unique_ptr<Tokenizer> tokenizer;
   std::map<std::string, std::unique_ptr<Runner>> runners;
   NamedStrings backends, fallbacks;
-  double load_ms = 0;
 
   Tensors run(const std::string& name, const TensorViews& feeds) {
     for (const auto& spec : manifest.inputs.at(name)) {
@@ -188,7 +183,6 @@ Bundle::Bundle(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Bundle::~Bundle() = default;
 
 std::unique_ptr<Bundle> Bundle::load(const std::string& path, const LoadOptions& options) {
-  const auto start = Clock::now();
   auto impl = std::make_unique<Impl>();
   impl->path = path;
   impl->manifest = read_manifest(path);
@@ -209,7 +203,6 @@ std::unique_ptr<Bundle> Bundle::load(const std::string& path, const LoadOptions&
   }
   impl->backends.emplace_back("preprocess", "cpp");
   impl->tokenizer = std::make_unique<Tokenizer>(impl->root + "/tokenizer", impl->model);
-  impl->load_ms = ms_since(start);
   return std::unique_ptr<Bundle>(new Bundle(std::move(impl)));
 }
 
@@ -265,8 +258,6 @@ std::vector<float> Bundle::pixel_values(const std::string& image_path) const {
 }
 
 std::string Bundle::decode(const std::vector<int32_t>& ids) const { return impl_->tokenizer->decode(ids); }
-
-double Bundle::load_ms() const { return impl_->load_ms; }
 
 std::string Generation::to_json() const {
   nlohmann::ordered_json out;

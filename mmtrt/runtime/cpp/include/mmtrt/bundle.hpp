@@ -53,6 +53,7 @@ struct MMTRT_API Generation {
   std::string to_json() const;
 };
 
+// One call at a time per Bundle (the tokenizer and the sessions' buffers are shared); load one per thread.
 class MMTRT_API Bundle {
  public:
   // Reads the manifest, checks every artifact's sha256, opens the sessions and the tokenizer.
@@ -69,7 +70,6 @@ class MMTRT_API Bundle {
   std::vector<int32_t> prompt_ids(const std::string& prompt, bool raw_prompt = false) const;
   std::vector<float> pixel_values(const std::string& image_path) const;  // [1, 3, H, W]
   std::string decode(const std::vector<int32_t>& ids) const;
-  double load_ms() const;
 
  private:
   struct Impl;
