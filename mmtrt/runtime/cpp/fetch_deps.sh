@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Puts what the C++ runtime builds against into DEPS (default build/cpp/deps); quick when already done.
-#   - Debian packages (as root): nlohmann-json3-dev, libstb-dev, libssl-dev, libjpeg62-turbo-dev, cmake, ninja-build
+#   - Debian packages (as root): g++, nlohmann-json3-dev, libstb-dev, libssl-dev, libjpeg62-turbo-dev, cmake, ninja-build
 #   - ONNX Runtime headers from Debian trixie's libonnxruntime-dev, unpacked (never installed: bookworm has none)
 #   - the onnxruntime-genai wheel's libonnxruntime-genai.so (tokenizer C API), installed --no-deps into DEPS
 #   - links to the ONNX Runtime library of PYTHON's onnxruntime wheel (the one the Python runtime uses)
@@ -8,10 +8,14 @@ set -euo pipefail
 PYTHON=${1:?usage: fetch_deps.sh PYTHON [DEPS]}
 DEPS=$(mkdir -p "${2:-build/cpp/deps}" && cd "${2:-build/cpp/deps}" && pwd)
 GENAI_VERSION=0.18.0
-PACKAGES="nlohmann-json3-dev libstb-dev libssl-dev libjpeg62-turbo-dev cmake ninja-build"
+PACKAGES="g++ nlohmann-json3-dev libstb-dev libssl-dev libjpeg62-turbo-dev cmake ninja-build"
 
 missing=$(dpkg-query -W -f='${Package} ${db:Status-Status}\n' $PACKAGES 2>/dev/null | awk '$2 != "installed" {print $1}' || true)
 if [ -n "$missing" ] || [ "$(dpkg-query -W $PACKAGES 2>/dev/null | wc -l)" -ne "$(echo $PACKAGES | wc -w)" ]; then
+  if [ "$(id -u)" -ne 0 ]; then
+    echo "fetch_deps.sh: installing Debian packages needs root; run as root or: apt-get install $PACKAGES" >&2
+    exit 2
+  fi
   apt-get update -qq
   DEBIAN_FRONTEND=noninteractive apt-get install -y -qq $PACKAGES >/dev/null
 fi

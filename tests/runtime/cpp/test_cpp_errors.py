@@ -76,6 +76,15 @@ def test_other_schema_version(tiny_bundle, tmp_path, image):
     assert one_line_error(run_cpp(copy, image, "hi")) == python_message(lambda: load(copy))
 
 
+@pytest.mark.parametrize("key", ["model", "dims", "envelope"])
+def test_manifest_without_a_key_it_reads(tiny_bundle, tmp_path, image, key):
+    copy = copy_of(tiny_bundle, tmp_path)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    del manifest[key]
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    assert "manifest.json lacks what the runtime" in one_line_error(run_cpp(copy, image, "hi"))
+
+
 def test_a_kv_layout_it_does_not_run_is_refused(tiny_bundle, tmp_path, image):
     copy = copy_of(tiny_bundle, tmp_path)
     manifest = json.loads((copy / "manifest.json").read_text())

@@ -60,11 +60,29 @@ Ort::Value tensor(std::vector<T>& data, const std::vector<int64_t>& shape) {
 
 }  // namespace
 
+// What generate reads from the manifest, read once at load so a missing key is a load error.
+struct ModelFacts {
+  std::string chat_template, image_token;
+  int64_t image_tokens = 0, image_token_id = 0;
+  std::set<int64_t> eos;
+  int max_new_tokens = 0;
+
+  explicit ModelFacts(const json& manifest) {
+    const json& model = manifest.at("model");
+    chat_template = model.at("chat_template").get<std::string>();
+    image_token = model.at("image_token").get<std::string>();
+    image_tokens = model.at("vision").at("image_tokens").get<int64_t>();
+    image_token_id = model.at("image_token_id").get<int64_t>();
+    for (const auto& id : model.at("eos_token_ids")) eos.insert(id.get<int64_t>());
+    max_new_tokens = manifest.at("envelope").at("max_new_tokens").get<int>();
+  }
+};
+
 struct Bundle::Impl {
   std::string path;  // as the caller named it, for messages
   std::string root;  // absolute
   Manifest manifest;
-  json model;
+  std::unique_ptr<ModelFacts> model;
   std::unique_ptr<Preprocessor> preprocessor;
   std::unique_ptr<Tokenizer> tokenizer;
   std::map<std::string, std::unique_ptr<Runner>> runners;
@@ -80,9 +98,9 @@ struct Bundle::Impl {
   }
 
   std::vector<int32_t> prompt_ids(const std::string& prompt, bool raw) const {
-    const std::string text = raw ? prompt : tokenizer->format_prompt(model.at("chat_template"), prompt);
-    const std::string image_token = model.at("image_token");
-    const int64_t image_tokens = model.at("vision").at("image_tokens");
+    const std::string text = raw ? prompt : tokenizer->format_prompt(model->chat_template, prompt);
+    const std::string& image_token = model->image_token;
+    const int64_t image_tokens = model->image_tokens;
     const size_t count = count_of(text, image_token);
     if (count != 1)
       throw Error(ErrorKind::BadInput, "the prompt holds " + std::to_string(count) + " " + image_token +
@@ -128,7 +146,7 @@ struct Bundle::Impl {
     Ort::Value embeds = std::move(out.at("inputs_embeds"));
     if (!features) return embeds;
     const int64_t hidden = shape_of(embeds).back();
-    const int64_t image_token_id = model.at("image_token_id");
+    const int64_t image_token_id = model->image_token_id;
     const auto feature_shape = features->GetTensorTypeAndShapeInfo().GetShape();
     const int64_t rows = feature_shape.at(0) * feature_shape.at(1);
     const int64_t slots = std::count(ids.begin(), ids.end(), image_token_id);
@@ -166,13 +184,11 @@ struct Bundle::Impl {
   }
 
   std::vector<int32_t> decode_greedy(Ort::Value logits, KvCache& cache, int max_new_tokens) {
-    std::set<int64_t> eos;
-    for (const auto& id : model.at("eos_token_ids")) eos.insert(id.get<int64_t>());
     std::vector<int32_t> generated;
     while (true) {
       const int32_t token = last_argmax(logits);
       generated.push_back(token);
-      if (eos.count(token) || static_cast<int>(generated.size()) == max_new_tokens) return generated;
+      if (model->eos.count(token) || static_cast<int>(generated.size()) == max_new_tokens) return generated;
       std::vector<int64_t> next = {token};
       logits = step(embed(next, nullptr), cache);
     }
@@ -182,14 +198,18 @@ struct Bundle::Impl {
 Bundle::Bundle(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Bundle::~Bundle() = default;
 
-std::unique_ptr<Bundle> Bundle::load(const std::string& path, const LoadOptions& options) {
+std::unique_ptr<Bundle::Impl> Bundle::load_impl(const std::string& path, const LoadOptions& options) {
   auto impl = std::make_unique<Impl>();
   impl->path = path;
   impl->manifest = read_manifest(path);
   impl->root = absolute(path);
   refuse_modified(path, impl->manifest);
   const Manifest& m = impl->manifest;
-  impl->model = m.raw.at("model");
+  impl->model = std::make_unique<ModelFacts>(m.raw);
+  for (const char* dim : {"seq", "height"})
+    if (!m.dims.count(dim)) throw Error(ErrorKind::BadBundle, path + "/manifest.json has no dim " + dim + "; recompile the recipe");
+  if (!m.outputs.count("preprocess") || m.outputs.at("preprocess").empty())
+    throw Error(ErrorKind::BadBundle, path + "/manifest.json has no preprocess output; recompile the recipe");
   make_kv_cache(m);  // refuses a layout this runtime does not run, before the sessions load
   impl->preprocessor = std::make_unique<Preprocessor>(
       read_json_file(impl->root + "/" + m.raw.at("components").at("preprocess").at("artifact").get<std::string>()));
@@ -202,14 +222,23 @@ std::unique_ptr<Bundle> Bundle::load(const std::string& path, const LoadOptions&
     impl->backends.emplace_back(name, join(impl->runners[name]->providers(), "+"));
   }
   impl->backends.emplace_back("preprocess", "cpp");
-  impl->tokenizer = std::make_unique<Tokenizer>(impl->root + "/tokenizer", impl->model);
-  return std::unique_ptr<Bundle>(new Bundle(std::move(impl)));
+  impl->tokenizer = std::make_unique<Tokenizer>(impl->root + "/tokenizer", m.raw.at("model"));
+  return impl;
+}
+
+std::unique_ptr<Bundle> Bundle::load(const std::string& path, const LoadOptions& options) {
+  try {
+    return std::unique_ptr<Bundle>(new Bundle(load_impl(path, options)));
+  } catch (const nlohmann::json::exception& exc) {  // a manifest without a key the runtime reads
+    throw Error(ErrorKind::BadBundle, path + "/manifest.json lacks what the runtime reads (" + exc.what() +
+                                          "); recompile the recipe with this mmtrt");
+  }
 }
 
 Generation Bundle::generate(const std::string& image_path, const std::string& prompt,
                             std::optional<int> max_new_tokens, bool raw_prompt) {
   Impl& b = *impl_;
-  const int limit = b.manifest.raw.at("envelope").at("max_new_tokens");
+  const int limit = b.model->max_new_tokens;
   const int wanted = max_new_tokens.value_or(limit);
   if (wanted < 1 || wanted > limit)
     throw Error(ErrorKind::BadInput, "max_new_tokens " + std::to_string(wanted) + " is outside 1.." +

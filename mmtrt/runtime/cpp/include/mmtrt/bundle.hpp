@@ -74,6 +74,7 @@ class MMTRT_API Bundle {
  private:
   struct Impl;
   explicit Bundle(std::unique_ptr<Impl> impl);
+  static std::unique_ptr<Impl> load_impl(const std::string& path, const LoadOptions& options);
   std::unique_ptr<Impl> impl_;
 };
 
