@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_BUNDLE := out/tiny-llava.bundle
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench clean kernels
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,8 +18,12 @@ demo: $(STAMP)
 	$(BIN)/mmtrt inspect $(DEMO_BUNDLE)
 	$(BIN)/mmtrt run $(DEMO_BUNDLE) --image examples/sample.png --prompt "What is in the picture?" --max-new-tokens 16 --json
 
-test: $(STAMP)
+test: $(STAMP) kernels
 	$(BIN)/python -m pytest -q -p no:logging
+
+# The plugin kernels' CPU twin, cubins and PTX into build/kernels/ (reused until a source or flag changes).
+kernels: $(STAMP)
+	$(BIN)/python -m mmtrt.kernels.build
 
 bench: $(STAMP)
 	$(BIN)/python scripts/bench_e2e.py
