@@ -20,7 +20,7 @@ _P, _I, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
 def library() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(cpu_twin()))
     lib.mmtrt_token_select_cpu.argtypes = [_I, _P, _P, _P, *[_I] * 9, _F, _P, _P, _P]
-    lib.mmtrt_int4_gemm_cpu.argtypes = [_I, _P, _P, _P, _P, _I, _I, _I, _I, _P]
+    lib.mmtrt_int4_gemm_cpu.argtypes = [_I, _I, _P, _P, _P, _P, _I, _I, _I, _I, _P]
     lib.mmtrt_round_cpu.argtypes = [_I, _P, _P, ctypes.c_longlong]
     lib.mmtrt_round_cpu.restype = None
     return lib
@@ -55,7 +55,8 @@ def token_select(q: np.ndarray, k: np.ndarray, features: np.ndarray, keep: int, 
 
 
 def int4_gemm(x: np.ndarray, packed: np.ndarray, scales: np.ndarray, pre: np.ndarray, group: int) -> np.ndarray:
-    """y [..., N] = (x * pre) @ dequant(W) for W int4 [K, N] as `packed` bytes (ONNX order), scales [G, N]."""
+    """y [..., N] = (x * pre) @ dequant(W) for W int4 [K, N] as `packed` bytes (ONNX order), scales [G, N] in
+    x's type or float32."""
     x, scales, pre = (np.ascontiguousarray(a) for a in (x, scales, pre))
     packed = np.ascontiguousarray(packed, np.uint8)
     K, N = x.shape[-1], scales.shape[1]
@@ -64,8 +65,11 @@ def int4_gemm(x: np.ndarray, packed: np.ndarray, scales: np.ndarray, pre: np.nda
         raise ValueError(f"int4_gemm: packed {packed.size} B, scales {list(scales.shape)}, pre {list(pre.shape)} "
                          f"do not fit K {K}, N {N}, group {group}")
     y = np.empty((*x.shape[:-1], N), x.dtype)
-    library().mmtrt_int4_gemm_cpu(_code(x, scales, pre), _ptr(x), _ptr(packed), _ptr(scales), _ptr(pre), M, K, N,
-                                  group, _ptr(y))
+    rc = library().mmtrt_int4_gemm_cpu(_code(x, pre), DTYPES[scales.dtype], _ptr(x), _ptr(packed), _ptr(scales),
+                                       _ptr(pre), M, K, N, group, _ptr(y))
+    if rc:
+        raise ValueError(f"int4_gemm: scales in {scales.dtype} with activations in {x.dtype}; give them in the "
+                         f"activations' type or float32")
     return y
 
 

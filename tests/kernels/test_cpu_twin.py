@@ -79,9 +79,11 @@ def onnx_int4_bytes(q_kn: np.ndarray) -> np.ndarray:
 
 
 def ref_int4(x, q, scales, pre, group, dtype):
-    """(x * pre) @ (q * s), each product rounded to the activation type where the ONNX graph rounds it."""
+    """(x * pre) @ (q * s), each product rounded to the activation type where the ONNX graph rounds it (q * s is
+    computed in the scales' type, as DequantizeLinear does, then cast)."""
     round_t = lambda a: np.asarray(a, np.float32).astype(dtype).astype(np.float64)
-    w = round_t(dequantize_groups(q, scales.T.astype(np.float32), None, group))  # [N, K]; scales [G, N]
+    w = dequantize_groups(q, scales.T.astype(np.float32), None, group).astype(scales.dtype)  # [N, K]; scales [G, N]
+    w = round_t(w)
     xs = round_t(x.astype(np.float32) * pre.astype(np.float32))
     return xs @ w.T
 
@@ -91,21 +93,28 @@ def ulp(values, dtype):
     return np.exp2(np.floor(np.log2(np.maximum(np.abs(values), 1e-30))) - mant)
 
 
-@pytest.mark.parametrize("dtype", [np.float32, np.float16, BF16])
+@pytest.mark.parametrize("dtype,scale_dtype", [(np.float32, np.float32), (np.float16, np.float16), (BF16, BF16),
+                                               (np.float16, np.float32), (BF16, np.float32)])
 @pytest.mark.parametrize("rows,K,N,group", [(1, 256, 128, 128), (8, 200, 136, 128), (9, 96, 64, 64), (3, 130, 20, 64)])
-def test_int4_gemm_matches_numpy(dtype, rows, K, N, group):
+def test_int4_gemm_matches_numpy(dtype, scale_dtype, rows, K, N, group):
     rng = np.random.default_rng()
     w = rng.standard_normal((N, K)).astype(np.float32)
     q, scales, _ = quantize_groups(w, group)  # q [N, K], scales [N, G]
     x = rng.standard_normal((rows, K)).astype(dtype)
     pre = rng.uniform(0.5, 2.0, K).astype(dtype)
-    s_t = np.ascontiguousarray(scales.T).astype(dtype)  # [G, N] in the activation type
+    s_t = np.ascontiguousarray(scales.T).astype(scale_dtype)  # [G, N]
     y = cpu.int4_gemm(x, onnx_int4_bytes(np.ascontiguousarray(q.T)), s_t, pre, group)
     expect = ref_int4(x, q, s_t, pre, group, dtype)
     # fp32 accumulation against float64: the error bound of a K-term sum, plus one rounding to the output type
     bound = K * 2.0 ** -23 * (np.abs(ref_int4(np.abs(x.astype(np.float32)).astype(dtype), np.abs(q), s_t, pre, group,
                                                 dtype))) + ulp(expect, dtype)
     assert (np.abs(y.astype(np.float64) - expect) <= bound).all()
+
+
+def test_int4_gemm_refuses_mixed_low_precision_scales():
+    x = np.ones((1, 64), np.float16)
+    with pytest.raises(ValueError, match="activations' type or float32"):
+        cpu.int4_gemm(x, np.zeros(32 * 8, np.uint8), np.ones((1, 8), BF16), np.ones(64, np.float16), 64)
 
 
 def test_int4_gemm_batch_dims_are_rows():

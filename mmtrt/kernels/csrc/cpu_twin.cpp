@@ -45,17 +45,17 @@ void token_select(const void* qv, const void* kv, const void* fv, const TokenSel
   }
 }
 
-template <class T>
+template <class T, class S>
 void int4_gemm(const void* xv, const uint8_t* w, const void* sv, const void* pv, int M, int K, int N, int group,
                void* yv) {
   const typename T::raw* x = static_cast<const typename T::raw*>(xv);
-  const typename T::raw* scales = static_cast<const typename T::raw*>(sv);
+  const typename S::raw* scales = static_cast<const typename S::raw*>(sv);
   const typename T::raw* pre = static_cast<const typename T::raw*>(pv);
   typename T::raw* y = static_cast<typename T::raw*>(yv);
   for (int m = 0; m < M; ++m)
     for (int n = 0; n < N; ++n) {
       float total = 0.0f;
-      for (int slice = 0; slice < kInt4Slices; ++slice) total += slice_partial<T>(x, w, scales, pre, m, n, slice, K, N, group);
+      for (int slice = 0; slice < kInt4Slices; ++slice) total += slice_partial<T, S>(x, w, scales, pre, m, n, slice, K, N, group);
       y[static_cast<long long>(m) * N + n] = T::store(total);
     }
 }
@@ -77,12 +77,17 @@ int mmtrt_token_select_cpu(int dtype, const void* q, const void* k, const void* 
   return 0;
 }
 
-int mmtrt_int4_gemm_cpu(int dtype, const void* x, const uint8_t* w, const void* scales, const void* pre, int M,
-                        int K, int N, int group, void* y) {
+// Scales are in the activation type or fp32: the pairs kernels.cu instantiates.
+int mmtrt_int4_gemm_cpu(int dtype, int scale_dtype, const void* x, const uint8_t* w, const void* scales,
+                        const void* pre, int M, int K, int N, int group, void* y) {
   if (group < 1 || M < 0) return 1;
-  if (dtype == mmtrt::kF32) mmtrt::int4_gemm<mmtrt::F32>(x, w, scales, pre, M, K, N, group, y);
-  else if (dtype == mmtrt::kF16) mmtrt::int4_gemm<mmtrt::F16>(x, w, scales, pre, M, K, N, group, y);
-  else if (dtype == mmtrt::kBF16) mmtrt::int4_gemm<mmtrt::BF16>(x, w, scales, pre, M, K, N, group, y);
+  if (scale_dtype != dtype && scale_dtype != mmtrt::kF32) return 2;
+  const bool f32_scales = scale_dtype == mmtrt::kF32;
+  if (dtype == mmtrt::kF32) mmtrt::int4_gemm<mmtrt::F32, mmtrt::F32>(x, w, scales, pre, M, K, N, group, y);
+  else if (dtype == mmtrt::kF16 && f32_scales) mmtrt::int4_gemm<mmtrt::F16, mmtrt::F32>(x, w, scales, pre, M, K, N, group, y);
+  else if (dtype == mmtrt::kF16) mmtrt::int4_gemm<mmtrt::F16, mmtrt::F16>(x, w, scales, pre, M, K, N, group, y);
+  else if (dtype == mmtrt::kBF16 && f32_scales) mmtrt::int4_gemm<mmtrt::BF16, mmtrt::F32>(x, w, scales, pre, M, K, N, group, y);
+  else if (dtype == mmtrt::kBF16) mmtrt::int4_gemm<mmtrt::BF16, mmtrt::BF16>(x, w, scales, pre, M, K, N, group, y);
   else return 2;
   return 0;
 }

@@ -56,8 +56,8 @@ __device__ void token_select(const typename T::raw* q, const typename T::raw* k,
 
 // grid (ceil(N / kInt4Cols), ceil(M / kInt4MaxRows)), block (kInt4Lanes, kInt4Slices): lane -> 4 columns,
 // warp -> a K slice; the slices' partial sums meet in shared memory and are added in slice order.
-template <class T>
-__device__ void int4_gemm(const typename T::raw* x, const uint8_t* w, const typename T::raw* scales,
+template <class T, class S>
+__device__ void int4_gemm(const typename T::raw* x, const uint8_t* w, const typename S::raw* scales,
                           const typename T::raw* pre, int M, int K, int N, int group, typename T::raw* y) {
   __shared__ float partial[kInt4Slices][kInt4MaxRows][kInt4Cols];
   const int lane = threadIdx.x, slice = threadIdx.y;
@@ -69,7 +69,7 @@ __device__ void int4_gemm(const typename T::raw* x, const uint8_t* w, const type
   if (n0 < N) {
     for (int k = slice; k < K; k += kInt4Slices) {
       float wv[4];
-      for (int j = 0; j < 4; ++j) wv[j] = dequantized<T>(w, scales, k, n0 + j, N, group);
+      for (int j = 0; j < 4; ++j) wv[j] = dequantized<T, S>(w, scales, k, n0 + j, N, group);
       for (int m = 0; m < kInt4MaxRows; ++m) {
         if (m >= rows) break;
         const float xv = prescaled<T>(x, pre, m0 + m, k, K);
@@ -100,16 +100,18 @@ __device__ void int4_gemm(const typename T::raw* x, const uint8_t* w, const type
     mmtrt::token_select<TYPE>(q, k, feat, s, out);                                                           \
   }
 
-#define MMTRT_INT4_GEMM(SUFFIX, TYPE)                                                                          \
+#define MMTRT_INT4_GEMM(SUFFIX, TYPE, SCALE)                                                                   \
   extern "C" __global__ void __launch_bounds__(mmtrt::kInt4Lanes * mmtrt::kInt4Slices) mmtrt_int4_gemm_##SUFFIX( \
-      const TYPE::raw* x, const uint8_t* w, const TYPE::raw* scales, const TYPE::raw* pre, int M, int K, int N, \
+      const TYPE::raw* x, const uint8_t* w, const SCALE::raw* scales, const TYPE::raw* pre, int M, int K, int N, \
       int group, TYPE::raw* y) {                                                                              \
-    mmtrt::int4_gemm<TYPE>(x, w, scales, pre, M, K, N, group, y);                                            \
+    mmtrt::int4_gemm<TYPE, SCALE>(x, w, scales, pre, M, K, N, group, y);                                     \
   }
 
 MMTRT_TOKEN_SELECT(f32, mmtrt::F32)
 MMTRT_TOKEN_SELECT(f16, mmtrt::F16)
 MMTRT_TOKEN_SELECT(bf16, mmtrt::BF16)
-MMTRT_INT4_GEMM(f32, mmtrt::F32)
-MMTRT_INT4_GEMM(f16, mmtrt::F16)
-MMTRT_INT4_GEMM(bf16, mmtrt::BF16)
+MMTRT_INT4_GEMM(f32_f32, mmtrt::F32, mmtrt::F32)
+MMTRT_INT4_GEMM(f16_f16, mmtrt::F16, mmtrt::F16)
+MMTRT_INT4_GEMM(f16_f32, mmtrt::F16, mmtrt::F32)
+MMTRT_INT4_GEMM(bf16_bf16, mmtrt::BF16, mmtrt::BF16)
+MMTRT_INT4_GEMM(bf16_f32, mmtrt::BF16, mmtrt::F32)
