@@ -39,7 +39,7 @@ def nvcc() -> str | None:
 
 
 @lru_cache(maxsize=None)
-def _tool_version(tool: str) -> str:
+def tool_version(tool: str) -> str:
     return subprocess.run([tool, "--version"], capture_output=True, text=True, check=True).stdout.strip()
 
 
@@ -55,7 +55,7 @@ def source_digest() -> str:
 
 
 def _folder(kind: str, tool: str, flags: tuple[str, ...]) -> Path:
-    h = hashlib.sha256(f"{kind}\n{source_digest()}\n{_tool_version(tool)}\n{' '.join(flags)}".encode())
+    h = hashlib.sha256(f"{kind}\n{source_digest()}\n{tool_version(tool)}\n{' '.join(flags)}".encode())
     return BUILD_ROOT / f"{kind}-{h.hexdigest()[:16]}"
 
 
