@@ -69,7 +69,8 @@ class FusePlugins(Pass):
                 add_function(comp.onnx, key)
         if replacements:
             _rewrite(comp.onnx, replacements, weights)
-        return {"fused": dict(sorted(fused.items())), "not_fused": dict(sorted(skipped.items()))}
+        return {"tensorrt_nodes": len(on_trt), "fused": dict(sorted(fused.items())),
+                "not_fused": dict(sorted(skipped.items()))}
 
 
 def _plugin_for(found, weights: list[onnx.TensorProto]) -> onnx.NodeProto:
