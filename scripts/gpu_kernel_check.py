@@ -120,7 +120,7 @@ def check_int4_gemm(mod, rng) -> bool:
             dx, dw, ds, dp = raw(x), cp.asarray(packed), raw(s), raw(pre)
             y = cp.empty((rows, N), dx.dtype)
             args = (dx, dw, ds, dp, *map(np.int32, (rows, K, N, 128)), y)
-            launch = lambda: fn((-(-N // 128), -(-rows // 8)), (32, 8), args)
+            launch = lambda: fn((-(-N // 64), -(-rows // 8)), (32, 8), args)  # kInt4Cols, kInt4MaxRows
             kernel_ms = timed(launch)
             got = cp.asnumpy(y).view(dtype)
             twin = cpu.int4_gemm(x, packed, s, pre, 128)

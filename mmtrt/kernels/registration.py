@@ -24,7 +24,7 @@ SUFFIX = {trt.float32: "f32", trt.float16: "f16", trt.bfloat16: "bf16"}
 FLOATS = "FP32|FP16|BF16"
 TOKEN_SELECT_THREADS = 256  # kTokenSelectThreads in token_select.h
 TOKEN_SELECT_ROW_BLOCKS = 8  # blocks per image that share the gather
-INT4_LANES, INT4_SLICES, INT4_COLS, INT4_ROWS = 32, 8, 128, 8  # int4_gemm.h
+INT4_LANES, INT4_SLICES, INT4_COLS, INT4_ROWS = 32, 8, 64, 8  # int4_gemm.h
 
 
 def _ptx() -> bytes:

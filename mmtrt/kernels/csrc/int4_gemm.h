@@ -8,9 +8,10 @@
 
 namespace mmtrt {
 
-const int kInt4Lanes = 32;       // threads along N per block, 4 columns each
+const int kInt4Lanes = 32;       // threads along N per block
+const int kInt4ColsPerLane = 2;  // one weight byte per lane and k: a warp reads one 32-byte sector per row
 const int kInt4Slices = 8;       // warps along K per block
-const int kInt4Cols = 4 * kInt4Lanes;
+const int kInt4Cols = kInt4ColsPerLane * kInt4Lanes;
 const int kInt4MaxRows = 8;      // rows of x per block (grid.y covers more)
 
 MMTRT_HD int int4_at(const uint8_t* w, long long flat) {

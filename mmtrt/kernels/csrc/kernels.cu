@@ -54,31 +54,33 @@ __device__ void token_select(const typename T::raw* q, const typename T::raw* k,
   }
 }
 
-// grid (ceil(N / kInt4Cols), ceil(M / kInt4MaxRows)), block (kInt4Lanes, kInt4Slices): lane -> 4 columns,
-// warp -> a K slice; the slices' partial sums meet in shared memory and are added in slice order.
+// grid (ceil(N / kInt4Cols), ceil(M / kInt4MaxRows)), block (kInt4Lanes, kInt4Slices): lane -> kInt4ColsPerLane
+// columns, warp -> a K slice; the slices' partial sums meet in shared memory and are added in slice order.
 template <class T, class S>
 __device__ void int4_gemm(const typename T::raw* x, const uint8_t* w, const typename S::raw* scales,
                           const typename T::raw* pre, int M, int K, int N, int group, typename T::raw* y) {
+  const int C = kInt4ColsPerLane;
   __shared__ float partial[kInt4Slices][kInt4MaxRows][kInt4Cols];
   const int lane = threadIdx.x, slice = threadIdx.y;
-  const int n0 = blockIdx.x * kInt4Cols + 4 * lane, m0 = blockIdx.y * kInt4MaxRows;
+  const int n0 = blockIdx.x * kInt4Cols + C * lane, m0 = blockIdx.y * kInt4MaxRows;
   const int rows = min(kInt4MaxRows, M - m0);
-  float acc[kInt4MaxRows][4];
+  const int cols = max(0, min(C, N - n0));
+  float acc[kInt4MaxRows][C];
   for (int m = 0; m < kInt4MaxRows; ++m)
-    for (int j = 0; j < 4; ++j) acc[m][j] = 0.0f;
-  if (n0 < N) {
+    for (int j = 0; j < C; ++j) acc[m][j] = 0.0f;
+  if (cols > 0) {
     for (int k = slice; k < K; k += kInt4Slices) {
-      float wv[4];
-      for (int j = 0; j < 4; ++j) wv[j] = dequantized<T, S>(w, scales, k, n0 + j, N, group);
+      float wv[C];
+      for (int j = 0; j < C; ++j) wv[j] = j < cols ? dequantized<T, S>(w, scales, k, n0 + j, N, group) : 0.0f;
       for (int m = 0; m < kInt4MaxRows; ++m) {
         if (m >= rows) break;
         const float xv = prescaled<T>(x, pre, m0 + m, k, K);
-        for (int j = 0; j < 4; ++j) acc[m][j] = fmaf(xv, wv[j], acc[m][j]);
+        for (int j = 0; j < C; ++j) acc[m][j] = fmaf(xv, wv[j], acc[m][j]);
       }
     }
   }
   for (int m = 0; m < kInt4MaxRows; ++m)
-    for (int j = 0; j < 4; ++j) partial[slice][m][4 * lane + j] = acc[m][j];
+    for (int j = 0; j < C; ++j) partial[slice][m][C * lane + j] = acc[m][j];
   __syncthreads();
   for (int i = slice * kInt4Lanes + lane; i < kInt4MaxRows * kInt4Cols; i += kInt4Lanes * kInt4Slices) {
     const int m = i / kInt4Cols, c = i % kInt4Cols, n = blockIdx.x * kInt4Cols + c;
