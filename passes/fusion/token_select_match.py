@@ -3,7 +3,8 @@
     Cast(q) -> Slice(query 0) -> MatMul <- Transpose <- Cast(k);  Mul(scale) -> Softmax -> ReduceMean(heads, query)
     -> Slice(patches) -> TopK(keep) -> TopK(ascending) -> Unsqueeze -> GatherND(features, batch_dims 1)
 
-Every tensor inside is read by the chain only, and every node is in a TensorRT segment.
+Every tensor inside is read by the chain only, and every node is in a TensorRT segment. The fused node scores in
+fp32 even where cast_precision lowered the scores to fp16 before TopK (the kernel and the decomposition agree).
 """
 
 from __future__ import annotations

@@ -197,3 +197,23 @@ def test_plugins_option_selects_what_is_fused():
     model, _, _ = int4_graph()
     _, report = fuse(model, "llm", plugins=["token_select"])
     assert report["fused"] == {}
+
+
+def test_a_split_component_keeps_the_plugin_function_in_its_segment_file():
+    """A node TensorRT cannot run (Det) after the selection splits the graph; the TensorRT segment's file carries
+    the TokenSelect function, the ONNX Runtime segment's file none, and both pass the checker."""
+    from mmtrt.partition.segments import extract
+
+    model = token_select_graph()
+    model.graph.node.append(helper.make_node("Reshape", ["selected", "square"], ["square_rows"]))
+    model.graph.node.append(helper.make_node("Det", ["square_rows"], ["det"]))
+    model.graph.initializer.append(numpy_helper.from_array(np.array([N, KEEP * DIM // 9, 3, 3], np.int64), "square"))
+    model.graph.output.append(tensor("det", [N, KEEP * DIM // 9]))
+    fused, _ = fuse(model)
+    placement = place(fused, "vision", True, 1)
+    files = {s.backend: extract(placement, s) for s in placement.segments}
+    assert set(files) == {"tensorrt", "onnxruntime"}
+    assert [(f.domain, f.name) for f in files["tensorrt"].functions] == [("mmtrt", "TokenSelect")]
+    assert not files["onnxruntime"].functions
+    for f in files.values():
+        onnx.checker.check_model(f, full_check=True)
