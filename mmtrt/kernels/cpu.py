@@ -19,7 +19,7 @@ _P, _I, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
 @lru_cache(maxsize=None)
 def library() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(cpu_twin()))
-    lib.mmtrt_token_select_cpu.argtypes = [_I, _P, _P, _P, *[_I] * 9, _F, _P, _P, _P]
+    lib.mmtrt_token_select_cpu.argtypes = [_I, _P, _P, _P, *[_I] * 9, _F, _I, _P, _P, _P, _P]
     lib.mmtrt_int4_gemm_cpu.argtypes = [_I, _I, _P, _P, _P, _P, _I, _I, _I, _I, _P]
     lib.mmtrt_round_cpu.argtypes = [_I, _P, _P, ctypes.c_longlong]
     lib.mmtrt_round_cpu.restype = None
@@ -38,8 +38,10 @@ def _ptr(a: np.ndarray) -> int:
 
 
 def token_select(q: np.ndarray, k: np.ndarray, features: np.ndarray, keep: int, cls: int,
-                 scale: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(selected features [n, keep, dim], scores [n, tokens] float32, kept indices [n, keep] int32)."""
+                 scale: float | None = None, target_at: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(selected features [n, keep, dim], scores [n, tokens] float32, indices [n, keep] int32: the kept patches,
+    then with `target_at` (VisionZip's merge: positions among the dropped patches) each contextual token's target)."""
+    targets = np.ascontiguousarray(np.zeros(0) if target_at is None else target_at, np.int32)
     q, k, features = (np.ascontiguousarray(a) for a in (q, k, features))
     n, heads, q_len, head_dim = q.shape
     kv_len, (_, tokens, dim) = k.shape[2], features.shape
@@ -47,10 +49,11 @@ def token_select(q: np.ndarray, k: np.ndarray, features: np.ndarray, keep: int, 
     out = np.empty((n, keep, dim), features.dtype)
     scores, indices = np.empty((n, tokens), np.float32), np.empty((n, keep), np.int32)
     rc = library().mmtrt_token_select_cpu(_code(q, k, features), _ptr(q), _ptr(k), _ptr(features), n, heads, q_len,
-                                          kv_len, head_dim, cls, tokens, dim, keep, scale, _ptr(out), _ptr(scores),
-                                          _ptr(indices))
+                                          kv_len, head_dim, cls, tokens, dim, keep, scale, targets.size, _ptr(targets),
+                                          _ptr(out), _ptr(scores), _ptr(indices))
     if rc:
-        raise ValueError(f"token_select: keep {keep} of {tokens} tokens after {cls} with {kv_len} keys is not a selection")
+        raise ValueError(f"token_select: keep {keep} of {tokens} tokens after {cls} with {kv_len} keys and "
+                         f"{targets.size} contextual targets is not a selection")
     return out, scores, indices
 
 

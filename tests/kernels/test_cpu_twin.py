@@ -137,3 +137,41 @@ def test_rounding_is_round_to_nearest_even(dtype):
     np.testing.assert_array_equal(cpu.round_to(values, dtype), values.astype(dtype).astype(np.float32))
     nan = cpu.round_to(np.array([np.nan], np.float32), dtype)
     assert np.isnan(nan).all()
+
+
+def ref_merge(q, k, feats, keep, contextual, cls, scale):
+    """VisionZip as token_prune writes it: dominant patches, the dropped ones merged into contextual tokens."""
+    from passes.vision.token_prune import contextual_targets
+
+    n, tokens = feats.shape[:2]
+    dominant, dropped = keep - contextual, tokens - (keep - contextual)
+    scores = ref_scores(q, k, cls, tokens, scale)
+    keys = k.astype(np.float64).mean(1)[:, cls:]
+    keys /= np.linalg.norm(keys, axis=-1, keepdims=True)
+    target_at, merged_at = contextual_targets(dropped, contextual)
+    out, targets_of = [], []
+    for b in range(n):
+        order = np.argsort(-scores[b], kind="stable")
+        kept, rest = np.sort(order[:dominant]), np.sort(order[dominant:])
+        targets, merged = rest[target_at], rest[merged_at]
+        nearest = np.argmax(keys[b, merged] @ keys[b, targets].T, axis=1)
+        f = feats[b].astype(np.float64)
+        ctx = [f[t] + (f[merged[nearest == c]].mean(0) if (nearest == c).any() else 0) for c, t in enumerate(targets)]
+        out.append(np.concatenate([f[kept], np.stack(ctx)]))
+        targets_of.append(np.concatenate([kept, targets]))
+    return np.stack(out), np.stack(targets_of), target_at
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float16])
+@pytest.mark.parametrize("n,tokens,keep,contextual", [(2, 64, 16, 3), (1, 100, 30, 5), (3, 49, 48, 1)])
+def test_token_select_merge_matches_visionzip(dtype, n, tokens, keep, contextual):
+    rng = np.random.default_rng()
+    q, k, feats = inputs(rng, n, 4, tokens, 1, 16, 20, dtype)
+    expect, targets, target_at = ref_merge(q.astype(np.float32), k.astype(np.float32), feats, keep, contextual, 1, 0.25)
+    out, _, idx = cpu.token_select(q, k, feats, keep, 1, target_at=target_at)
+    np.testing.assert_array_equal(idx, targets)
+    dominant = keep - contextual
+    np.testing.assert_array_equal(out[:, :dominant], expect[:, :dominant].astype(dtype))
+    # contextual rows: the sum in fp32 and three roundings to the feature type where the graph rounds
+    tol = 1e-5 if dtype == np.float32 else 3 * 2.0 ** -10
+    np.testing.assert_allclose(out[:, dominant:].astype(np.float64), expect[:, dominant:], rtol=tol, atol=tol)

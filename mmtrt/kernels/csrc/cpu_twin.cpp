@@ -20,6 +20,8 @@ void token_select(const void* qv, const void* kv, const void* fv, const TokenSel
   const typename T::raw* feat = static_cast<const typename T::raw*>(fv);
   typename T::raw* out = static_cast<typename T::raw*>(outv);
   std::vector<float> logits(s.kv_len), score(s.tokens), kept(s.tokens), red(kTokenSelectThreads);
+  std::vector<float> target_keys(s.contextual * s.head_dim), target_norms(s.contextual);
+  std::vector<int> nearest(s.tokens), target_src(s.contextual);
   for (int b = 0; b < n; ++b) {
     std::fill(score.begin(), score.end(), 0.0f);
     for (int h = 0; h < s.heads; ++h) {
@@ -33,14 +35,31 @@ void token_select(const void* qv, const void* kv, const void* fv, const TokenSel
       for (int t = 0; t < s.tokens; ++t) score[t] += softmax_weight(logits[t + s.cls], max, sum);
     }
     for (int t = 0; t < s.tokens; ++t) score[t] /= static_cast<float>(s.heads);
-    for (int t = 0; t < s.tokens; ++t) kept[t] = rank_of(score.data(), s.tokens, t) < s.keep ? 1.0f : 0.0f;
+    for (int t = 0; t < s.tokens; ++t) kept[t] = rank_of(score.data(), s.tokens, t) < s.dominant() ? 1.0f : 0.0f;
     for (int t = 0; t < s.tokens; ++t) {
       scores[static_cast<long long>(b) * s.tokens + t] = score[t];
-      if (kept[t] == 0.0f) continue;
-      const int r = kept_before(kept.data(), t);
-      indices[static_cast<long long>(b) * s.keep + r] = t;
+      nearest[t] = -1;
+      if (kept[t] != 0.0f) {
+        const int r = kept_before(kept.data(), t);
+        indices[static_cast<long long>(b) * s.keep + r] = t;
+        for (int c = 0; c < s.dim; ++c)
+          out[(static_cast<long long>(b) * s.keep + r) * s.dim + c] = feat[(static_cast<long long>(b) * s.tokens + t) * s.dim + c];
+      } else if (s.contextual) {
+        const int c = target_of(s, rest_position(kept.data(), t));
+        nearest[t] = c < 0 ? -2 : -1;
+        if (c >= 0) target_src[c] = t;
+      }
+    }
+    if (!s.contextual) continue;
+    for (int i = 0; i < s.contextual * s.head_dim; ++i) target_keys[i] = mean_key<T>(k, s, b, target_src[i / s.head_dim], i % s.head_dim);
+    for (int c = 0; c < s.contextual; ++c) target_norms[c] = norm_of(target_keys.data() + c * s.head_dim, s.head_dim);
+    for (int t = 0; t < s.tokens; ++t)
+      if (nearest[t] == -2) nearest[t] = nearest_target<T>(k, s, b, t, target_keys.data(), target_norms.data());
+    for (int ctx = 0; ctx < s.contextual; ++ctx) {
+      const int r = s.dominant() + ctx;
+      indices[static_cast<long long>(b) * s.keep + r] = target_src[ctx];
       for (int c = 0; c < s.dim; ++c)
-        out[(static_cast<long long>(b) * s.keep + r) * s.dim + c] = feat[(static_cast<long long>(b) * s.tokens + t) * s.dim + c];
+        out[(static_cast<long long>(b) * s.keep + r) * s.dim + c] = contextual_value<T>(feat, s, b, nearest.data(), target_src[ctx], ctx, c);
     }
   }
 }
@@ -65,11 +84,14 @@ void int4_gemm(const void* xv, const uint8_t* w, const void* sv, const void* pv,
 
 extern "C" {
 
+// indices: the kept patches, then (merging) each contextual token's target patch.
 int mmtrt_token_select_cpu(int dtype, const void* q, const void* k, const void* feat, int n, int heads, int q_len,
-                           int kv_len, int head_dim, int cls, int tokens, int dim, int keep, float scale, void* out,
-                           float* scores, int* indices) {
-  if (keep < 1 || keep > tokens || cls + tokens > kv_len || q_len < 1) return 1;
-  mmtrt::TokenSelectShape s = {heads, q_len, kv_len, head_dim, cls, tokens, dim, keep, scale};
+                           int kv_len, int head_dim, int cls, int tokens, int dim, int keep, float scale,
+                           int contextual, const int* target_at, void* out, float* scores, int* indices) {
+  if (keep < 1 || keep > tokens || cls + tokens > kv_len || q_len < 1 || contextual < 0 || contextual >= keep) return 1;
+  for (int c = 0; c < contextual; ++c)
+    if (target_at[c] < 0 || target_at[c] >= tokens - (keep - contextual)) return 1;
+  mmtrt::TokenSelectShape s = {heads, q_len, kv_len, head_dim, cls, tokens, dim, keep, scale, contextual, target_at};
   if (dtype == mmtrt::kF32) mmtrt::token_select<mmtrt::F32>(q, k, feat, s, n, out, scores, indices);
   else if (dtype == mmtrt::kF16) mmtrt::token_select<mmtrt::F16>(q, k, feat, s, n, out, scores, indices);
   else if (dtype == mmtrt::kBF16) mmtrt::token_select<mmtrt::BF16>(q, k, feat, s, n, out, scores, indices);

@@ -13,7 +13,7 @@ __device__ void block_tree(float* red, int tid, bool is_max) {
   }
 }
 
-// grid (n, row chunks), block kTokenSelectThreads; every block scores its image, then copies its share of rows.
+// grid (n, row chunks), block kTokenSelectThreads; every block scores its image, then writes its share of rows.
 template <class T>
 __device__ void token_select(const typename T::raw* q, const typename T::raw* k, const typename T::raw* feat,
                              const TokenSelectShape s, typename T::raw* out) {
@@ -23,6 +23,10 @@ __device__ void token_select(const typename T::raw* q, const typename T::raw* k,
   float* kept = score + s.tokens;
   int* src = reinterpret_cast<int*>(kept + s.tokens);
   float* red = reinterpret_cast<float*>(src + s.keep);
+  int* nearest = reinterpret_cast<int*>(red + kTokenSelectThreads);
+  int* target_src = nearest + s.tokens;
+  float* target_keys = reinterpret_cast<float*>(target_src + s.contextual);
+  float* target_norms = target_keys + s.contextual * s.head_dim;
   const int b = blockIdx.x, tid = threadIdx.x;
   for (int t = tid; t < s.tokens; t += kTokenSelectThreads) score[t] = 0.0f;
   for (int h = 0; h < s.heads; ++h) {
@@ -42,15 +46,43 @@ __device__ void token_select(const typename T::raw* q, const typename T::raw* k,
   }
   for (int t = tid; t < s.tokens; t += kTokenSelectThreads) score[t] /= static_cast<float>(s.heads);
   __syncthreads();
-  for (int t = tid; t < s.tokens; t += kTokenSelectThreads) kept[t] = rank_of(score, s.tokens, t) < s.keep ? 1.0f : 0.0f;
-  __syncthreads();
   for (int t = tid; t < s.tokens; t += kTokenSelectThreads)
-    if (kept[t] != 0.0f) src[kept_before(kept, t)] = t;
+    kept[t] = rank_of(score, s.tokens, t) < s.dominant() ? 1.0f : 0.0f;
   __syncthreads();
+  for (int t = tid; t < s.tokens; t += kTokenSelectThreads) {
+    if (kept[t] != 0.0f) {
+      src[kept_before(kept, t)] = t;
+    } else if (s.contextual) {
+      const int c = target_of(s, rest_position(kept, t));
+      nearest[t] = c < 0 ? -2 : -1;  // -2: merged, nearest target still to find; -1: a target, joins none
+      if (c >= 0) target_src[c] = t;
+    } else {
+      nearest[t] = -1;
+    }
+  }
+  __syncthreads();
+  if (s.contextual) {
+    for (int i = tid; i < s.contextual * s.head_dim; i += kTokenSelectThreads)
+      target_keys[i] = mean_key<T>(k, s, b, target_src[i / s.head_dim], i % s.head_dim);
+    __syncthreads();
+    for (int c = tid; c < s.contextual; c += kTokenSelectThreads) target_norms[c] = norm_of(target_keys + c * s.head_dim, s.head_dim);
+    __syncthreads();
+    for (int t = tid; t < s.tokens; t += kTokenSelectThreads)
+      if (kept[t] == 0.0f && nearest[t] == -2) nearest[t] = nearest_target<T>(k, s, b, t, target_keys, target_norms);
+    for (int t = tid; t < s.tokens; t += kTokenSelectThreads)
+      if (kept[t] != 0.0f) nearest[t] = -1;
+    __syncthreads();
+  }
   for (int r = blockIdx.y; r < s.keep; r += gridDim.y) {
-    const typename T::raw* row = feat + (static_cast<long long>(b) * s.tokens + src[r]) * s.dim;
     typename T::raw* dst = out + (static_cast<long long>(b) * s.keep + r) * s.dim;
-    for (int c = tid; c < s.dim; c += kTokenSelectThreads) dst[c] = row[c];
+    if (r < s.dominant()) {
+      const typename T::raw* row = feat + (static_cast<long long>(b) * s.tokens + src[r]) * s.dim;
+      for (int c = tid; c < s.dim; c += kTokenSelectThreads) dst[c] = row[c];
+    } else {
+      const int ctx = r - s.dominant();
+      for (int c = tid; c < s.dim; c += kTokenSelectThreads)
+        dst[c] = contextual_value<T>(feat, s, b, nearest, target_src[ctx], ctx, c);
+    }
   }
 }
 
@@ -98,7 +130,16 @@ __device__ void int4_gemm(const typename T::raw* x, const uint8_t* w, const type
       const TYPE::raw* q, const TYPE::raw* k, const TYPE::raw* feat, int heads, int q_len, int kv_len,       \
       int head_dim, int cls, int tokens, int dim, int keep, int scale_bits, TYPE::raw* out) {                \
     mmtrt::TokenSelectShape s = {heads, q_len, kv_len, head_dim, cls, tokens, dim, keep,                     \
-                                 __int_as_float(scale_bits)};                                                \
+                                 __int_as_float(scale_bits), 0, nullptr};                                    \
+    mmtrt::token_select<TYPE>(q, k, feat, s, out);                                                           \
+  }                                                                                                          \
+  /* merged_at, the complement of target_at, is the decomposition's input; the kernel derives it */          \
+  extern "C" __global__ void __launch_bounds__(mmtrt::kTokenSelectThreads) mmtrt_token_select_merge_##SUFFIX(  \
+      const TYPE::raw* q, const TYPE::raw* k, const TYPE::raw* feat, const int* target_at, const int* merged_at, \
+      int heads, int q_len, int kv_len, int head_dim, int cls, int tokens, int dim, int keep, int scale_bits,    \
+      int contextual, TYPE::raw* out) {                                                                      \
+    mmtrt::TokenSelectShape s = {heads, q_len, kv_len, head_dim, cls, tokens, dim, keep,                     \
+                                 __int_as_float(scale_bits), contextual, target_at};                          \
     mmtrt::token_select<TYPE>(q, k, feat, s, out);                                                           \
   }
 
