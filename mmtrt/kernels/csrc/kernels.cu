@@ -126,7 +126,7 @@ __device__ void int4_gemm(const typename T::raw* x, const uint8_t* w, const type
 }  // namespace mmtrt
 
 #define MMTRT_TOKEN_SELECT(SUFFIX, TYPE)                                                                       \
-  extern "C" __global__ void __launch_bounds__(mmtrt::kTokenSelectThreads) mmtrt_token_select_##SUFFIX(        \
+  extern "C" __global__ void __launch_bounds__(mmtrt::kTokenSelectThreads, 4) mmtrt_token_select_##SUFFIX(        \
       const TYPE::raw* q, const TYPE::raw* k, const TYPE::raw* feat, int heads, int q_len, int kv_len,       \
       int head_dim, int cls, int tokens, int dim, int keep, int scale_bits, TYPE::raw* out) {                \
     mmtrt::TokenSelectShape s = {heads, q_len, kv_len, head_dim, cls, tokens, dim, keep,                     \
@@ -134,7 +134,7 @@ __device__ void int4_gemm(const typename T::raw* x, const uint8_t* w, const type
     mmtrt::token_select<TYPE>(q, k, feat, s, out);                                                           \
   }                                                                                                          \
   /* merged_at, the complement of target_at, is the decomposition's input; the kernel derives it */          \
-  extern "C" __global__ void __launch_bounds__(mmtrt::kTokenSelectThreads) mmtrt_token_select_merge_##SUFFIX(  \
+  extern "C" __global__ void __launch_bounds__(mmtrt::kTokenSelectThreads, 4) mmtrt_token_select_merge_##SUFFIX(  \
       const TYPE::raw* q, const TYPE::raw* k, const TYPE::raw* feat, const int* target_at, const int* merged_at, \
       int heads, int q_len, int kv_len, int head_dim, int cls, int tokens, int dim, int keep, int scale_bits,    \
       int contextual, TYPE::raw* out) {                                                                      \
