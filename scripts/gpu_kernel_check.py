@@ -66,7 +66,7 @@ def token_select_gpu(mod, q, k, feats, keep, cls):
     out = cp.empty((n, keep, dim), df.dtype)
     scale_bits = struct.unpack("<i", struct.pack("<f", 1 / math.sqrt(head_dim)))[0]
     args = (dq, dk, df, *map(np.int32, (heads, q_len, kv, head_dim, cls, tokens, dim, keep, scale_bits)), out)
-    smem = 4 * (kv + 2 * tokens + keep + 256)
+    smem = 4 * (kv + 3 * tokens + keep + 256)  # token_select_smem_floats, no merge
     launch = lambda: fn((n, min(keep, 8)), (256,), args, shared_mem=smem)
     launch()
     cp.cuda.Device().synchronize()
@@ -104,6 +104,37 @@ def check_token_select(mod, rng) -> bool:
                   f"{'ok' if case_ok else 'MISMATCH'} (decided images {int(decided.sum())}/{n}); kernel "
                   f"{kernel_ms * 1e3:.1f} us vs decomposition {decomp_ms * 1e3:.1f} us ({decomp_ms / kernel_ms:.1f}x); "
                   f"{bytes_moved / (kernel_ms * 1e-3) / 1e9:.0f} GB/s")
+    return ok
+
+
+def check_token_select_merge(mod, rng) -> bool:
+    """VisionZip's merge (54 dominant + 10 contextual of 256 patches) against the CPU twin."""
+    from passes.vision.token_prune import contextual_targets
+
+    ok = True
+    n, heads, tokens, cls, head_dim, dim, keep, contextual = 4, 6, 256, 1, 64, 384, 64, 10
+    target_at, merged_at = (a.astype(np.int32) for a in contextual_targets(tokens - (keep - contextual), contextual))
+    for dtype in (np.float16, ml_dtypes.bfloat16, np.float32):
+        kv = tokens + cls
+        q = rng.standard_normal((n, heads, kv, head_dim)).astype(dtype)
+        k = rng.standard_normal((n, heads, kv, head_dim)).astype(dtype)
+        feats = rng.standard_normal((n, tokens, dim)).astype(dtype)
+        fn = mod.get_function(f"mmtrt_token_select_merge_{TYPES[np.dtype(dtype)]}")
+        out = cp.empty((n, keep, dim), raw(feats).dtype)
+        scale_bits = struct.unpack("<i", struct.pack("<f", 1 / math.sqrt(head_dim)))[0]
+        args = (raw(q), raw(k), raw(feats), cp.asarray(target_at), cp.asarray(merged_at),
+                *map(np.int32, (heads, kv, kv, head_dim, cls, tokens, dim, keep, scale_bits, contextual)), out)
+        smem = 4 * (kv + 3 * tokens + keep + 256 + contextual * (head_dim + 2))
+        launch = lambda: fn((n, 8), (256,), args, shared_mem=smem)
+        ms = timed(launch)
+        got = cp.asnumpy(out).view(dtype).astype(np.float32)
+        twin = cpu.token_select(q, k, feats, keep, cls, target_at=target_at)[0].astype(np.float32)
+        dominant = keep - contextual
+        same = np.array_equal(got[:, :dominant], twin[:, :dominant])
+        close = np.allclose(got[:, dominant:], twin[:, dominant:], rtol=1e-2, atol=1e-2)
+        ok &= same and close
+        print(f"TokenSelectMerge n={n} T={tokens} keep={keep} contextual={contextual} {TYPES[np.dtype(dtype)]:>4}: "
+              f"{'ok' if same and close else 'MISMATCH'}; kernel {ms * 1e3:.1f} us")
     return ok
 
 
@@ -149,7 +180,7 @@ def main() -> int:
         args.cubins = device_code().folder
     print(f"{cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}, cubins from {args.cubins}")
     mod, rng = module(args.cubins), np.random.default_rng(0)
-    ok = check_token_select(mod, rng) & check_int4_gemm(mod, rng)
+    ok = check_token_select(mod, rng) & check_token_select_merge(mod, rng) & check_int4_gemm(mod, rng)
     return 0 if ok else 1
 
 

@@ -15,7 +15,7 @@ CONTROL_ATTRIBUTES = ("plugin_namespace", "plugin_version", "aot")
 
 @dataclass(frozen=True)
 class PluginSpec:
-    key: str  # the recipe's name: `fuse_plugins: {plugins: [token_select]}`
+    key: str  # the recipe's name that fuses it: `fuse_plugins: {plugins: [token_select]}`
     name: str  # op_type and TensorRT plugin name
     version: str
     kernel: str  # extern "C" entry prefix in kernels.cu; the suffix is the activation type
@@ -32,6 +32,10 @@ PLUGINS = {
         "token_select", "TokenSelect", "1", "mmtrt_token_select", ("keep", "cls", "scale"),
         "token_prune's selection as one kernel: TensorRT runs the decomposition as about 12 small kernels and a "
         "data-dependent GatherND"),
+    "token_select_merge": PluginSpec(
+        "token_select", "TokenSelectMerge", "1", "mmtrt_token_select_merge", ("keep", "cls", "scale", "contextual"),
+        "token_prune's selection with VisionZip's contextual merge as one kernel: the decomposition adds about 30 "
+        "more small kernels (gathers, similarity, assignment, sums)"),
     "int4_gemm": PluginSpec(
         "int4_gemm", "Int4GroupGemm", "1", "mmtrt_int4_gemm", ("group_size",),
         "W4A16 GEMV for decode (1 to 8 rows): reads the INT4 weight once instead of materialising the dequantized "

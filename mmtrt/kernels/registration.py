@@ -1,7 +1,7 @@
 """TensorRT registration of mmtrt's plugins through `tensorrt.plugin` (TensorRT 10.8+, written for TensorRT 11).
 
 The bundle carries this file beside the PTX; `mmtrt build-engines` imports it from there before parsing a segment,
-so TensorRT's ONNX parser finds `mmtrt::TokenSelect` and `mmtrt::Int4GroupGemm` in its registry (the nodes carry
+so TensorRT's ONNX parser finds `mmtrt::TokenSelect`, `mmtrt::TokenSelectMerge` and `mmtrt::Int4GroupGemm` in its registry (the nodes carry
 plugin_namespace "mmtrt" and aot 1). `aot_impl` hands TensorRT the kernel name, the PTX and the launch
 parameters, so the kernel is compiled into the engine and runs without Python. The kernels' scalar parameters are
 int32 SymIntExprs in the order kernels.cu declares them, after the input pointers and before the output pointer.
@@ -62,9 +62,45 @@ def token_select_aot(q: trtp.TensorDesc, k: trtp.TensorDesc, features: trtp.Tens
     params.grid_x = n
     params.grid_y = min(keep, TOKEN_SELECT_ROW_BLOCKS)
     params.block_x = TOKEN_SELECT_THREADS
-    params.shared_mem = 4 * (kv_len + 2 * tokens + keep + TOKEN_SELECT_THREADS)  # token_select_smem_floats
+    params.shared_mem = _token_select_smem(kv_len, tokens, keep, head_dim, 0)
     args = _int32([heads, q_len, kv_len, head_dim, cls, tokens, dim, keep, _float_bits(scale)])
     return f"mmtrt_token_select_{SUFFIX[features.dtype]}".encode(), _ptx(), params, args
+
+
+def _token_select_smem(kv_len, tokens, keep, head_dim, contextual):
+    """token_select_smem_floats in token_select.h, in bytes."""
+    return 4 * (kv_len + 3 * tokens + keep + TOKEN_SELECT_THREADS + contextual * (head_dim + 2))
+
+
+@trtp.register("mmtrt::TokenSelectMerge")
+def token_select_merge_desc(q: trtp.TensorDesc, k: trtp.TensorDesc, features: trtp.TensorDesc,
+                            target_at: trtp.TensorDesc, merged_at: trtp.TensorDesc, keep: int, cls: int, scale: float,
+                            contextual: int) -> trtp.TensorDesc:
+    out = features.like()
+    out.shape_expr[1] = keep
+    return out
+
+
+@trtp.autotune("mmtrt::TokenSelectMerge")
+def token_select_merge_autotune(q: trtp.TensorDesc, k: trtp.TensorDesc, features: trtp.TensorDesc,
+                                target_at: trtp.TensorDesc, merged_at: trtp.TensorDesc,
+                                outputs) -> list[trtp.AutoTuneCombination]:
+    return [trtp.AutoTuneCombination(f"{FLOATS}, {FLOATS}, {FLOATS}, INT32, INT32, {FLOATS}", "LINEAR")]
+
+
+@trtp.aot_impl("mmtrt::TokenSelectMerge")
+def token_select_merge_aot(q: trtp.TensorDesc, k: trtp.TensorDesc, features: trtp.TensorDesc,
+                           target_at: trtp.TensorDesc, merged_at: trtp.TensorDesc, keep: int, cls: int, scale: float,
+                           contextual: int, outputs, tactic: int):
+    n, heads, q_len, head_dim = (q.shape_expr[i] for i in range(4))
+    kv_len, tokens, dim = k.shape_expr[2], features.shape_expr[1], features.shape_expr[2]
+    params = trtp.KernelLaunchParams()
+    params.grid_x = n
+    params.grid_y = min(keep, TOKEN_SELECT_ROW_BLOCKS)
+    params.block_x = TOKEN_SELECT_THREADS
+    params.shared_mem = _token_select_smem(kv_len, tokens, keep, head_dim, contextual)
+    args = _int32([heads, q_len, kv_len, head_dim, cls, tokens, dim, keep, _float_bits(scale), contextual])
+    return f"mmtrt_token_select_merge_{SUFFIX[features.dtype]}".encode(), _ptx(), params, args
 
 
 @trtp.register("mmtrt::Int4GroupGemm")

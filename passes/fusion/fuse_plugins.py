@@ -1,6 +1,7 @@
 """fuse_plugins: replace patterns in the TensorRT segments by mmtrt's CUDA plugins (mmtrt/kernels).
 
-TensorRT runs token_prune's selection as a dozen small kernels plus a data-dependent gather, and an INT4 linear at
+TensorRT runs token_prune's selection as a dozen small kernels plus a data-dependent gather (three dozen with
+VisionZip's merge), and an INT4 linear at
 decode as a dequantize into a full fp16 weight before a GEMM; one fused kernel each reads the inputs once (see the
 README's roofline). The pass places like the compiler does (mmtrt.partition.placement) and fuses only chains whose
 every node lies in a TensorRT segment, so ONNX Runtime segments keep their standard ops. A fused node carries its
@@ -27,14 +28,20 @@ from passes.fusion.graph_view import GraphView, NoMatch, NotCandidate
 from passes.fusion.int4_gemm_match import Int4GemmMatch, match_int4_gemm, np_type
 from passes.fusion.plugin_nodes import add_function, plugin_node
 from passes.fusion.token_select_match import TokenSelectMatch, match_token_select
+from passes.fusion.token_select_merge_match import TokenSelectMergeMatch, match_token_select_merge
 
-ANCHORS = {"token_select": ("GatherND", match_token_select), "int4_gemm": ("MatMul", match_int4_gemm)}
+# recipe name -> (anchor op type, matcher, catalog key) per pattern it fuses
+ANCHORS = {
+    "token_select": [("Concat", match_token_select_merge, "token_select_merge"),
+                     ("GatherND", match_token_select, "token_select")],
+    "int4_gemm": [("MatMul", match_int4_gemm, "int4_gemm")],
+}
 
 
 class FusePluginsConfig(PassConfig):
     plugins: list[Literal["token_select", "int4_gemm"]] = Field(
         ["token_select", "int4_gemm"], min_length=1,
-        description="Plugins to fuse: `token_select` (token_prune's cls_attention selection without merge, as one kernel) and `int4_gemm` (awq_int4's DequantizeLinear + MatMul, with AWQ's pre-quant Mul, as a W4A16 GEMV for batch 1 to 8).")
+        description="Plugins to fuse: `token_select` (token_prune's cls_attention selection, with or without merge: contextual, as one kernel) and `int4_gemm` (awq_int4's DequantizeLinear + MatMul, with AWQ's pre-quant Mul, as a W4A16 GEMV for batch 1 to 8).")
 
 
 class FusePlugins(Pass):
@@ -52,8 +59,7 @@ class FusePlugins(Pass):
         fused, skipped = Counter(), Counter()
         replacements: dict[int, onnx.NodeProto] = {}
         weights: list[onnx.TensorProto] = []
-        for key in self.config.plugins:
-            op_type, match = ANCHORS[key]
+        for op_type, match, key in (a for name in self.config.plugins for a in ANCHORS[name]):
             for i, node in enumerate(comp.onnx.graph.node):
                 if node.op_type != op_type or i not in on_trt:
                     continue
@@ -78,6 +84,12 @@ def _plugin_for(found, weights: list[onnx.TensorProto]) -> onnx.NodeProto:
     if isinstance(found, TokenSelectMatch):
         return plugin_node(PLUGINS["token_select"], found.inputs, anchor.output[0], f"{anchor.name}/TokenSelect",
                            **found.attributes)
+    if isinstance(found, TokenSelectMergeMatch):
+        positions = [numpy_helper.from_array(found.target_at.astype(np.int32), f"{anchor.name}.target_at"),
+                     numpy_helper.from_array(found.merged_at.astype(np.int32), f"{anchor.name}.merged_at")]
+        weights += positions
+        return plugin_node(PLUGINS["token_select_merge"], [*found.inputs, *(t.name for t in positions)],
+                           anchor.output[0], f"{anchor.name}/TokenSelectMerge", **found.attributes)
     pre = found.pre or _ones(found, weights)
     return plugin_node(PLUGINS["int4_gemm"], [found.x, found.weight, found.scales, pre], anchor.output[0],
                        f"{anchor.name}/Int4GroupGemm", group_size=found.group)

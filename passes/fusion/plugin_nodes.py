@@ -62,6 +62,52 @@ def _token_select_body() -> tuple[list[str], list[str], list[onnx.NodeProto]]:
     return ["q", "k", "features"], ["selected"], nodes
 
 
+def _token_select_merge_body() -> tuple[list[str], list[str], list[onnx.NodeProto]]:
+    """token_prune's cls_attention selection with VisionZip's merge: the graph token_prune writes, with the
+    counts from the node's attributes and the target / merged positions as inputs."""
+    n = helper.make_node
+    _, _, scoring = _token_select_body()
+    scoring = scoring[:scoring.index(next(x for x in scoring if x.op_type == "TopK"))]  # up to the scores
+
+    def gather_rows(data: str, indices: str, out: str) -> list[onnx.NodeProto]:
+        return [n("Unsqueeze", [indices, "two"], [f"{out}_rows"]), n("GatherND", [data, f"{out}_rows"], [out], batch_dims=1)]
+
+    nodes = [
+        *scoring,
+        n("Shape", ["scores"], ["tokens"], start=1, end=2),
+        _ref_const("contextual0", "value_int", "contextual"), n("Reshape", ["contextual0", "vector"], ["contextual"]),
+        n("Sub", ["keep", "contextual"], ["dominant"]), n("Sub", ["tokens", "dominant"], ["dropped"]),
+        n("TopK", ["scores", "tokens"], ["sorted_scores", "order"], axis=-1, largest=1, sorted=1),
+        n("Slice", ["order", "zero", "dominant", "one"], ["order_dominant"]),
+        n("TopK", ["order_dominant", "dominant"], ["dominant_idx", "dominant_order"], axis=-1, largest=0, sorted=1),
+        n("Slice", ["order", "dominant", "to_end", "one"], ["order_rest"]),
+        n("TopK", ["order_rest", "dropped"], ["rest", "rest_order"], axis=-1, largest=0, sorted=1),
+        n("ReduceMean", ["kf", "one"], ["head_keys"], keepdims=0),
+        n("Slice", ["head_keys", "cls", "to_end", "one"], ["patch_keys"]),
+        n("ReduceL2", ["patch_keys", "two"], ["key_norms"], keepdims=1),
+        n("Div", ["patch_keys", "key_norms"], ["keys"]),
+        n("Gather", ["rest", "target_at"], ["targets"], axis=1),
+        n("Gather", ["rest", "merged_at"], ["merged"], axis=1),
+        *gather_rows("keys", "targets", "target_keys"), n("Transpose", ["target_keys"], ["target_keys_t"], perm=[0, 2, 1]),
+        *gather_rows("keys", "merged", "merged_keys"),
+        n("MatMul", ["merged_keys", "target_keys_t"], ["similarity"]),
+        n("ArgMax", ["similarity"], ["nearest"], axis=2, keepdims=1),
+        _const("start", 0), _const("step", 1), n("Squeeze", ["contextual"], ["contextual_scalar"]),
+        n("Range", ["start", "contextual_scalar", "step"], ["target_ids"]),
+        n("Equal", ["nearest", "target_ids"], ["joined"]),
+        n("CastLike", ["joined", "features"], ["joined_f"]), n("Transpose", ["joined_f"], ["assign"], perm=[0, 2, 1]),
+        *gather_rows("features", "merged", "merged_rows"),
+        n("MatMul", ["assign", "merged_rows"], ["sums"]),
+        _const("one_f", np.float32(1)), n("CastLike", ["one_f", "features"], ["one_like"]),
+        n("ReduceSum", ["assign", "two"], ["joined_count"], keepdims=1), n("Max", ["joined_count", "one_like"], ["counts"]),
+        *gather_rows("features", "targets", "target_rows"),
+        n("Div", ["sums", "counts"], ["means"]), n("Add", ["target_rows", "means"], ["contextual_rows"]),
+        *gather_rows("features", "dominant_idx", "dominant_rows"),
+        n("Concat", ["dominant_rows", "contextual_rows"], ["selected"], axis=1),
+    ]
+    return ["q", "k", "features", "target_at", "merged_at"], ["selected"], nodes
+
+
 def _int4_gemm_body() -> tuple[list[str], list[str], list[onnx.NodeProto]]:
     """(x * pre) @ CastLike(DequantizeLinear(W, scales), x), the block size from group_size: the graph awq_int4
     and cast_precision leave (ONNX Runtime keeps running it as before: no MatMulNBits fusion across the cast)."""
@@ -72,7 +118,8 @@ def _int4_gemm_body() -> tuple[list[str], list[str], list[onnx.NodeProto]]:
     return ["x", "weight", "scales", "pre"], ["y"], nodes
 
 
-BODIES = {"token_select": _token_select_body, "int4_gemm": _int4_gemm_body}
+BODIES = {"token_select": _token_select_body, "token_select_merge": _token_select_merge_body,
+          "int4_gemm": _int4_gemm_body}
 
 
 def add_function(model: onnx.ModelProto, key: str) -> None:

@@ -44,7 +44,13 @@ def match_token_select(view: GraphView, gather: onnx.NodeProto) -> TokenSelectMa
     keep = int(view.const(top.input[1]).reshape(-1)[0])
     check(int(view.const(ascending.input[1]).reshape(-1)[0]) == keep, "the two TopK keep different counts")
     check(top.output[0] not in view.uses, f"{top.output[0]} (the top scores) is read elsewhere")
-    patches = _inner(view, top.input[0], "Slice", skip_casts=True)
+    q, k, attributes = scores_source(view, top.input[0], features)
+    return TokenSelectMatch(gather, [q, k, features], {"keep": keep, **attributes})
+
+
+def scores_source(view: GraphView, scores: str, features: str) -> tuple[str, str, dict]:
+    """Walk token_prune's [CLS]-attention scores back to q and k: (q, k, {cls, scale})."""
+    patches = _inner(view, scores, "Slice", skip_casts=True)
     starts, ends, axes = (view.const(patches.input[i]).tolist() for i in (1, 2, 3))
     check(axes == [1], "the patch slice is not on the token axis")
     mean = _inner(view, patches.input[0], "ReduceMean")
@@ -68,7 +74,7 @@ def match_token_select(view: GraphView, gather: onnx.NodeProto) -> TokenSelectMa
     types = {view.types.get(name) for name in (q, k, features)}
     check(len(types) == 1 and next(iter(types)) in KERNEL_SUFFIX,
           f"q, k and features differ in type or are not fp32/fp16/bf16 ({sorted(t or 0 for t in types)})")
-    return TokenSelectMatch(gather, [q, k, features], {"keep": keep, "cls": int(cls), "scale": float(scale.reshape(-1)[0])})
+    return q, k, {"cls": int(cls), "scale": float(scale.reshape(-1)[0])}
 
 
 INT_LIMIT = np.iinfo(np.int32).max

@@ -217,3 +217,46 @@ def test_a_split_component_keeps_the_plugin_function_in_its_segment_file():
     assert not files["onnxruntime"].functions
     for f in files.values():
         onnx.checker.check_model(f, full_check=True)
+
+
+def merge_graph(contextual=3, extra_output=False):
+    """token_prune's builder with merge: contextual (VisionZip)."""
+    kv = TOKENS + CLS
+    inputs = [tensor("q", [N, HEADS, kv, HEAD_DIM]), tensor("k", [N, HEADS, kv, HEAD_DIM]), tensor("features", [N, TOKENS, DIM])]
+    model = make_model([], inputs, [tensor("selected", [N, KEEP, DIM])])
+    b = tp._Builder(model.graph)
+    attention = helper.make_node("Attention", ["q", "k", "k"], ["att"])
+    facts = SimpleNamespace(shape=lambda name: [N, HEADS, kv, HEAD_DIM], types={})
+    budget = tp.Budget(TOKENS, KEEP, contextual, 0, CLS, True)
+    out = tp._select(b, "features", tp._cls_attention(b, attention, facts, budget), tp._unit_keys(b, attention, budget), budget)
+    model.graph.node.append(helper.make_node("Identity", [out], ["selected"]))
+    if extra_output:
+        argmax = next(n for n in model.graph.node if n.op_type == "ArgMax").output[0]
+        model.graph.node.append(helper.make_node("Identity", [argmax], ["nearest_out"]))
+        merged = TOKENS - (KEEP - contextual) - contextual
+        model.graph.output.append(tensor("nearest_out", [N, merged, 1], TensorProto.INT64))
+    return model
+
+
+def test_token_select_with_visionzip_merge_fuses_and_runs_as_before():
+    rng = np.random.default_rng()
+    model, feeds = merge_graph(), token_feeds(rng)
+    before = run(model, feeds)[0]
+    fused, report = fuse(model)
+    assert report["fused"] == {"mmtrt::TokenSelectMerge": 1}
+    node = next(n for n in fused.graph.node if n.domain == "mmtrt")
+    attrs = {a.name: helper.get_attribute_value(a) for a in node.attribute}
+    assert node.op_type == "TokenSelectMerge" and attrs["keep"] == KEEP and attrs["contextual"] == 3
+    assert not any(n.op_type in ("TopK", "ArgMax", "GatherND") for n in fused.graph.node)
+    after = run(fused, feeds)[0]
+    np.testing.assert_array_equal(after, before)
+    weights = {t.name: numpy_helper.to_array(t) for t in fused.graph.initializer}
+    twin, _, _ = cpu.token_select(feeds["q"], feeds["k"], feeds["features"], KEEP, CLS, target_at=weights[node.input[3]])
+    dominant = KEEP - 3
+    np.testing.assert_array_equal(twin[:, :dominant], after[:, :dominant])
+    np.testing.assert_allclose(twin[:, dominant:], after[:, dominant:], rtol=1e-5, atol=1e-5)
+
+
+def test_token_select_merge_leaves_a_similarity_another_node_reads():
+    fused, report = fuse(merge_graph(extra_output=True))
+    assert report["fused"] == {} and any("outside the selection" in why or "graph output" in why for why in report["not_fused"])
