@@ -150,6 +150,14 @@ def ptxas_report(log: str) -> dict[str, dict[str, dict[str, int]]]:
 
 
 def main() -> int:
+    try:
+        return _report()
+    except UserError as exc:
+        print(f"mmtrt kernels: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _report() -> int:
     print(f"CPU twin: {cpu_twin()}")
     if nvcc() is None:
         print("nvcc not found: device code not built")
