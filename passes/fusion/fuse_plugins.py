@@ -57,11 +57,12 @@ class FusePlugins(Pass):
         on_trt = {i for s in placement.segments if s.backend == TENSORRT for i in s.nodes}
         view = GraphView(comp.onnx.graph, on_trt, placement.facts.types, placement.facts.shapes)
         fused, skipped = Counter(), Counter()
-        replacements: dict[int, onnx.NodeProto] = {}
+        replacements: dict[int, list[onnx.NodeProto]] = {}
         weights: list[onnx.TensorProto] = []
+        claimed: set[str] = set()  # nodes a fused merge replaces: not candidates for the plain selection
         for op_type, match, key in (a for name in self.config.plugins for a in ANCHORS[name]):
             for i, node in enumerate(comp.onnx.graph.node):
-                if node.op_type != op_type or i not in on_trt:
+                if node.op_type != op_type or i not in on_trt or node.output[0] in claimed:
                     continue
                 try:
                     found = match(view, node)
@@ -70,7 +71,8 @@ class FusePlugins(Pass):
                 except NoMatch as why:
                     skipped[f"{key}: {why}"] += 1
                     continue
-                replacements[i] = _plugin_for(found, weights)
+                claimed |= getattr(found, "claimed", set())
+                replacements[i] = _plugin_for(found, weights, view)
                 fused[PLUGINS[key].plugin_id] += 1
                 add_function(comp.onnx, key)
         if replacements:
@@ -79,20 +81,31 @@ class FusePlugins(Pass):
                 "not_fused": dict(sorted(skipped.items()))}
 
 
-def _plugin_for(found, weights: list[onnx.TensorProto]) -> onnx.NodeProto:
+def _plugin_for(found, weights: list[onnx.TensorProto], view: GraphView) -> list[onnx.NodeProto]:
     anchor = found.anchor
     if isinstance(found, TokenSelectMatch):
-        return plugin_node(PLUGINS["token_select"], found.inputs, anchor.output[0], f"{anchor.name}/TokenSelect",
-                           **found.attributes)
+        return [plugin_node(PLUGINS["token_select"], found.inputs, anchor.output[0], f"{anchor.name}/TokenSelect",
+                            **found.attributes)]
     if isinstance(found, TokenSelectMergeMatch):
         positions = [numpy_helper.from_array(found.target_at.astype(np.int32), f"{anchor.name}.target_at"),
                      numpy_helper.from_array(found.merged_at.astype(np.int32), f"{anchor.name}.merged_at")]
         weights += positions
-        return plugin_node(PLUGINS["token_select_merge"], [*found.inputs, *(t.name for t in positions)],
-                           anchor.output[0], f"{anchor.name}/TokenSelectMerge", **found.attributes)
+        return _in_anchor_type(view, anchor, found.inputs[2], lambda out: plugin_node(
+            PLUGINS["token_select_merge"], [*found.inputs, *(t.name for t in positions)], out,
+            f"{anchor.name}/TokenSelectMerge", **found.attributes))
     pre = found.pre or _ones(found, weights)
-    return plugin_node(PLUGINS["int4_gemm"], [found.x, found.weight, found.scales, pre], anchor.output[0],
-                       f"{anchor.name}/Int4GroupGemm", group_size=found.group)
+    return [plugin_node(PLUGINS["int4_gemm"], [found.x, found.weight, found.scales, pre], anchor.output[0],
+                        f"{anchor.name}/Int4GroupGemm", group_size=found.group)]
+
+
+def _in_anchor_type(view: GraphView, anchor: onnx.NodeProto, features: str, make) -> list[onnx.NodeProto]:
+    """The plugin computes in the features' type; where cast_precision lowered the merge (its Concat is fp16 while
+    the features are fp32), a Cast gives the consumers the type they read."""
+    want, have = view.types.get(anchor.output[0]), view.types.get(features)
+    if want == have or want is None:
+        return [make(anchor.output[0])]
+    inner = f"{anchor.output[0]}__plugin"
+    return [make(inner), onnx.helper.make_node("Cast", [inner], [anchor.output[0]], name=f"{inner}_cast", to=want)]
 
 
 def _ones(found: Int4GemmMatch, weights: list[onnx.TensorProto]) -> str:
@@ -104,10 +117,11 @@ def _ones(found: Int4GemmMatch, weights: list[onnx.TensorProto]) -> str:
     return name
 
 
-def _rewrite(model: onnx.ModelProto, replacements: dict[int, onnx.NodeProto], weights: list[onnx.TensorProto]) -> None:
+def _rewrite(model: onnx.ModelProto, replacements: dict[int, list[onnx.NodeProto]],
+             weights: list[onnx.TensorProto]) -> None:
     """Put each plugin node where its anchor was, then drop what no longer feeds an output."""
     graph = model.graph
-    nodes = [replacements.get(i, n) for i, n in enumerate(graph.node)]
+    nodes = [m for i, n in enumerate(graph.node) for m in replacements.get(i, [n])]
     del graph.node[:]
     graph.node.extend(nodes)
     graph.initializer.extend(weights)

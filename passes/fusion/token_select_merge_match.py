@@ -32,12 +32,16 @@ class TokenSelectMergeMatch:
     target_at: np.ndarray
     merged_at: np.ndarray
     attributes: dict
+    claimed: set[str]  # first outputs of the nodes the plugin replaces
 
 
 def match_token_select_merge(view: GraphView, concat: onnx.NodeProto) -> TokenSelectMergeMatch:
-    first = view.made.get(concat.input[0]) if len(concat.input) == 2 else None
-    if attribute(concat, "axis", 0) != 1 or first is None or first.op_type != "GatherND":
+    if attribute(concat, "axis", 0) != 1 or len(concat.input) != 2:
         raise NotCandidate
+    try:
+        first = view.producer(concat.input[0], "GatherND", skip_casts=True)  # cast_precision may cast the rows
+    except NoMatch:
+        raise NotCandidate from None
     features = first.input[0]
     unsqueeze = _inner(view, first.input[1], "Unsqueeze")
     ascending = _inner(view, unsqueeze.input[0], "TopK")
@@ -59,7 +63,7 @@ def match_token_select_merge(view: GraphView, concat: onnx.NodeProto) -> TokenSe
     check(_ops(view, members) == _expected_ops(tokens, dominant + contextual, contextual, attributes["cls"]),
           "the merge branch is not token_prune's")
     return TokenSelectMergeMatch(concat, [q, k, features], target_at, merged_at,
-                                 {"keep": dominant + contextual, "contextual": contextual, **attributes})
+                                 {"keep": dominant + contextual, "contextual": contextual, **attributes}, members)
 
 
 def _closed_set(view: GraphView, anchor: onnx.NodeProto, sources: set[str]) -> set[str]:

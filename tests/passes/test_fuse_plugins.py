@@ -260,3 +260,26 @@ def test_token_select_with_visionzip_merge_fuses_and_runs_as_before():
 def test_token_select_merge_leaves_a_similarity_another_node_reads():
     fused, report = fuse(merge_graph(extra_output=True))
     assert report["fused"] == {} and any("outside the selection" in why or "graph output" in why for why in report["not_fused"])
+
+
+def test_token_select_merge_after_cast_precision_keeps_the_output_type():
+    """cast_precision lowers the merge to fp16 around fp32 features; the plugin computes in the features' type
+    and a Cast hands the consumers fp16 again (the fused result is the fp32 merge, rounded once)."""
+    from passes.precision.cast_precision import CastPrecision, CastPrecisionConfig
+
+    model, feeds = merge_graph(), token_feeds(np.random.default_rng())
+    model.graph.node.append(helper.make_node("MatMul", ["selected", "proj"], ["projected"]))
+    model.graph.initializer.append(numpy_helper.from_array(np.eye(DIM, dtype=np.float32), "proj"))
+    model.graph.output.append(tensor("projected", [N, KEEP, DIM]))
+    comp = component(model)
+    CastPrecision(CastPrecisionConfig(dtype="fp16"))._lower(comp)
+    lowered = onnx.ModelProto()
+    lowered.CopyFrom(comp.onnx)
+    before = run(lowered, feeds)[1]
+    fused, report = fuse(comp.onnx)
+    assert report["fused"] == {"mmtrt::TokenSelectMerge": 1}
+    assert any(n.op_type == "Cast" and n.input[0].endswith("__plugin") for n in fused.graph.node)
+    after = run(fused, feeds)[1]
+    reference = run(merge_graph(), feeds)[0]
+    np.testing.assert_allclose(after, reference, rtol=2e-3, atol=2e-3)  # fp32 merge, fp16 round trips
+    np.testing.assert_allclose(after, before, rtol=1e-2, atol=1e-2)
