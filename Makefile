@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_BUNDLE := out/tiny-llava.bundle
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench clean kernels
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,7 +18,7 @@ demo: $(STAMP)
 	$(BIN)/mmtrt inspect $(DEMO_BUNDLE)
 	$(BIN)/mmtrt run $(DEMO_BUNDLE) --image examples/sample.png --prompt "What is in the picture?" --max-new-tokens 16 --json
 
-test: $(STAMP) cpp
+test: $(STAMP) cpp kernels
 	$(BIN)/python -m pytest -q -p no:logging
 
 # The C++ runtime (mmtrt/runtime/cpp): build/cpp/mmtrt-run, libmmtrt.so; fetch_deps.sh installs what it needs.
@@ -36,6 +36,10 @@ cpp-asan: cpp
 	cmake --build build/cpp-asan
 	ctest --test-dir build/cpp-asan --output-on-failure
 	MMTRT_CPP_BUILD=build/cpp-asan MMTRT_CPP_SANITIZED=1 $(BIN)/python -m pytest -q -p no:logging tests/runtime/cpp
+
+# The plugin kernels' CPU twin, cubins and PTX into build/kernels/ (reused until a source or flag changes).
+kernels: $(STAMP)
+	$(BIN)/python -m mmtrt.kernels.build
 
 bench: $(STAMP)
 	$(BIN)/python scripts/bench_e2e.py

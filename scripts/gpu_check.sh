@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The GPU check, for a host with an NVIDIA GPU and TensorRT 11: compile the demo bundles (fp32 and fp16), build
+# The GPU check, for a host with an NVIDIA GPU and TensorRT 11: check the plugin kernels with CuPy, compile the demo bundles (fp32 and fp16), build
 # their engines (twice: the second build must find them up to date), compare every engine with ONNX Runtime
 # through Polygraphy, time both, print a table, then run the bundle end to end and the tests that need TensorRT.
 # NOT RUN YET: no machine of ours has TensorRT. Exits non-zero on the first failure.
@@ -11,6 +11,11 @@ cd "$(dirname "$0")/.."
 PY=${PYTHON:-.venv/bin/python}
 OUT=${OUT:-out/gpu_check}
 mkdir -p "$OUT"
+
+# The plugin kernels first: they need CuPy and a GPU, not TensorRT (KERNELS_ONLY=1 stops after them; CUBINS=DIR
+# takes prebuilt cubins, e.g. a bundle's plugins/ folder, on a host without nvcc).
+"$PY" scripts/gpu_kernel_check.py ${CUBINS:+--cubins "$CUBINS"}
+if [ "${KERNELS_ONLY:-0}" = 1 ]; then exit 0; fi
 
 "$PY" - <<'EOF'
 import tensorrt, torch

@@ -46,6 +46,7 @@ def describe(bundle: str | Path) -> str:
             lines.append(f"  {comp}.{name:<18} {prof['min']} / {prof['opt']} / {prof['max']}")
     lines += ["", "passes:"] + [f"  {i + 1}. {r['pass']} {json.dumps(r['config'])}: {_fmt_changes(r['changes'])}"
                                 for i, r in enumerate(m["passes"])] or ["  (none)"]
+    lines += _plugins(m)
     lines += ["", "artifacts:"] + [f"  {digest[:16]}  {name}" for name, digest in m["artifacts"].items()]
     if info["artifacts_modified"]:
         lines.append(f"WARNING: modified since compile: {', '.join(info['artifacts_modified'])}")
@@ -73,6 +74,25 @@ def _fallbacks(nodes: list[dict[str, Any]], limit: int = 8) -> list[str]:
     return lines
 
 
+def _plugin_nodes(nodes: list[dict[str, Any]], segment: str) -> list[str]:
+    """The segment's mmtrt plugin nodes (fuse_plugins), counted per plugin with the first names."""
+    by_plugin: dict[str, list[str]] = {}
+    for n in nodes:
+        if n["segment"] == segment and n["reason"].startswith("mmtrt plugin "):
+            by_plugin.setdefault(n["reason"].split()[2], []).append(n["name"])
+    return [f"    plugin {pid}: {len(names)} node(s), {', '.join(names[:3])}{' ...' if len(names) > 3 else ''}"
+            for pid, names in sorted(by_plugin.items())]
+
+
+def _plugins(manifest: dict[str, Any]) -> list[str]:
+    plugins = manifest.get("tensorrt", {}).get("plugins") or {}
+    lines = ["", "plugins (TensorRT, AOT):"] if plugins else []
+    for pid, e in sorted(plugins.items()):
+        lines.append(f"  {pid} v{e['version']} kernel {e['kernel']}_*: PTX {e['ptx_target']}, cubins "
+                     f"{', '.join(e['architectures'])}; {len(e['sha256'])} files, registration {e['registration']}")
+    return lines
+
+
 def describe_placement(bundle: str | Path) -> str:
     """Per component its segments (backend, size, boundary tensors) and why any node falls back."""
     m = read_manifest(Path(bundle))
@@ -93,6 +113,7 @@ def describe_placement(bundle: str | Path) -> str:
             lines.append(f"    out: {'; '.join(_tensor(t) for t in s['outputs'])}")
             if entry and entry["profile"] is None:
                 lines.append(f"    not buildable: {entry['unbuildable']}")
+            lines += _plugin_nodes(p["nodes"], s["id"])
         lines += _fallbacks(p["nodes"])
     llm = m.get("tensorrt_llm")
     if llm:

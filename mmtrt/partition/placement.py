@@ -18,6 +18,7 @@ import onnx
 from onnx import helper
 
 from mmtrt.backends.tensorrt.support import TABLE_SOURCE, GraphFacts, Verdict, check_node
+from mmtrt.kernels.catalog import plugin_of
 from mmtrt.recipe import PartitionPolicy
 
 TENSORRT, ONNXRUNTIME = "tensorrt", "onnxruntime"
@@ -63,13 +64,24 @@ class Placement:
             "nodes": [{"name": n.name or f"#{i}", "op": n.op_type, "backend": self.backend(i),
                        "segment": self.segment_id(where[i]),
                        "kind": None if self.verdicts[i] is None else self.verdicts[i].kind,
-                       "reason": SUPPORTED_REASON if self.verdicts[i] is None else self.verdicts[i].reason}
+                       "reason": self._supported(n) if self.verdicts[i] is None else self.verdicts[i].reason}
                       for i, n in enumerate(nodes)],
         }
+
+    @staticmethod
+    def _supported(node: onnx.NodeProto) -> str:
+        spec = plugin_of(node)
+        return SUPPORTED_REASON if spec is None else f"mmtrt plugin {spec.plugin_id} v{spec.version} (AOT kernel from the bundle)"
+
+    def plugins(self, segment: Segment) -> list[str]:
+        """The mmtrt plugins a segment's nodes call, as `mmtrt::Name`, sorted."""
+        names = {plugin_of(self.model.graph.node[i]) for i in segment.nodes}
+        return sorted(spec.plugin_id for spec in names if spec is not None)
 
     def _segment_json(self, s: Segment) -> dict[str, Any]:
         ops = Counter(self.model.graph.node[i].op_type for i in s.nodes)
         return {"id": self.segment_id(s), "backend": s.backend, "nodes": len(s.nodes), "ops": dict(sorted(ops.items())),
+                "plugins": self.plugins(s),
                 "inputs": [self.tensor_json(n) for n in s.inputs], "outputs": [self.tensor_json(n) for n in s.outputs]}
 
     def tensor_json(self, name: str) -> dict[str, Any]:
@@ -132,8 +144,8 @@ def place(model: onnx.ModelProto, component: str, targeted: bool, min_segment_si
     """Place every node of `model`; `targeted` is False when the recipe does not offer TensorRT this component."""
     facts = graph_facts(model)
     nodes = model.graph.node
-    if targeted:
-        verdicts = [check_node(n, facts) for n in nodes]
+    if targeted:  # an mmtrt plugin node is TensorRT's by construction: fuse_plugins made it from TensorRT nodes
+        verdicts = [None if plugin_of(n) else check_node(n, facts) for n in nodes]
     else:
         verdicts = [Verdict("policy", f"partition.{component} does not list tensorrt")] * len(nodes)
     while True:

@@ -33,10 +33,12 @@ def extract(placement: Placement, segment: Segment) -> onnx.ModelProto:
     weights = [t for t in graph.initializer if t.name in read]
     inside = ({o for n in nodes for o in n.output} | read) - set(segment.inputs) - set(segment.outputs)
     value_info = [v for v in graph.value_info if v.name in inside]
+    called = {(n.domain, n.op_type) for n in nodes}  # plugin nodes' decompositions (fuse_plugins)
     return helper.make_model(
         helper.make_graph(nodes, f"{placement.component}_{segment.index}", [_typed(placement, n) for n in segment.inputs],
                           [_typed(placement, n) for n in segment.outputs], weights, value_info=value_info),
-        opset_imports=placement.model.opset_import, ir_version=placement.model.ir_version)
+        opset_imports=placement.model.opset_import, ir_version=placement.model.ir_version,
+        functions=[f for f in placement.model.functions if (f.domain, f.name) in called])
 
 
 def _typed(placement: Placement, name: str) -> onnx.ValueInfoProto:

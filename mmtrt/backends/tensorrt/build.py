@@ -26,6 +26,7 @@ from mmtrt.backends.tensorrt.engines import (
 )
 from mmtrt.bundle.manifest import read_manifest, sha256_file
 from mmtrt.errors import UserError
+from mmtrt.kernels.bundle import register_plugins
 
 MISSING = "build-engines needs TensorRT on a GPU host; pip install mmtrt[tensorrt] there"
 
@@ -52,6 +53,7 @@ def build_engines(bundle: str | Path, only: list[str] | None = None, force: bool
     cache_path = bundle / timing_cache_file(target)
     logger = trt.Logger(trt.Logger.WARNING)
     trt.init_libnvinfer_plugins(logger, "")
+    register_plugins(bundle, manifest["tensorrt"].get("plugins", {}))  # mmtrt's own, checked against the manifest
     records = []
     for entry in entries:
         record = _build_one(trt, logger, bundle, entry, target, index, cache_path, force, log)

@@ -1,0 +1,64 @@
+"""The plugin files a bundle carries and their manifest entries (manifest `tensorrt.plugins`): per plugin its
+name, version, namespace, kernel, architectures and the sha256 of each file. The files are the PTX TensorRT's AOT
+interface compiles into the engine, the cubins (sm_80 to sm_90, for CUDA-level checks such as
+scripts/gpu_check.sh) and the registration module `mmtrt build-engines` imports. All are built from the committed
+sources by mmtrt.kernels.build, so the same recipe gives the same bytes."""
+
+from __future__ import annotations
+
+import importlib.util
+import shutil
+from pathlib import Path
+from typing import Any
+
+from mmtrt.bundle.manifest import sha256_file
+from mmtrt.errors import UserError
+from mmtrt.kernels import build
+from mmtrt.kernels.catalog import BY_NAME, NAMESPACE
+
+PLUGIN_DIR = "plugins"
+REGISTRATION = Path(__file__).with_name("registration.py")
+
+
+def write_plugins(folder: Path, plugin_ids: list[str]) -> dict[str, dict[str, Any]]:
+    """Copy the device code and the registration into folder/plugins; the manifest entry of every plugin used."""
+    if not plugin_ids:
+        return {}
+    device = build.device_code()
+    (folder / PLUGIN_DIR).mkdir(exist_ok=True)
+    files = []
+    for src in [device.ptx, *device.cubins.values(), REGISTRATION]:
+        shutil.copyfile(src, folder / PLUGIN_DIR / src.name)
+        files.append(f"{PLUGIN_DIR}/{src.name}")
+    digests = {name: sha256_file(folder / name) for name in files}
+    nvcc_version = build.tool_version(build.nvcc()).splitlines()[-1]
+    entries = {}
+    for plugin_id in sorted(set(plugin_ids)):
+        spec = BY_NAME[plugin_id.split("::", 1)[1]]
+        entries[plugin_id] = {
+            "name": spec.name, "version": spec.version, "namespace": NAMESPACE, "kernel": spec.kernel,
+            "attributes": list(spec.attributes), "architectures": list(build.ARCHS), "ptx_target": build.PTX_ARCH,
+            "ptx": f"{PLUGIN_DIR}/{device.ptx.name}", "cubins": {a: f"{PLUGIN_DIR}/{p.name}" for a, p in device.cubins.items()},
+            "registration": f"{PLUGIN_DIR}/{REGISTRATION.name}", "sha256": digests,
+            "sources_sha256": build.source_digest(), "nvcc": nvcc_version, "why": spec.why,
+        }
+    return entries
+
+
+def check_plugins(bundle: Path, plugins: dict[str, dict[str, Any]]) -> None:
+    """Every plugin file is present with the digest the manifest recorded."""
+    for plugin_id, entry in sorted(plugins.items()):
+        for name, digest in entry["sha256"].items():
+            path = bundle / name
+            if not path.is_file() or sha256_file(path) != digest:
+                raise UserError(f"plugin {plugin_id}: {name} is missing or modified since compile; recompile the "
+                                f"bundle (mmtrt compile) to rewrite it")
+
+
+def register_plugins(bundle: Path, plugins: dict[str, dict[str, Any]]) -> None:
+    """Check the files, then import the bundle's registration module, which registers the plugins with TensorRT."""
+    check_plugins(bundle, plugins)
+    for path in sorted({entry["registration"] for entry in plugins.values()}):
+        spec = importlib.util.spec_from_file_location(f"mmtrt_bundle_plugins_{abs(hash(str(bundle)))}", bundle / path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)

@@ -1,0 +1,147 @@
+"""fuse_plugins: replace patterns in the TensorRT segments by mmtrt's CUDA plugins (mmtrt/kernels).
+
+TensorRT runs token_prune's selection as a dozen small kernels plus a data-dependent gather (three dozen with
+VisionZip's merge), and an INT4 linear at
+decode as a dequantize into a full fp16 weight before a GEMM; one fused kernel each reads the inputs once (see the
+README's roofline). The pass places like the compiler does (mmtrt.partition.placement) and fuses only chains whose
+every node lies in a TensorRT segment, so ONNX Runtime segments keep their standard ops. A fused node carries its
+decomposition as a local function (passes/fusion/plugin_nodes.py): ONNX Runtime, and TensorRT without the plugin,
+still run it. Run it last: after token_prune, after awq_int4 with the TensorRT (DequantizeLinear) lowering and after
+cast_precision, whose casts the patterns see through.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from typing import Literal
+
+import numpy as np
+import onnx
+from onnx import numpy_helper
+from pydantic import Field
+
+from mmtrt.ir.graph import ModelIR
+from mmtrt.kernels.catalog import PLUGINS
+from mmtrt.partition.placement import TENSORRT, node_inputs, place_component
+from mmtrt.pipeline.pass_base import Pass, PassConfig
+from passes.fusion.graph_view import GraphView, NoMatch, NotCandidate
+from passes.fusion.int4_gemm_match import Int4GemmMatch, match_int4_gemm, np_type
+from passes.fusion.plugin_nodes import add_function, plugin_node
+from passes.fusion.token_select_match import TokenSelectMatch, match_token_select
+from passes.fusion.token_select_merge_match import TokenSelectMergeMatch, match_token_select_merge
+
+# recipe name -> (anchor op type, matcher, catalog key) per pattern it fuses
+ANCHORS = {
+    "token_select": [("Concat", match_token_select_merge, "token_select_merge"),
+                     ("GatherND", match_token_select, "token_select")],
+    "int4_gemm": [("MatMul", match_int4_gemm, "int4_gemm")],
+}
+
+
+class FusePluginsConfig(PassConfig):
+    plugins: list[Literal["token_select", "int4_gemm"]] = Field(
+        ["token_select", "int4_gemm"], min_length=1,
+        description="Plugins to fuse: `token_select` (token_prune's cls_attention selection, with or without merge: contextual, as one kernel) and `int4_gemm` (awq_int4's DequantizeLinear + MatMul, with AWQ's pre-quant Mul, as a W4A16 GEMV for batch 1 to 8).")
+
+
+class FusePlugins(Pass):
+    name = "fuse_plugins"
+    Config = FusePluginsConfig
+    components = ("vision", "llm")
+
+    def run(self, ir: ModelIR) -> dict:
+        return {name: self._fuse(ir.components[name]) for name in self.components if name in ir.components}
+
+    def _fuse(self, comp) -> dict:
+        placement = place_component(comp)
+        on_trt = {i for s in placement.segments if s.backend == TENSORRT for i in s.nodes}
+        view = GraphView(comp.onnx.graph, on_trt, placement.facts.types, placement.facts.shapes)
+        fused, skipped = Counter(), Counter()
+        replacements: dict[int, list[onnx.NodeProto]] = {}
+        weights: list[onnx.TensorProto] = []
+        claimed: set[str] = set()  # nodes a fused merge replaces: not candidates for the plain selection
+        for op_type, match, key in (a for name in self.config.plugins for a in ANCHORS[name]):
+            for i, node in enumerate(comp.onnx.graph.node):
+                if node.op_type != op_type or i not in on_trt or node.output[0] in claimed:
+                    continue
+                try:
+                    found = match(view, node)
+                except NotCandidate:
+                    continue
+                except NoMatch as why:
+                    skipped[f"{key}: {why}"] += 1
+                    continue
+                claimed |= getattr(found, "claimed", set())
+                replacements[i] = _plugin_for(found, weights, view)
+                fused[PLUGINS[key].plugin_id] += 1
+                add_function(comp.onnx, key)
+        if replacements:
+            _rewrite(comp.onnx, replacements, weights)
+        return {"tensorrt_nodes": len(on_trt), "fused": dict(sorted(fused.items())),
+                "not_fused": dict(sorted(skipped.items()))}
+
+
+def _plugin_for(found, weights: list[onnx.TensorProto], view: GraphView) -> list[onnx.NodeProto]:
+    anchor = found.anchor
+    if isinstance(found, TokenSelectMatch):
+        return [plugin_node(PLUGINS["token_select"], found.inputs, anchor.output[0], f"{anchor.name}/TokenSelect",
+                            **found.attributes)]
+    if isinstance(found, TokenSelectMergeMatch):
+        positions = [numpy_helper.from_array(found.target_at.astype(np.int32), f"{anchor.name}.target_at"),
+                     numpy_helper.from_array(found.merged_at.astype(np.int32), f"{anchor.name}.merged_at")]
+        weights += positions
+        return _in_anchor_type(view, anchor, found.inputs[2], lambda out: plugin_node(
+            PLUGINS["token_select_merge"], [*found.inputs, *(t.name for t in positions)], out,
+            f"{anchor.name}/TokenSelectMerge", **found.attributes))
+    pre = found.pre or _ones(found, weights)
+    return [plugin_node(PLUGINS["int4_gemm"], [found.x, found.weight, found.scales, pre], anchor.output[0],
+                        f"{anchor.name}/Int4GroupGemm", group_size=found.group)]
+
+
+def _in_anchor_type(view: GraphView, anchor: onnx.NodeProto, features: str, make) -> list[onnx.NodeProto]:
+    """The plugin computes in the features' type; where cast_precision lowered the merge (its Concat is fp16 while
+    the features are fp32), a Cast gives the consumers the type they read."""
+    want, have = view.types.get(anchor.output[0]), view.types.get(features)
+    if want == have or want is None:
+        return [make(anchor.output[0])]
+    inner = f"{anchor.output[0]}__plugin"
+    return [make(inner), onnx.helper.make_node("Cast", [inner], [anchor.output[0]], name=f"{inner}_cast", to=want)]
+
+
+def _ones(found: Int4GemmMatch, weights: list[onnx.TensorProto]) -> str:
+    """The pre-quant scale of a linear without one: ones [K], one per size and type (the kernel always scales)."""
+    dtype = np_type(found.dtype)
+    name = f"fuse_plugins.ones.k{found.k}.{np.dtype(dtype).name}"
+    if not any(t.name == name for t in weights):
+        weights.append(numpy_helper.from_array(np.ones(found.k, dtype), name))
+    return name
+
+
+def _rewrite(model: onnx.ModelProto, replacements: dict[int, list[onnx.NodeProto]],
+             weights: list[onnx.TensorProto]) -> None:
+    """Put each plugin node where its anchor was, then drop what no longer feeds an output."""
+    graph = model.graph
+    nodes = [m for i, n in enumerate(graph.node) for m in replacements.get(i, [n])]
+    del graph.node[:]
+    graph.node.extend(nodes)
+    graph.initializer.extend(weights)
+    _drop_dead(graph)
+
+
+def _drop_dead(graph: onnx.GraphProto) -> None:
+    """Nodes whose outputs nothing reads (in reverse topological order), then unread initializers."""
+    needed = {o.name for o in graph.output}
+    kept = []
+    for node in reversed(graph.node):
+        if any(o in needed for o in node.output):
+            kept.append(node)
+            needed.update(node_inputs(node))
+    del graph.node[:]
+    graph.node.extend(reversed(kept))
+    inits = [t for t in graph.initializer if t.name in needed]
+    del graph.initializer[:]
+    graph.initializer.extend(inits)
+    made = {o for n in graph.node for o in n.output}
+    infos = [v for v in graph.value_info if v.name in needed or v.name in made]
+    del graph.value_info[:]
+    graph.value_info.extend(infos)
