@@ -18,7 +18,12 @@ demo: $(STAMP)
 	$(BIN)/mmtrt inspect $(DEMO_BUNDLE)
 	$(BIN)/mmtrt run $(DEMO_BUNDLE) --image examples/sample.png --prompt "What is in the picture?" --max-new-tokens 16 --json
 
-test: $(STAMP)
+# headless Chromium for the `mmtrt profile` report test (Debian package); the test skips where it cannot be had
+browser:
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -qq chromium >/dev/null; } || echo "chromium could not be installed: the report's browser test skips"
+
+test: $(STAMP) browser
 	$(BIN)/python -m pytest -q -p no:logging
 
 bench: $(STAMP)

@@ -32,9 +32,9 @@ def _mib(n: int | None) -> float | None:
 def _bundle(k: int, r: dict[str, Any], pictures: list[str]) -> str:
     first = r["batches"][0]
     stage_rows = [[name, v["median"], v["p25"], v["p75"], 100 * v["share"], _mib(v["peak_rss_bytes"]),
-                   _mib(v["kv_bytes"])] for name, v in first["stages"].items() if v]
+                   _mib(v["rss_growth_bytes"]), _mib(v["kv_bytes"])] for name, v in first["stages"].items() if v]
     stage_rows.append(["request (wall)", first["wall_ms"]["median"], first["wall_ms"]["p25"],
-                       first["wall_ms"]["p75"], 100.0, None, None])
+                       first["wall_ms"]["p75"], 100.0, None, None, None])
     batch_rows = [[row["batch"], row["wall_ms"]["median"], row["requests_per_s"], row["tokens_per_s"],
                    row["decode_ms_per_token"]] for row in r["batches"]]
     layer_rows = [[comp, agg["graph_nodes"], agg["graph_nodes_run"], agg["ort_nodes"], agg["total_us"] / 1e3,
@@ -49,7 +49,8 @@ def _bundle(k: int, r: dict[str, Any], pictures: list[str]) -> str:
     return (f"<h2 id='b{k}'>{escape(r['bundle'])}</h2><p>sha256 {escape(r['bundle_sha256'][:16])}, backends "
             f"{escape(', '.join(f'{c}: {b}' for c, b in r['backends'].items()))}</p>"
             "<h3>Stages (batch 1)</h3>"
-            + _table(["stage", "median ms", "p25", "p75", "share %", "peak RSS MiB", "KV MiB"], stage_rows)
+            + _table(["stage", "median ms", "p25", "p75", "share %", "peak RSS MiB", "RSS rise MiB", "KV MiB"],
+                     stage_rows)
             + "<h3>Batch sizes</h3>"
             + _table(["batch", "request ms", "requests/s", "tokens/s", "decode ms/token"], batch_rows)
             + "<h3>Layers and ops (ONNX Runtime profiler)</h3>"

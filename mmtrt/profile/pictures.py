@@ -100,7 +100,7 @@ def saliency_overlay(pixels: np.ndarray, scores: list[float], kept: dict[float, 
         ax.imshow(image)
         ax.imshow(mask.reshape(side, side), cmap="gray", alpha=0.55, extent=extent, interpolation="nearest",
                   vmin=0, vmax=1)
-        ax.set_title(f"token_prune keep {keep}: {len(patches)} patches", fontsize=9)
+        ax.set_title(f"token_prune keep {keep}: {len(patches)} kept (light)", fontsize=9)
     for ax in axes:
         ax.set_xticks([])
         ax.set_yticks([])

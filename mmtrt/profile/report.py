@@ -82,9 +82,12 @@ def suggestions(result: dict[str, Any]) -> list[str]:
     top = max((s for s, v in first["stages"].items() if v), key=lambda s: first["stages"][s]["share"])
     out.append(f"{top} is {100 * first['stages'][top]['share']:.0f} % of a request at batch {first['batch']}")
     for comp in ("vision", "llm"):
+        group = _kv_group_size(result["model"][comp]) if comp == "llm" else 1
         for layer, a, b, cos in redundant_pairs(result["heads"][comp])[:3]:
-            out.append(f"heads {a} and {b} of {comp} layer {layer} are redundant (output cosine {cos:.2f}): "
-                       "channel_prune removes heads")
+            shared = group > 1 and a // group == b // group
+            out.append(f"heads {a} and {b} of {comp} layer {layer} are redundant (output cosine {cos:.2f})"
+                       + (": they share a KV group, which channel_prune removes only whole" if shared
+                          else ": channel_prune removes heads"))
     keeps = {row["keep"]: row for row in result["prefill_keeps"]}
     share = first["image_tokens"] / first["prompt_tokens"]
     full = keeps[1.0]["prefill_ms"]
@@ -92,12 +95,22 @@ def suggestions(result: dict[str, Any]) -> list[str]:
         out.append(f"{100 * share:.0f} % of prefill tokens are image tokens: token_prune keep {keep} would cut "
                    f"prefill from {full:.1f} ms to about {keeps[keep]['prefill_ms']:.1f} ms "
                    f"(measured at {keeps[keep]['sequence']} tokens)")
+    for comp, agg in result["trace"]["components"].items():
+        bucket, us = max(agg["per_layer_us"].items(), key=lambda kv: kv[1])
+        if len(agg["per_layer_us"]) > 2 and ".layers." not in bucket:
+            out.append(f"{bucket} is {100 * us / agg['total_us']:.0f} % of the {comp} kernel time"
+                       + (" (logits at every prefill position; decoding reads only the last)"
+                          if bucket.endswith("lm_head") else ""))
     llm = result["trace"]["components"].get("llm")
     if llm:
         op, us = next(iter(llm["per_op_us"].items()))
         out.append(f"{op} is {100 * us / llm['total_us']:.0f} % of the LLM's kernel time"
                    + (": awq_int4 lowers its linears to INT4" if op == "MatMul" else ""))
     return out
+
+
+def _kv_group_size(llm: dict[str, Any]) -> int:
+    return llm["num_heads"] // llm["num_kv_heads"]
 
 
 def stage_ratios(results: list[dict[str, Any]]) -> dict[str, list[float | None]]:

@@ -4,8 +4,9 @@ A request is the runtime's own steps (`Pipeline.prompt_ids`, `pixel_values`, `im
 the tokenizer's decode), each timed alone: tokenise, preprocess, vision (encoder and projector: one graph, split
 afterwards by the ORT trace's kernel-time shares), embedding and merge, prefill, decode (every step after the
 first token, with its argmax and token embedding) and detokenise. Every stage also records the peak resident
-memory while it ran (Linux: `/proc/self/clear_refs` resets the high-water mark, `VmHWM` reads it) and the KV cache
-bytes it holds. The stages cover the request end to end, so their sum is its wall time less the few Python
+memory while it ran (Linux: `/proc/self/clear_refs` resets the high-water mark, `VmHWM` reads it), how far that
+peak rose above the resident memory at the stage's start, and the KV cache bytes it holds. After the warm-up
+ONNX Runtime's arenas and the allocator reuse their memory, so the rise is what a stage needs beyond that. The stages cover the request end to end, so their sum is its wall time less the few Python
 statements between them.
 
 Batch B runs the same graphs with B copies of the image and prompt, through `Pipeline.step`'s batch dimension;
@@ -37,14 +38,22 @@ def peak_rss_reset() -> None:
         pass
 
 
-def peak_rss_bytes() -> int | None:
+def _status_bytes(field: str) -> int | None:
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
+            if line.startswith(field):
                 return int(line.split()[1]) * 1024
     except OSError:
         pass
     return None
+
+
+def peak_rss_bytes() -> int | None:
+    return _status_bytes("VmHWM:")
+
+
+def rss_bytes() -> int | None:
+    return _status_bytes("VmRSS:")
 
 
 class Clock:
@@ -53,14 +62,17 @@ class Clock:
     def __init__(self):
         self.ms: dict[str, float] = {}
         self.rss: dict[str, int | None] = {}
+        self.growth: dict[str, int | None] = {}
         self.kv: dict[str, int] = {}
 
     @contextmanager
     def __call__(self, stage: str):
         start = time.perf_counter()
         peak_rss_reset()
+        before = rss_bytes()
         yield
-        self.rss[stage] = peak_rss_bytes()
+        self.rss[stage] = peak = peak_rss_bytes()
+        self.growth[stage] = None if peak is None or before is None else peak - before
         self.ms[stage] = 1e3 * (time.perf_counter() - start)
 
 
@@ -93,7 +105,7 @@ def request(pipe, image, prompt: str, new_tokens: int, batch: int = 1) -> dict[s
         rows = np.stack(generated, axis=1)
         texts = [pipe.tokenizer.decode(row.tolist(), skip_special_tokens=True) for row in rows]
     wall = 1e3 * (time.perf_counter() - start)
-    return {"ms": clock.ms, "wall_ms": wall, "peak_rss_bytes": clock.rss, "kv_bytes": clock.kv,
+    return {"ms": clock.ms, "wall_ms": wall, "peak_rss_bytes": clock.rss, "rss_growth_bytes": clock.growth, "kv_bytes": clock.kv,
             "prompt_tokens": int(ids.shape[1]), "new_tokens": new_tokens, "batch": batch, "text": texts[0]}
 
 
@@ -126,6 +138,7 @@ def measure(pipe, image, prompt: str, new_tokens: int, batch: int, rounds: int) 
     for s, v in stages.items():
         v["share"] = v["median"] / total
         v["peak_rss_bytes"] = max((r["peak_rss_bytes"][s] or 0) for r in runs) or None
+        v["rss_growth_bytes"] = max((r["rss_growth_bytes"][s] or 0) for r in runs)
         v["kv_bytes"] = runs[-1]["kv_bytes"].get(s, 0)
     wall = summarise([r["wall_ms"] for r in runs])
     steps = new_tokens - 1

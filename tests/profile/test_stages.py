@@ -34,13 +34,16 @@ def test_kv_bytes_per_stage_are_the_cache_the_model_facts_give(pipe, rng):
     assert all(v is None or v > 0 for v in r["peak_rss_bytes"].values())
 
 
-def test_peak_rss_sees_a_stage_allocation():
-    stages.peak_rss_reset()
-    before = stages.peak_rss_bytes()
-    block = np.ones(64 * 2**20 // 8)
-    block.sum()
-    del block
-    assert stages.peak_rss_bytes() - before >= 60 * 2**20
+def test_peak_rss_is_reset_between_stages_and_sees_a_stage_allocation():
+    big = np.ones(256 * 2**20 // 8)
+    old_peak = stages.peak_rss_bytes()
+    del big
+    clock = stages.Clock()
+    with clock("small"):
+        block = np.ones(64 * 2**20 // 8)
+        del block
+    assert clock.rss["small"] < old_peak - 150 * 2**20
+    assert clock.growth["small"] >= 60 * 2**20
 
 
 def test_measure_splits_vision_and_reports_throughput(pipe, rng):
