@@ -1,9 +1,10 @@
 """`mmtrt profile`: every measurement of one or more bundles, the suggestions they support, and the report folder.
 
-Order of work per bundle: the ORT trace (which also splits the vision stage into encoder and projector and
-measures the profiler's overhead), the stage rounds at each batch size, the context sweep, the prefill with
-thinned image tokens, then the heads on one request. Bundles are profiled one after another with one thread and
-spinning off (the machine may be shared); the report puts later bundles beside the first as ratios per stage.
+Order of work: every bundle is loaded; per bundle the ORT trace (which also gives the projector's share of the
+vision kernel time, to split the vision stage, and measures the profiler's overhead); the stage rounds at each
+batch size, alternating between the bundles round by round; then per bundle the context sweep, the prefill with
+thinned image tokens and the heads on one request. One thread, spinning off (the machine may be shared); the
+report puts later bundles beside the first as ratios per stage.
 """
 
 from __future__ import annotations
@@ -24,40 +25,50 @@ KEEPS = (1.0, 0.5, 0.25)
 REDUNDANT = 0.9
 
 
-def profile_bundle(path: Path, image, prompt: str, batches: list[int], contexts: list[int], rounds: int,
-                   new_tokens: int, threads: int = 1) -> dict[str, Any]:
+def profile_bundles(paths: list[Path], image, prompt: str, batches: list[int], contexts: list[int], rounds: int,
+                    new_tokens: int, threads: int = 1) -> list[dict[str, Any]]:
+    """Every measurement of every bundle; the stage rounds alternate between the bundles."""
     from mmtrt.runtime import load
 
-    with stage(f"loading {path}"):
-        pipe = load(path, threads=threads, spin=False)
+    with stage("loading " + ", ".join(map(str, paths))):
+        pipes = [load(path, threads=threads, spin=False) for path in paths]
+    for pipe in pipes:
+        for batch in batches:
+            stages.check_request(pipe, batch, new_tokens)
+    results = [_traced(pipe, image, prompt, new_tokens, rounds, threads) for pipe in pipes]
     for batch in batches:
-        stages.check_request(pipe, batch, new_tokens)
+        for result, row in zip(results, stages.measure(pipes, image, prompt, new_tokens, batch, rounds)):
+            stages.split_vision(row["stages"], result["projector_share"])
+            result["batches"].append(row)
+    for pipe, result in zip(pipes, results):
+        _shapes_and_heads(pipe, result, image, prompt, contexts, rounds, threads)
+        result["suggestions"] = suggestions(result)
+    return results
+
+
+def _traced(pipe, image, prompt: str, new_tokens: int, rounds: int, threads: int) -> dict[str, Any]:
     one = partial(stages.request, image=image, prompt=prompt, new_tokens=new_tokens, batch=1)
-    with stage("ONNX Runtime profiler"):
+    with stage(f"ONNX Runtime profiler on {pipe.path}"):
         traced = trace.profile_request(pipe, one, rounds=max(2, rounds // 2), threads=threads)
     vision = traced["components"].get("vision")
-    share = vision["per_layer_us"].get("vision.projector", 0) / vision["total_us"] if vision else None
-    by_batch = [stages.measure(pipe, image, prompt, new_tokens, b, rounds) for b in batches]
-    for row in by_batch:
-        stages.split_vision(row["stages"], share)
+    return {
+        "bundle": str(pipe.path), "bundle_sha256": pipe.hash, "backends": pipe.backends, "prompt": prompt,
+        "model": {"vision": pipe.model["vision"], "llm": pipe.model["llm"]}, "batches": [], "trace": traced,
+        "profiler_overhead": _overhead(traced["wall_ms"]),
+        "projector_share": vision["per_layer_us"].get("vision.projector", 0) / vision["total_us"] if vision else None,
+    }
+
+
+def _shapes_and_heads(pipe, result: dict[str, Any], image, prompt: str, contexts: list[int], rounds: int,
+                      threads: int) -> None:
     ids = np.array([pipe.prompt_ids(prompt)], np.int64)
     pixels = pipe.pixel_values(image)
     embeds = pipe.embed(ids, pipe.image_features(pixels))
-    with stage("heads and tokens"):
-        analysis = heads_mod.analyse(pipe, pixels, ids, threads)
-    result = {
-        "bundle": str(path), "bundle_sha256": pipe.hash, "backends": pipe.backends, "prompt": prompt,
-        "model": {"vision": pipe.model["vision"], "llm": pipe.model["llm"]},
-        "batches": by_batch,
-        "trace": traced,
-        "profiler_overhead": _overhead(traced["wall_ms"]),
-        "context": sweeps.context_sweep(pipe, contexts, rounds, np.random.default_rng(0)),
-        "prefill_keeps": sweeps.prefill_at_keeps(pipe, embeds, ids, KEEPS, rounds),
-        "heads": analysis,
-        "pixels": pixels,
-    }
-    result["suggestions"] = suggestions(result)
-    return result
+    result["context"] = sweeps.context_sweep(pipe, contexts, rounds, np.random.default_rng(0))
+    result["prefill_keeps"] = sweeps.prefill_at_keeps(pipe, embeds, ids, KEEPS, rounds)
+    with stage(f"heads and tokens of {pipe.path}"):
+        result["heads"] = heads_mod.analyse(pipe, pixels, ids, threads)
+    result["pixels"] = pixels
 
 
 def _overhead(walls: dict[str, list[float]]) -> dict[str, float]:
@@ -163,8 +174,8 @@ def run(bundles: list[Path], image, prompt: str, batches: list[int], contexts: l
             raise UserError(f"{b} is not a bundle (no manifest.json); pass a folder written by `mmtrt compile`")
     if out.exists() and not out.is_dir():
         raise UserError(f"{out} exists and is not a folder; pass another -o")
-    results = [profile_bundle(Path(b), image, prompt, batches, contexts, rounds, new_tokens, threads)
-               for b in bundles]
+    results = profile_bundles([Path(b) for b in bundles], image, prompt, batches, contexts, rounds, new_tokens,
+                              threads)
     out.mkdir(parents=True, exist_ok=True)
     files = write_pictures(results, out)
     for k, r in enumerate(results):

@@ -127,12 +127,20 @@ def summarise(samples: list[float]) -> dict[str, float]:
             "min": min(samples), "max": max(samples), "rounds": len(samples)}
 
 
-def measure(pipe, image, prompt: str, new_tokens: int, batch: int, rounds: int) -> dict[str, Any]:
-    """`rounds` requests after one warm-up: per stage the median and spread, its share, peak memory."""
-    check_request(pipe, batch, new_tokens)
-    request(pipe, image, prompt, new_tokens, batch)
-    runs = [request(pipe, image, prompt, new_tokens, batch)
-            for _ in track(range(rounds), f"batch {batch}", total=rounds)]
+def measure(pipes: list, image, prompt: str, new_tokens: int, batch: int, rounds: int) -> list[dict[str, Any]]:
+    """Per pipeline, `rounds` requests after one warm-up, the pipelines alternating round by round (A B A B) so
+    a shared machine's noise falls on all alike: per stage the median and spread, its share, peak memory."""
+    for pipe in pipes:
+        check_request(pipe, batch, new_tokens)
+        request(pipe, image, prompt, new_tokens, batch)
+    runs: list[list[dict[str, Any]]] = [[] for _ in pipes]
+    for _ in track(range(rounds), f"batch {batch}", total=rounds):
+        for pipe, out in zip(pipes, runs):
+            out.append(request(pipe, image, prompt, new_tokens, batch))
+    return [_summary(pipe, r, new_tokens, batch) for pipe, r in zip(pipes, runs)]
+
+
+def _summary(pipe, runs: list[dict[str, Any]], new_tokens: int, batch: int) -> dict[str, Any]:
     stages = {s: summarise([r["ms"][s] for r in runs]) for s in STAGES}
     total = sum(v["median"] for v in stages.values())
     for s, v in stages.items():
