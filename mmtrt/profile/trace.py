@@ -92,7 +92,8 @@ def after_warmup(events: list[dict[str, Any]], requests: int) -> list[dict[str, 
 def aggregate(events: list[dict[str, Any]], model: onnx.ModelProto, component: str,
               requests: int = 1) -> dict[str, Any]:
     """Kernel time (µs per request: summed over the trace, divided by `requests`) per layer bucket, op type and
-    node. Every kernel event lands in exactly one bucket."""
+    node; every kernel event lands in exactly one bucket. Also the peak of the bytes the session's allocator held
+    in use (the trace's `mem_in_use_peak`)."""
     buckets, order = layer_buckets(model, component)
     per_layer: dict[str, float] = defaultdict(float)
     per_op: dict[str, float] = defaultdict(float)
@@ -109,7 +110,9 @@ def aggregate(events: list[dict[str, Any]], model: onnx.ModelProto, component: s
         entry["us"] += us
         entry["calls"] += 1
     ran = {n.split("/")[0] for n in per_node}
+    peak = max((int(e["args"].get("mem_in_use_peak", 0)) for e in kernel_events(events)), default=0)
     return {
+        "arena_peak_bytes": peak,
         "total_us": float(sum(per_layer.values())),
         "per_layer_us": {b: per_layer[b] for b in order if b in per_layer},
         "per_op_us": dict(sorted(per_op.items(), key=lambda kv: -kv[1])),

@@ -55,6 +55,8 @@ def test_shipping_trace_sums_to_the_kernels_and_uses_the_pass_layer_names(tiny_b
     assert layers <= set(llm["per_layer_us"]) and "llm.lm_head" in llm["per_layer_us"]
     assert "vision.projector" in out["components"]["vision"]["per_layer_us"]
     assert len(out["wall_ms"]["plain"]) == len(out["wall_ms"]["profiled"]) == ROUNDS
+    peaks = [int(e["args"]["mem_in_use_peak"]) for e in kernels]
+    assert llm["arena_peak_bytes"] == max(peaks) > 0
 
 
 def test_after_warmup_keeps_the_later_requests_runs(tiny_bundle, rng):
