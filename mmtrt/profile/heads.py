@@ -4,8 +4,9 @@ The numbers come from the bundle's own graphs, not the source model, so they des
 dead_layer_elimination, token_prune, awq_int4 or channel_prune). A probe copy of each graph exposes, for every
 ONNX `Attention` node, its output per head (`Y`, [batch, heads, seq, head_dim]) and its attention probabilities
 (the op's optional `qk_matmul_output` with `qk_matmul_output_mode` 3: after the softmax), as extra graph
-outputs; the copy is built in memory (ONNX Runtime refuses external data outside a model's folder). A graph whose attention is not the ONNX op has no
-head analysis, and says so.
+outputs. The copy is built in memory (ONNX Runtime refuses external data outside a model's folder). A graph
+whose attention is not the ONNX op has no head analysis, and says so. Why the bundle and not the source model:
+it is what ships, after every pass, and it needs no checkpoint on the profiling host.
 
 - entropy: per head, the mean over query rows of -sum p log p (nats) of its attention probabilities;
 - redundancy: per layer, the cosine similarity between every two heads' outputs over all tokens and channels;

@@ -33,6 +33,9 @@ def _bundle(k: int, r: dict[str, Any], pictures: list[str]) -> str:
     first = r["batches"][0]
     stage_rows = [[name, v["median"], v["p25"], v["p75"], 100 * v["share"], _mib(v["peak_rss_bytes"]),
                    _mib(v["rss_growth_bytes"]), _mib(v["kv_bytes"])] for name, v in first["stages"].items() if v]
+    stage_rows.insert(next(i for i, row in enumerate(stage_rows) if row[0] == "decode") + 1,
+                      [f"decode per token ({first['new_tokens'] - 1} steps)", first["decode_ms_per_token"], None, None,
+                       None, None, None, None])
     stage_rows.append(["request (wall)", first["wall_ms"]["median"], first["wall_ms"]["p25"],
                        first["wall_ms"]["p75"], 100.0, None, None, None])
     batch_rows = [[row["batch"], row["wall_ms"]["median"], row["requests_per_s"], row["tokens_per_s"],

@@ -49,7 +49,7 @@ def profile_bundles(paths: list[Path], image, prompt: str, batches: list[int], c
 def _traced(pipe, image, prompt: str, new_tokens: int, rounds: int, threads: int) -> dict[str, Any]:
     one = partial(stages.request, image=image, prompt=prompt, new_tokens=new_tokens, batch=1)
     with stage(f"ONNX Runtime profiler on {pipe.path}"):
-        traced = trace.profile_request(pipe, one, rounds=max(2, rounds // 2), threads=threads)
+        traced = trace.profile_request(pipe, one, rounds=max(2, rounds), threads=threads)
     vision = traced["components"].get("vision")
     return {
         "bundle": str(pipe.path), "bundle_sha256": pipe.hash, "backends": pipe.backends, "prompt": prompt,
@@ -203,6 +203,8 @@ def format_text(report: dict[str, Any]) -> str:
             if v:
                 lines.append(f"  {name:15s} {v['median']:9.2f} ms  [{v['p25']:.2f}..{v['p75']:.2f}]  "
                              f"{100 * v['share']:5.1f} %")
+        lines.append(f"  {'  per token':15s} {first['decode_ms_per_token']:9.2f} ms  "
+                     f"({first['new_tokens'] - 1} decode steps)")
         lines.append(f"  {'request':15s} {first['wall_ms']['median']:9.2f} ms")
         for row in r["batches"]:
             lines.append(f"  batch {row['batch']}: {row['requests_per_s']:.2f} requests/s, "

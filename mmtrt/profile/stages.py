@@ -6,8 +6,8 @@ afterwards by the ORT trace's kernel-time shares), embedding and merge, prefill,
 first token, with its argmax and token embedding) and detokenise. Every stage also records the peak resident
 memory while it ran (Linux: `/proc/self/clear_refs` resets the high-water mark, `VmHWM` reads it), how far that
 peak rose above the resident memory at the stage's start, and the KV cache bytes it holds. After the warm-up
-ONNX Runtime's arenas and the allocator reuse their memory, so the rise is what a stage needs beyond that. The stages cover the request end to end, so their sum is its wall time less the few Python
-statements between them.
+ONNX Runtime's arenas and the allocator reuse their memory, so the rise is what a stage needs beyond that. The
+stages cover the request end to end, so their sum is its wall time less the few Python statements between them.
 
 Batch B runs the same graphs with B copies of the image and prompt, through `Pipeline.step`'s batch dimension;
 a runtime with batched generation (`Pipeline.generate_batch`, several prompts) would replace `request` here.
@@ -105,8 +105,8 @@ def request(pipe, image, prompt: str, new_tokens: int, batch: int = 1) -> dict[s
         rows = np.stack(generated, axis=1)
         texts = [pipe.tokenizer.decode(row.tolist(), skip_special_tokens=True) for row in rows]
     wall = 1e3 * (time.perf_counter() - start)
-    return {"ms": clock.ms, "wall_ms": wall, "peak_rss_bytes": clock.rss, "rss_growth_bytes": clock.growth, "kv_bytes": clock.kv,
-            "prompt_tokens": int(ids.shape[1]), "new_tokens": new_tokens, "batch": batch, "text": texts[0]}
+    return {"ms": clock.ms, "wall_ms": wall, "peak_rss_bytes": clock.rss, "rss_growth_bytes": clock.growth,
+            "kv_bytes": clock.kv, "prompt_tokens": int(ids.shape[1]), "new_tokens": new_tokens, "batch": batch, "text": texts[0]}
 
 
 def check_request(pipe, batch: int, new_tokens: int) -> None:
