@@ -55,7 +55,7 @@ def _traced(pipe, image, prompt: str, new_tokens: int, rounds: int, threads: int
         "bundle": str(pipe.path), "bundle_sha256": pipe.hash, "backends": pipe.backends, "prompt": prompt,
         "model": {"vision": pipe.model["vision"], "llm": pipe.model["llm"]}, "batches": [], "trace": traced,
         "profiler_overhead": _overhead(traced["wall_ms"]),
-        "projector_share": vision["per_layer_us"].get("vision.projector", 0) / vision["total_us"] if vision else None,
+        "projector_share": _share(vision, "vision.projector") if vision else None,
     }
 
 
@@ -69,6 +69,11 @@ def _shapes_and_heads(pipe, result: dict[str, Any], image, prompt: str, contexts
     with stage(f"heads and tokens of {pipe.path}"):
         result["heads"] = heads_mod.analyse(pipe, pixels, ids, threads)
     result["pixels"] = pixels
+
+
+def _share(agg: dict[str, Any], bucket: str) -> float:
+    """A layer bucket's share of a graph's kernel time (medians over the profiled requests)."""
+    return agg["per_layer_median_us"].get(bucket, 0) / sum(agg["per_layer_median_us"].values())
 
 
 def _overhead(walls: dict[str, list[float]]) -> dict[str, float]:
@@ -107,15 +112,15 @@ def suggestions(result: dict[str, Any]) -> list[str]:
                    f"prefill from {full:.1f} ms to about {keeps[keep]['prefill_ms']:.1f} ms "
                    f"(measured at {keeps[keep]['sequence']} tokens)")
     for comp, agg in result["trace"]["components"].items():
-        bucket, us = max(agg["per_layer_us"].items(), key=lambda kv: kv[1])
-        if len(agg["per_layer_us"]) > 2 and ".layers." not in bucket:
-            out.append(f"{bucket} is {100 * us / agg['total_us']:.0f} % of the {comp} kernel time"
+        bucket = max(agg["per_layer_median_us"], key=agg["per_layer_median_us"].get)
+        if len(agg["per_layer_median_us"]) > 2 and ".layers." not in bucket:
+            out.append(f"{bucket} is {100 * _share(agg, bucket):.0f} % of the {comp} kernel time"
                        + (" (logits at every prefill position; decoding reads only the last)"
                           if bucket.endswith("lm_head") else ""))
     llm = result["trace"]["components"].get("llm")
     if llm:
-        op, us = next(iter(llm["per_op_us"].items()))
-        out.append(f"{op} is {100 * us / llm['total_us']:.0f} % of the LLM's kernel time"
+        op, us = next(iter(llm["per_op_median_us"].items()))
+        out.append(f"{op} is {100 * us / sum(llm['per_op_median_us'].values()):.0f} % of the LLM's kernel time"
                    + (": awq_int4 lowers its linears to INT4" if op == "MatMul" else ""))
     return out
 

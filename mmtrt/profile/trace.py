@@ -17,6 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import onnx
 import onnxruntime as ort
 
@@ -91,36 +92,53 @@ def after_warmup(events: list[dict[str, Any]], requests: int) -> list[dict[str, 
 
 def aggregate(events: list[dict[str, Any]], model: onnx.ModelProto, component: str,
               requests: int = 1) -> dict[str, Any]:
-    """Kernel time (µs per request: summed over the trace, divided by `requests`) per layer bucket, op type and
-    node; every kernel event lands in exactly one bucket. Also the peak of the bytes the session's allocator held
-    in use (the trace's `mem_in_use_peak`)."""
+    """Kernel time in µs per request per layer bucket, op type and node, two ways: `*_us` sums the trace over the
+    requests and divides (every kernel event lands in exactly one bucket), `*_median_us` takes per node and call
+    position the median over the requests, so a kernel the OS preempted once does not count. Also the peak of
+    the bytes the session's allocator held in use (the trace's `mem_in_use_peak`)."""
     buckets, order = layer_buckets(model, component)
-    per_layer: dict[str, float] = defaultdict(float)
-    per_op: dict[str, float] = defaultdict(float)
     per_node: dict[str, dict[str, Any]] = {}
+    durations: dict[str, list[float]] = defaultdict(list)
     previous = order[0]
     for e in kernel_events(events):
         node = e["name"][:-len(KERNEL)]
-        bucket = buckets.get(node) or buckets.get(node.split("/")[0]) or previous
-        previous = bucket
-        us = e["dur"] / requests
-        per_layer[bucket] += us
-        per_op[e["args"]["op_name"]] += us
-        entry = per_node.setdefault(node, {"op": e["args"]["op_name"], "layer": bucket, "us": 0.0, "calls": 0})
-        entry["us"] += us
+        previous = buckets.get(node) or buckets.get(node.split("/")[0]) or previous
+        entry = per_node.setdefault(node, {"op": e["args"]["op_name"], "layer": previous, "us": 0.0, "calls": 0})
+        entry["us"] += e["dur"] / requests
         entry["calls"] += 1
+        durations[node].append(e["dur"])
+    for node, entry in per_node.items():
+        entry["median_us"] = _median_per_request(durations[node], requests)
     ran = {n.split("/")[0] for n in per_node}
     peak = max((int(e["args"].get("mem_in_use_peak", 0)) for e in kernel_events(events)), default=0)
     return {
         "arena_peak_bytes": peak,
-        "total_us": float(sum(per_layer.values())),
-        "per_layer_us": {b: per_layer[b] for b in order if b in per_layer},
-        "per_op_us": dict(sorted(per_op.items(), key=lambda kv: -kv[1])),
+        "total_us": float(sum(entry["us"] for entry in per_node.values())),
+        "per_layer_us": _summed(per_node, "layer", "us", order),
+        "per_layer_median_us": _summed(per_node, "layer", "median_us", order),
+        "per_op_us": _summed(per_node, "op", "us"),
+        "per_op_median_us": _summed(per_node, "op", "median_us"),
         "per_node": per_node,
         "graph_nodes": len(buckets),
         "graph_nodes_run": sum(1 for n in buckets if n in ran),
         "ort_nodes": len(per_node),
     }
+
+
+def _median_per_request(durations: list[float], requests: int) -> float:
+    """Calls arranged [request, call position]: the median over requests, summed over positions."""
+    if len(durations) % requests:
+        return sum(durations) / requests
+    return float(np.median(np.reshape(durations, (requests, -1)), axis=0).sum())
+
+
+def _summed(per_node: dict[str, dict[str, Any]], key: str, value: str, order: list[str] | None = None) -> dict:
+    out: dict[str, float] = defaultdict(float)
+    for entry in per_node.values():
+        out[entry[key]] += entry[value]
+    if order is not None:
+        return {k: out[k] for k in order if k in out}
+    return dict(sorted(out.items(), key=lambda kv: -kv[1]))
 
 
 def kernel_events(events: list[dict[str, Any]]) -> list[dict[str, Any]]:

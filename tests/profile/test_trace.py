@@ -39,6 +39,9 @@ def test_every_graph_node_runs_and_lands_in_one_layer_without_ort_optimisation(t
         assert agg["total_us"] == pytest.approx(total)
         assert sum(agg["per_layer_us"].values()) == pytest.approx(total)
         assert sum(agg["per_op_us"].values()) == pytest.approx(total)
+        medians = sum(v["median_us"] for v in agg["per_node"].values())
+        assert sum(agg["per_layer_median_us"].values()) == pytest.approx(medians)
+        assert sum(agg["per_op_median_us"].values()) == pytest.approx(medians)
         buckets, _ = layer_buckets(model, name)
         assert all(agg["per_node"][n]["layer"] == buckets[n] for n in nodes)
 
@@ -57,6 +60,12 @@ def test_shipping_trace_sums_to_the_kernels_and_uses_the_pass_layer_names(tiny_b
     assert len(out["wall_ms"]["plain"]) == len(out["wall_ms"]["profiled"]) == ROUNDS
     peaks = [int(e["args"]["mem_in_use_peak"]) for e in kernels]
     assert llm["arena_peak_bytes"] == max(peaks) > 0
+
+
+def test_median_per_request_is_robust_to_one_preempted_call():
+    # two requests of three calls each; the second request's first call was preempted
+    assert trace._median_per_request([10, 1, 1, 90, 1, 3], 2) == pytest.approx(50 + 1 + 2)
+    assert trace._median_per_request([10, 1, 1, 12, 1, 1, 1000, 1, 1], 3) == pytest.approx(12 + 1 + 1)
 
 
 def test_after_warmup_keeps_the_later_requests_runs(tiny_bundle, rng):
