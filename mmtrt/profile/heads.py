@@ -126,20 +126,20 @@ def feature_layer_index(vision: dict[str, Any], attention_layers: int) -> int:
 
 
 def saliency(outputs: dict[str, np.ndarray], probe: ProbeSession, vision: dict[str, Any]) -> dict[str, Any]:
-    """Per patch: [CLS] attention (mean over heads) at token_prune's layer, and the feature norm."""
+    """Per patch: [CLS] attention (mean over heads) at token_prune's layer, and the feature norm. The patches are
+    the encoder's, so a bundle that token_prune already thinned still shows every patch's attention; its
+    projector input holds only the kept tokens, so it has no norm saliency."""
     cls = int(vision["select_strategy"] == "default")
-    tokens = vision["image_tokens"]
-    out: dict[str, Any] = {"tokens": tokens}
+    out: dict[str, Any] = {}
     if cls and probe.layers:
         layer = feature_layer_index(vision, len(probe.layers))
         probs = outputs[probe.layers[layer][0]]
-        if probs.shape[-1] == tokens + cls:
-            out["cls_attention"] = probs[0, :, 0, cls:].mean(axis=0).tolist()
-            out["cls_attention_layer"] = layer
+        out.update(tokens=probs.shape[-1] - cls, cls_attention=probs[0, :, 0, cls:].mean(axis=0).tolist(),
+                   cls_attention_layer=layer)
     if probe.projector_input is not None:
         feats = outputs[probe.projector_input][0].astype(np.float64)
-        if len(feats) == tokens:
-            out["norm"] = np.linalg.norm(feats, axis=-1).tolist()
+        if len(feats) == out.get("tokens", len(feats)):
+            out.update(tokens=len(feats), norm=np.linalg.norm(feats, axis=-1).tolist())
     return out
 
 

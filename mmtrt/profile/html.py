@@ -42,10 +42,9 @@ def _bundle(k: int, r: dict[str, Any], pictures: list[str]) -> str:
                    row["decode_ms_per_token"]] for row in r["batches"]]
     layer_rows = []
     for comp, agg in r["trace"]["components"].items():
-        total = sum(agg["per_layer_median_us"].values())
-        ops = ", ".join(f"{op} {100 * us / total:.0f} %" for op, us in list(agg["per_op_median_us"].items())[:4])
-        layer_rows.append([comp, agg["graph_nodes"], agg["graph_nodes_run"], agg["ort_nodes"], total / 1e3,
-                           agg["total_us"] / 1e3, _mib(agg["arena_peak_bytes"]), ops])
+        ops = ", ".join(f"{op} {100 * us / agg['total_us']:.0f} %" for op, us in list(agg["per_op_us"].items())[:4])
+        layer_rows.append([comp, agg["graph_nodes"], agg["graph_nodes_run"], agg["ort_nodes"], agg["total_us"] / 1e3,
+                           sum(agg["per_layer_median_us"].values()) / 1e3, _mib(agg["arena_peak_bytes"]), ops])
     ctx_rows = [[c["context"], _mib(c["kv_bytes"]), c["decode_step_ms"], c.get("why_not_measured", "")]
                 for c in r["context"]]
     keep_rows = [[k["keep"], k["image_tokens"], k["sequence"], k["prefill_ms"]] for k in r["prefill_keeps"]]
@@ -60,7 +59,7 @@ def _bundle(k: int, r: dict[str, Any], pictures: list[str]) -> str:
             + "<h3>Batch sizes</h3>"
             + _table(["batch", "request ms", "requests/s", "tokens/s", "decode ms/token"], batch_rows)
             + "<h3>Layers and ops (ONNX Runtime profiler)</h3>"
-            + _table(["graph", "nodes", "nodes run", "ORT kernels", "kernel ms/request (median)", "(mean)",
+            + _table(["graph", "nodes", "nodes run", "ORT kernels", "kernel ms/request", "median calls",
                       "allocator peak MiB", "top ops"],
                      layer_rows)
             + f"<p>Chrome trace: <a href='{escape(r['trace_file'])}'>{escape(r['trace_file'])}</a>. Profiler "

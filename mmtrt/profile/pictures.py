@@ -48,15 +48,15 @@ def waterfall(stages: dict[str, Any], path: Path, title: str) -> Path:
 def layer_bars(trace: dict[str, Any], path: Path) -> Path:
     """Kernel time per layer bucket, one panel per profiled graph that has layers."""
     plt = _plt()
-    comps = [c for c, agg in trace["components"].items() if len(agg["per_layer_median_us"]) > 1]
+    comps = [c for c, agg in trace["components"].items() if len(agg["per_layer_us"]) > 1]
     fig, axes = plt.subplots(1, len(comps), figsize=(4.2 * len(comps), 0.18 * max(
-        len(trace["components"][c]["per_layer_median_us"]) for c in comps) + 1.5), squeeze=False)
+        len(trace["components"][c]["per_layer_us"]) for c in comps) + 1.5), squeeze=False)
     for ax, comp in zip(axes[0], comps):
-        layers = trace["components"][comp]["per_layer_median_us"]
+        layers = trace["components"][comp]["per_layer_us"]
         ax.barh(range(len(layers)), [v / 1e3 for v in layers.values()], color="C0")
         ax.set_yticks(range(len(layers)), [k.split(".", 1)[1] for k in layers], fontsize=7)
         ax.invert_yaxis()
-        ax.set_xlabel("kernel ms per request (median)")
+        ax.set_xlabel("kernel ms per request")
         ax.set_title(comp, fontsize=10)
     return _save(fig, path)
 

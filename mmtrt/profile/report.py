@@ -72,8 +72,8 @@ def _shapes_and_heads(pipe, result: dict[str, Any], image, prompt: str, contexts
 
 
 def _share(agg: dict[str, Any], bucket: str) -> float:
-    """A layer bucket's share of a graph's kernel time (medians over the profiled requests)."""
-    return agg["per_layer_median_us"].get(bucket, 0) / sum(agg["per_layer_median_us"].values())
+    """A layer bucket's share of a graph's kernel time (summed over the trace, as the wall time is)."""
+    return agg["per_layer_us"].get(bucket, 0) / agg["total_us"]
 
 
 def _overhead(walls: dict[str, list[float]]) -> dict[str, float]:
@@ -112,15 +112,15 @@ def suggestions(result: dict[str, Any]) -> list[str]:
                    f"prefill from {full:.1f} ms to about {keeps[keep]['prefill_ms']:.1f} ms "
                    f"(measured at {keeps[keep]['sequence']} tokens)")
     for comp, agg in result["trace"]["components"].items():
-        bucket = max(agg["per_layer_median_us"], key=agg["per_layer_median_us"].get)
-        if len(agg["per_layer_median_us"]) > 2 and ".layers." not in bucket:
+        bucket = max(agg["per_layer_us"], key=agg["per_layer_us"].get)
+        if len(agg["per_layer_us"]) > 2 and ".layers." not in bucket:
             out.append(f"{bucket} is {100 * _share(agg, bucket):.0f} % of the {comp} kernel time"
                        + (" (logits at every prefill position; decoding reads only the last)"
                           if bucket.endswith("lm_head") else ""))
     llm = result["trace"]["components"].get("llm")
     if llm:
-        op, us = next(iter(llm["per_op_median_us"].items()))
-        out.append(f"{op} is {100 * us / sum(llm['per_op_median_us'].values()):.0f} % of the LLM's kernel time"
+        op, us = next(iter(llm["per_op_us"].items()))
+        out.append(f"{op} is {100 * us / llm['total_us']:.0f} % of the LLM's kernel time"
                    + (": awq_int4 lowers its linears to INT4" if op == "MatMul" else ""))
     return out
 
@@ -155,7 +155,7 @@ def write_pictures(results: list[dict[str, Any]], folder: Path) -> dict[str, lis
                 pictures.kv_context(r["context"], folder / f"profile_{k}_kv.png")]
         sal = r["heads"]["saliency"]
         scores = sal.get("cls_attention") or sal.get("norm")
-        if scores:
+        if scores and round(len(scores) ** 0.5) ** 2 == len(scores):
             label = "[CLS] attention" if sal.get("cls_attention") else "feature norm"
             kept = {keep: heads_mod.kept_patches(scores, keep) for keep in (0.5, 0.25)}
             sal["kept"] = {str(k): v for k, v in kept.items()}

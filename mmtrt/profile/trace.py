@@ -93,9 +93,11 @@ def after_warmup(events: list[dict[str, Any]], requests: int) -> list[dict[str, 
 def aggregate(events: list[dict[str, Any]], model: onnx.ModelProto, component: str,
               requests: int = 1) -> dict[str, Any]:
     """Kernel time in µs per request per layer bucket, op type and node, two ways: `*_us` sums the trace over the
-    requests and divides (every kernel event lands in exactly one bucket), `*_median_us` takes per node and call
-    position the median over the requests, so a kernel the OS preempted once does not count. Also the peak of
-    the bytes the session's allocator held in use (the trace's `mem_in_use_peak`)."""
+    requests and divides (every kernel event lands in exactly one bucket; this is what the wall time pays),
+    `*_median_us` takes per node and call position the median over the requests (the calls that ran without
+    interference; on a shared machine it can be far lower for small kernels whose weights another process
+    evicted from the caches). Also the peak of the bytes the session's allocator held in use (the trace's
+    `mem_in_use_peak`)."""
     buckets, order = layer_buckets(model, component)
     per_node: dict[str, dict[str, Any]] = {}
     durations: dict[str, list[float]] = defaultdict(list)
