@@ -28,6 +28,7 @@ import onnxruntime as ort
 from onnx import helper
 
 from mmtrt.backends.onnxruntime_backend import session_options
+from mmtrt.profile.layers import projector_matmuls
 
 PROBE = "mmtrt_probe"
 AFTER_SOFTMAX = 3
@@ -68,19 +69,11 @@ def _expose_attention(graph: onnx.GraphProto) -> list[tuple[str, str]]:
 
 
 def _expose_projector_input(graph: onnx.GraphProto) -> str | None:
-    """LLaVA's projector is linear, activation, linear: walking back from the output along computed inputs, its
-    input is the first input of the second MatMul met (as token_prune finds it)."""
-    made = {out: node for node in graph.node for out in node.output}
-    name, matmuls = graph.output[0].name, 0
-    while name in made:
-        node = made[name]
-        if node.op_type == "MatMul":
-            matmuls += 1
-            if matmuls == 2:
-                graph.output.append(helper.make_empty_tensor_value_info(node.input[0]))
-                return node.input[0]
-        name = next((i for i in node.input if i in made and made[i].op_type != "Constant"), None)
-    return None
+    matmuls = projector_matmuls(graph)
+    if not matmuls:
+        return None
+    graph.output.append(helper.make_empty_tensor_value_info(matmuls[0].input[0]))
+    return matmuls[0].input[0]
 
 
 def entropy(probs: np.ndarray) -> np.ndarray:

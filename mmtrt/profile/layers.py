@@ -4,8 +4,9 @@
 a layer's bucket here is `llm.layers.3`, so a slow layer in the profile is the layer a pass config names. A node
 belongs to the bucket of the latest linear it depends on (itself included): a layer runs from its first linear
 to the next layer's first linear, so the residual add and the next layer's input norm count in the layer before.
-Nodes that depend on no linear (patch embedding, rotary tables, masks) are `<component>.pre_layers`; linears
-after the last layer are the vision `projector` or the LLM's `lm_head`.
+Nodes that depend on no linear (patch embedding, rotary tables, masks) are `<component>.pre_layers`; the vision
+projector's two linears are `vision.projector`, the LLM's output linear `llm.lm_head`; a linear the structure
+names no layer for keeps its `<component>.linear.<i>` name as its bucket (as in awq_int4's reports).
 """
 
 from __future__ import annotations
@@ -18,7 +19,8 @@ from mmtrt.quant.linears import find_linears
 def layer_buckets(model: onnx.ModelProto, component: str) -> tuple[dict[str, str], list[str]]:
     """Node name -> bucket for every node of the graph, and the buckets in execution order."""
     _, linears, _ = find_linears(model, component)
-    seeds = {lin.node.name: _linear_bucket(component, lin) for lin in linears}
+    projector = {n.name for n in projector_matmuls(model.graph)} if component == "vision" else set()
+    seeds = {lin.node.name: _linear_bucket(component, lin, lin.node.name in projector) for lin in linears}
     order = [f"{component}.pre_layers"] + list(dict.fromkeys(seeds.values()))
     rank = {bucket: i for i, bucket in enumerate(order)}
     tensor_rank: dict[str, int] = {}
@@ -32,9 +34,24 @@ def layer_buckets(model: onnx.ModelProto, component: str) -> tuple[dict[str, str
     return buckets, order
 
 
-def _linear_bucket(component: str, lin) -> str:
-    if lin.layer is not None and lin.role != "lm_head":
-        return f"{component}.layers.{lin.layer}"
+def projector_matmuls(graph: onnx.GraphProto) -> list[onnx.NodeProto]:
+    """LLaVA's projector is linear, activation, linear: walking back from the vision output along computed
+    inputs, its MatMuls are the first two met (as token_prune finds the projector)."""
+    made = {out: node for node in graph.node for out in node.output}
+    name, found = graph.output[0].name, []
+    while name in made and len(found) < 2:
+        node = made[name]
+        if node.op_type == "MatMul":
+            found.append(node)
+        name = next((i for i in node.input if i in made and made[i].op_type != "Constant"), None)
+    return found[::-1] if len(found) == 2 else []
+
+
+def _linear_bucket(component: str, lin, in_projector: bool) -> str:
+    if in_projector:
+        return f"{component}.projector"
     if lin.role == "lm_head":
         return f"{component}.lm_head"
-    return f"{component}.projector" if component == "vision" else f"{component}.head"
+    if lin.layer is not None:
+        return f"{component}.layers.{lin.layer}"
+    return lin.name
