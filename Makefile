@@ -5,7 +5,7 @@ BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
 DEMO_BUNDLE := out/tiny-llava.bundle
 
-.PHONY: demo test bench clean kernels
+.PHONY: demo test bench clean kernels browser
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,7 +18,12 @@ demo: $(STAMP)
 	$(BIN)/mmtrt inspect $(DEMO_BUNDLE)
 	$(BIN)/mmtrt run $(DEMO_BUNDLE) --image examples/sample.png --prompt "What is in the picture?" --max-new-tokens 16 --json
 
-test: $(STAMP) cpp kernels
+# headless Chromium for the `mmtrt profile` report test (Debian package); the test skips where it cannot be had
+browser:
+	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
+		apt-get install -y -qq chromium >/dev/null; } || echo "chromium could not be installed: the report's browser test skips"
+
+test: $(STAMP) cpp kernels browser
 	$(BIN)/python -m pytest -q -p no:logging
 
 # The C++ runtime (mmtrt/runtime/cpp): build/cpp/mmtrt-run, libmmtrt.so; fetch_deps.sh installs what it needs.

@@ -93,6 +93,12 @@ def _eval(args) -> int:
     return 0
 
 
+def _profile(args) -> int:
+    from mmtrt.profile.cli import profile_command
+
+    return profile_command(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mmtrt", description="Ahead-of-time compiler for LLaVA-style multimodal models.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -152,6 +158,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, help="seed for generated inputs (default: fresh, recorded in the report)")
     p.add_argument("--json-out", type=Path, help="write the full report as JSON")
     p.set_defaults(func=_compare)
+
+    p = sub.add_parser("profile", help="where a request's time and memory go: stages, layers, heads, with pictures")
+    p.add_argument("bundles", nargs="+", type=Path, help="one bundle, or several to put side by side")
+    p.add_argument("--image", required=True)
+    p.add_argument("--prompt", required=True)
+    p.add_argument("--batch", default="1", help="comma-separated batch sizes (default 1)")
+    p.add_argument("--context", default="256,1024", help="comma-separated KV contexts to sweep (default 256,1024)")
+    p.add_argument("--rounds", type=int, default=5, help="timed requests per batch size (default 5)")
+    p.add_argument("--new-tokens", type=int, default=16, help="tokens decoded per request, EOS or not (default 16)")
+    p.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads (default 1)")
+    p.add_argument("-o", "--output", type=Path, default=Path("profile-report"), help="report folder")
+    p.add_argument("--json", action="store_true", help="print the whole report as JSON")
+    p.set_defaults(func=_profile)
     return parser
 
 
