@@ -45,12 +45,12 @@ def check(result: dict[str, Any], baseline: dict[str, Any] | None, rules: Rules)
     now, base = result["metrics"], baseline["metrics"]
     for metric in sorted(set(now) & set(base)):
         for rule, limit, change, unit in _metric_rules(rules, metric):
-            delta = change(base[metric], now[metric])
+            delta = round(change(base[metric], now[metric]), 9)  # 102/100 - 1 is not 0.02 in binary
             if limit is not None and delta > limit:
                 fired.append(_fired(rule, metric, base[metric], now[metric], delta, limit, unit))
     compiled_both = result.get("cache") == "miss" and baseline.get("cache") == "miss"
     if rules.compile_time_increase_pct is not None and compiled_both and "build.compile_s" in base:
-        delta = _pct(base["build.compile_s"], now["build.compile_s"])
+        delta = round(_pct(base["build.compile_s"], now["build.compile_s"]), 9)
         if delta > rules.compile_time_increase_pct:
             fired.append(_fired("compile_time_increase_pct", "build.compile_s", base["build.compile_s"],
                                 now["build.compile_s"], delta, rules.compile_time_increase_pct, "%"))
