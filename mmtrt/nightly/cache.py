@@ -19,6 +19,7 @@ BUNDLE = "bundle"
 INPUTS = "inputs.json"
 RECIPE = "recipe.yaml"
 KEY_CHARS = 24
+SCRATCH = ".determinism-"  # fresh compiles that check a cache hit
 
 
 class BuildCache:
@@ -61,7 +62,8 @@ class BuildCache:
 
     def sweep(self) -> list[Path]:
         """Remove the staging folders of runs that were killed (only called while holding the lock)."""
-        stale = [p for p in self.root.glob("*/.*") if p.is_dir() and (".tmp-" in p.name or ".old-" in p.name)]
+        stale = [p for p in [*self.root.glob("*/.*"), *self.root.glob(f"{SCRATCH}*")]
+                 if p.is_dir() and (".tmp-" in p.name or ".old-" in p.name or p.name.startswith(SCRATCH))]
         for p in stale:
             shutil.rmtree(p, ignore_errors=True)
         return stale

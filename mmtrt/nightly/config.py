@@ -37,7 +37,8 @@ class RecipeEntry(Strict):
 
 
 class Benchmark(Strict):
-    rounds: int = Field(5, ge=1, description="Timed rounds; each round runs every recipe once, in turn, so drift on a shared host hits all alike. The report keeps medians.")
+    rounds: int = Field(7, ge=1, description="Timed rounds; each round runs every recipe once, in turn, so drift on a shared host hits all alike.")
+    statistic: Literal["min", "median"] = Field("min", description="What the rounds are reduced to: `min` (preemption on a shared host only ever adds time, so the fastest round is the least disturbed one; the default) or `median`.")
     warmup: int = Field(1, ge=0, description="Untimed rounds first.")
     timings: list[Timing] = Field(["vision_ms", "prefill_ms", "decode_ms_per_token"], min_length=1, description="Which of `mmtrt run`'s timings are recorded (each also as a ratio to the reference recipe).")
     image: str = Field("examples/sample.png", description="The image of the timed request, relative to NIGHTLY.yaml.")

@@ -56,8 +56,8 @@ regression keeps firing until it is fixed.
 ## Metrics and rules
 `build.bundle_mb`, `build.compile_s` (the compile that made the cached bundle), `SUITE.METRIC` from the eval
 suites (`digits.accuracy_pct`, `perplexity.perplexity`, `parity.top1_agreement_pct`, `parity.mean_kl`, ...),
-`bench.TIMING` (median over the rounds, ms) and `bench.TIMING_ratio` (divided by the reference recipe's median in
-the same run). Timings on shared machines are noisy, so the latency rule compares ratios, never absolute times,
+`bench.TIMING` (ms, the fastest round by default, `benchmark.statistic`) and `bench.TIMING_ratio` (divided by
+the reference recipe's in the same run). Timings on shared machines are noisy, so the latency rule compares ratios, never absolute times,
 and the benchmark interleaves the recipes (each round runs every recipe once) so that drift hits all alike.
 Noise: the suites' metrics and the build facts of an unchanged bundle repeat exactly (same artifacts, same ONNX
 Runtime); timings do not, and `latency_ratio_increase_pct` is the noise a team accepts. `nondeterminism` fires

@@ -35,8 +35,8 @@ def eval_metrics(bundle: Path, suites: dict[str, int | None], threads: int) -> d
 
 def benchmark(bundles: dict[str, Path], config: Benchmark,
               image: Path) -> tuple[dict[str, dict[str, float]], dict[str, Exception]]:
-    """Median of each timing per recipe over `rounds` rounds, the recipes taking turns within each round; a recipe
-    that fails to load or run leaves the rounds with its error."""
+    """Each timing per recipe over `rounds` rounds, reduced by `statistic`, the recipes taking turns within each
+    round; a recipe that fails to load or run leaves the rounds with its error."""
     from mmtrt.runtime import load
 
     pipes, errors = {}, {}
@@ -57,9 +57,10 @@ def benchmark(bundles: dict[str, Path], config: Benchmark,
             if round_index >= config.warmup:
                 for t in config.timings:
                     samples[name][t].append(timings[t])
-    medians = {name: {f"bench.{t}": round(statistics.median(v), 4) for t, v in per.items()}
-               for name, per in samples.items() if name not in errors}
-    return medians, errors
+    reduce = min if config.statistic == "min" else statistics.median
+    found = {name: {f"bench.{t}": round(reduce(v), 4) for t, v in per.items()}
+             for name, per in samples.items() if name not in errors}
+    return found, errors
 
 
 def ratios(timings: dict[str, dict[str, float]], reference: str) -> dict[str, dict[str, float]]:

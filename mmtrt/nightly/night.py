@@ -18,7 +18,7 @@ import mmtrt
 from mmtrt.bundle.manifest import bundle_hash
 from mmtrt.errors import UserError
 from mmtrt.nightly import measure, report
-from mmtrt.nightly.cache import BUNDLE, BuildCache, compile_into
+from mmtrt.nightly.cache import SCRATCH, BuildCache, compile_into
 from mmtrt.nightly.config import NightlyConfig, RecipeEntry, load_config, shard_entries
 from mmtrt.nightly.history import History, history_url
 from mmtrt.nightly.inputs import build_inputs, cache_key, changed_inputs, effective_recipe, recipe_yaml
@@ -77,7 +77,7 @@ def _determinism(entry, result, text, cache, history) -> str | None:
     if earlier and earlier != digest:
         return f"inputs {key[:12]} gave bundle {earlier[:12]} before and {digest[:12]} now"
     if entry.check_determinism and result["cache"] == "hit":
-        with tempfile.TemporaryDirectory(prefix=".determinism-", dir=cache.root) as tmp:
+        with tempfile.TemporaryDirectory(prefix=SCRATCH, dir=cache.root) as tmp:
             again = bundle_hash(compile_into(Path(tmp), text))
         if again != digest:
             return f"inputs {key[:12]}: cached bundle {digest[:12]}, recompiled {again[:12]}"

@@ -187,3 +187,27 @@ def test_killed_run_leaves_history_and_cache_as_they_were(nights, sig):
         with BuildCache(work / "cache").locked() as cache:
             assert not list((work / "cache" / "extra").glob(".*.tmp-*"))
             assert all(cache.lookup(e.parent.name, e.name) for e in entries)
+
+
+def test_shards_record_nothing_and_merge_into_one_night(nights):
+    work, _ = nights
+    before = snapshot(work / "history.sqlite")
+    shard_dirs = []
+    for i in (1, 2):
+        out = work / f"shard-{i}"
+        code = main(["nightly", str(work / "int4.yaml"), "--shard", f"{i}/2", "-o", str(out)])
+        assert code == (0 if i == 1 else 1)  # the regressed variant is in shard 2
+        data = json.loads((out / "nightly.json").read_text())
+        assert not data["recorded"] and data["night"]["shard"] == f"{i}/2"
+        assert {r["recipe"] for r in data["results"]} == ({"base"} if i == 1 else {"base", "variant"})
+        assert all(r["cache"] == "hit" for r in data["results"])
+        shard_dirs.append(str(out))
+    assert snapshot(work / "history.sqlite") == before
+    assert main(["nightly", str(work / "int4.yaml"), "--merge", *shard_dirs, "-o", str(work / "merged")]) == 1
+    nights_after, results_after = snapshot(work / "history.sqlite")
+    assert len(nights_after) == len(before[0]) + 1 and len(results_after) == len(before[1]) + 2
+    with sqlite3.connect(work / "history.sqlite") as db:
+        shards, = db.execute("select shards from nights order by id desc limit 1").fetchone()
+        recipes = sorted(r[0] for r in db.execute(
+            "select recipe from results where night_id = (select max(id) from nights)"))
+    assert shards == 2 and recipes == ["base", "variant"]
