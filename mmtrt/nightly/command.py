@@ -8,6 +8,7 @@ import signal
 import sys
 from pathlib import Path
 
+from mmtrt.errors import UserError
 from mmtrt.nightly.config import parse_shard
 
 EXIT_INTERRUPTED = 143
@@ -25,13 +26,11 @@ def _on_term(signum, frame):
 def main(args) -> int:
     from mmtrt.nightly import night
 
-    signal.signal(signal.SIGTERM, _on_term)
+    previous = signal.signal(signal.SIGTERM, _on_term)
     history = args.history or os.environ.get(HISTORY_ENV)
     try:
         if args.merge:
             if args.shard:
-                from mmtrt.errors import UserError
-
                 raise UserError("--merge combines finished shards; give it without --shard")
             data = night.merge(Path(args.config), args.merge, args.output, history)
         else:
@@ -39,6 +38,8 @@ def main(args) -> int:
     except (Interrupted, KeyboardInterrupt):
         print("mmtrt: nightly interrupted; the history and the cache are as they were", file=sys.stderr)
         return EXIT_INTERRUPTED
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     print(json.dumps(data) if args.json else describe(data, args.output))
     return data["exit_code"]
 

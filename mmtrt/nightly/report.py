@@ -78,7 +78,7 @@ def _metric_rows(r: dict[str, Any]) -> str:
     rows = []
     for m, v in sorted(r["metrics"].items()):
         b = base.get(m)
-        change = f"{100 * (v / b - 1):+.2f} %" if b else ""
+        change = "" if b is None else (f"{100 * (v / b - 1):+.2f} %" if b else f"{v - b:+.6g}")
         cls = ' class="fired"' if m in fired else ""
         rows.append(f"<tr{cls}><td><code>{m}</code></td><td>{'' if b is None else f'{b:.6g}'}</td>"
                     f"<td>{v:.6g}</td><td>{change}</td></tr>")
