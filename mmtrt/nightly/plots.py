@@ -54,9 +54,9 @@ def current_vs_baseline(results: list[dict[str, Any]], path: Path) -> Path | Non
     if not compared:
         return None
     plt = _pyplot()
-    fig, axes = plt.subplots(len(compared), 1, figsize=(7, 0.3 + 0.28 * max(
-        len(set(r["metrics"]) & set(r["baseline"]["metrics"])) for r in compared) * len(compared) + 0.6 * len(compared)),
-        dpi=90, squeeze=False)
+    rows = max(len(set(r["metrics"]) & set(r["baseline"]["metrics"])) for r in compared)
+    fig, axes = plt.subplots(len(compared), 1, figsize=(7, (0.28 * rows + 0.6) * len(compared) + 0.3), dpi=90,
+                             squeeze=False)
     for ax, result in zip(axes[:, 0], compared):
         base, now = result["baseline"]["metrics"], result["metrics"]
         metrics = sorted(m for m in set(now) & set(base) if base[m])
