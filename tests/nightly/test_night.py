@@ -185,7 +185,7 @@ def test_killed_run_leaves_history_and_cache_as_they_were(nights, sig):
             assert all(cache.lookup(e.parent.name, e.name) for e in entries)
 
 
-def test_shards_record_nothing_and_merge_into_one_night(nights):
+def test_shards_record_nothing_and_merge_into_one_night(nights, capsys):
     work, _ = nights
     before = snapshot(work / "history.sqlite")
     shard_dirs = []
@@ -199,7 +199,10 @@ def test_shards_record_nothing_and_merge_into_one_night(nights):
         assert all(r["cache"] == "hit" for r in data["results"])
         shard_dirs.append(str(out))
     assert snapshot(work / "history.sqlite") == before
-    assert main(["nightly", str(work / "int4.yaml"), "--merge", *shard_dirs, "-o", str(work / "merged")]) == 1
+    capsys.readouterr()
+    assert main(["nightly", str(work / "int4.yaml"), "--merge", *shard_dirs, "-o", str(work / "merged"), "--json"]) == 1
+    printed = json.loads(capsys.readouterr().out)  # --json: the report's data and nothing else on stdout
+    assert printed == json.loads((work / "merged" / "nightly.json").read_text()) and printed["night"]["shards"] == 2
     nights_after, results_after = snapshot(work / "history.sqlite")
     assert len(nights_after) == len(before[0]) + 1 and len(results_after) == len(before[1]) + 2
     with sqlite3.connect(work / "history.sqlite") as db:
