@@ -99,6 +99,12 @@ def _profile(args) -> int:
     return profile_command(args)
 
 
+def _nightly(args) -> int:
+    from mmtrt.nightly.command import main as nightly
+
+    return nightly(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="mmtrt", description="Ahead-of-time compiler for LLaVA-style multimodal models.")
     sub = parser.add_subparsers(dest="command", required=True)
@@ -171,6 +177,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", type=Path, default=Path("profile-report"), help="report folder")
     p.add_argument("--json", action="store_true", help="print the whole report as JSON")
     p.set_defaults(func=_profile)
+
+    p = sub.add_parser("nightly", help="compile, evaluate and benchmark a recipe matrix; compare with the last good night")
+    p.add_argument("config", help="NIGHTLY.yaml (docs/NIGHTLY.md)")
+    p.add_argument("-o", "--output", type=Path, default=Path("nightly-report"), help="report folder")
+    p.add_argument("--shard", help="I/N: run every N-th recipe from the I-th (plus the reference); record nothing")
+    p.add_argument("--merge", nargs="+", type=Path, metavar="SHARD_DIR", help="record the shards' reports as one night")
+    p.add_argument("--history", help="SQLite file or SQLAlchemy URL instead of the config's `history:`")
+    p.add_argument("--label", help="the night's name in the history (default: the UTC start time)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=_nightly)
     return parser
 
 
