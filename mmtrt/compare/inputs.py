@@ -71,18 +71,26 @@ def load(path: Path, manifest: dict[str, Any], components: list[str]) -> dict[st
 def _read_npz(path: Path) -> dict[str, list[dict[str, np.ndarray]]]:
     if not path.is_file():
         raise UserError(f"inputs file {path} does not exist; pass an .npz that `mmtrt compare --save-inputs` wrote")
-    feeds: dict[str, dict[int, dict[str, np.ndarray]]] = {}
     try:
-        with np.load(path, allow_pickle=False) as data:
-            for key in data.files:
-                parts = key.split("/")
-                if len(parts) != 3 or not parts[1].isdigit():
-                    raise UserError(f"{path}: key {key!r} is not component/iteration/input; save inputs with --save-inputs")
-                feeds.setdefault(parts[0], {}).setdefault(int(parts[1]), {})[parts[2]] = data[key]
-    except (OSError, ValueError, EOFError, AttributeError, zipfile.BadZipFile) as exc:
-        raise UserError(f"inputs file {path} is not an .npz of arrays ({type(exc).__name__}: {exc}); pass one that "
-                        "`mmtrt compare --save-inputs` wrote") from None
+        arrays = _npz_arrays(path)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise UserError(f"inputs file {path} is not an .npz of arrays ({type(exc).__name__}: {exc}); pass one "
+                        "that `mmtrt compare --save-inputs` wrote") from None
+    feeds: dict[str, dict[int, dict[str, np.ndarray]]] = {}
+    for key, value in arrays.items():
+        parts = key.split("/")
+        if len(parts) != 3 or not parts[1].isdigit():
+            raise UserError(f"{path}: key {key!r} is not component/iteration/input; save inputs with --save-inputs")
+        feeds.setdefault(parts[0], {}).setdefault(int(parts[1]), {})[parts[2]] = value
     return {comp: [its[i] for i in sorted(its)] for comp, its in feeds.items()}
+
+
+def _npz_arrays(path: Path) -> dict[str, np.ndarray]:
+    data = np.load(path, allow_pickle=False)
+    if not isinstance(data, np.lib.npyio.NpzFile):
+        raise ValueError("one .npy array, not an archive of them")
+    with data:
+        return {key: data[key] for key in data.files}
 
 
 def _check_feed(where: str, feed: dict[str, np.ndarray], manifest: dict[str, Any], comp: str) -> None:
