@@ -17,11 +17,16 @@ EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143
 
 
+def one_line(message: str) -> str:
+    """Line breaks and other control characters (a recipe key may hold any) as escapes: one line, always."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
+
+
 class Parser(argparse.ArgumentParser):
     """Argument errors as one line, like every other bad input (argparse prints the usage too)."""
 
     def error(self, message):
-        self.exit(EXIT_USER_ERROR, f"mmtrt: error: {self.prog}: {message}; see `{self.prog} --help`\n")
+        self.exit(EXIT_USER_ERROR, f"mmtrt: error: {self.prog}: {one_line(message)}; see `{self.prog} --help`\n")
 
 
 def _parse(text: str, kind: type, what: str, ok) -> int | float:
@@ -219,7 +224,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except UserError as exc:
-        print(f"mmtrt: error: {exc}", file=sys.stderr)
+        print(f"mmtrt: error: {one_line(str(exc))}", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except OSError as exc:  # the file system's answer on a path the user gave: name too long, no permission, disk full
+        print(f"mmtrt: error: {one_line(str(exc))}; check the path, its permissions and the free space", file=sys.stderr)
         return EXIT_USER_ERROR
     except KeyboardInterrupt as exc:
         terminated = isinstance(exc, Terminated)
