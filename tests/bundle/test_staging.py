@@ -106,8 +106,10 @@ def test_a_compile_sweeps_what_a_killed_compile_left(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("sig, code, word", [(signal.SIGTERM, 143, "SIGTERM"), (signal.SIGINT, 130, "Ctrl-C")])
 def test_a_signal_during_compile_cleans_up_with_one_line(tmp_path, sig, code, word):
+    # a runner that started the tests in the background may ignore SIGINT; Python keeps that unless reset
     proc = subprocess.Popen([sys.executable, "-m", "mmtrt.cli", "compile", str(TINY), "-o", str(tmp_path / "out")],
-                            stderr=subprocess.PIPE, text=True, cwd=tmp_path)
+                            stderr=subprocess.PIPE, text=True, cwd=tmp_path,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     deadline = time.monotonic() + 120
     while not list(tmp_path.glob(f".out.tmp-*/{OWNER}")) and time.monotonic() < deadline and proc.poll() is None:
         time.sleep(0.05)
