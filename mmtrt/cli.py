@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import math
+import os
 import sys
 from pathlib import Path
 
@@ -15,6 +16,7 @@ EXIT_USER_ERROR = 2
 EXIT_COMPARE_FAILED = 1
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143
+EXIT_BROKEN_PIPE = 141
 
 
 def one_line(message: str) -> str:
@@ -226,6 +228,9 @@ def main(argv: list[str] | None = None) -> int:
     except UserError as exc:
         print(f"mmtrt: error: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_USER_ERROR
+    except BrokenPipeError:  # `mmtrt inspect B | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
     except OSError as exc:  # the file system's answer on a path the user gave: name too long, no permission, disk full
         print(f"mmtrt: error: {one_line(str(exc))}; check the path, its permissions and the free space", file=sys.stderr)
         return EXIT_USER_ERROR

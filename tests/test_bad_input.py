@@ -3,6 +3,8 @@ lost or half-written: broken checkpoints, bundles, indexes, inputs files, images
 
 import json
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -81,6 +83,18 @@ def test_bundle_json_that_is_not_json(bundle, image, capsys, name, text, words):
     path.write_text(text)
     for argv in (["run", bundle, "--image", image, "--prompt", "hi"], ["compare", bundle, bundle]):
         one_line_error(capsys, argv, *words)
+
+
+def test_build_report_that_is_not_json(bundle, capsys):
+    (bundle / "build_report.json").write_text("{")
+    one_line_error(capsys, ["inspect", bundle], "build_report.json")
+
+
+def test_a_closed_pipe_is_not_an_error(tiny_bundle):
+    """The JSON (over 100 kB) outgrows the pipe's buffer, so the writer meets the closed pipe."""
+    proc = subprocess.run(f"{sys.executable} -m mmtrt.cli inspect {tiny_bundle} --json | head -c 1", shell=True,
+                          capture_output=True, text=True)
+    assert proc.stdout == "{" and proc.stderr == "", proc.stderr
 
 
 def test_manifest_without_the_sections_the_runtime_reads(bundle, image, capsys):

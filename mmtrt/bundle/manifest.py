@@ -75,6 +75,17 @@ def is_bundle(folder: Path) -> bool:
     return "schema_version" in manifest and isinstance(manifest.get("artifacts"), dict)
 
 
+def read_build_report(bundle: Path) -> dict[str, Any] | None:
+    """The build report (compile time, host), or None without one; it is not hashed, so it is checked here."""
+    path = Path(bundle) / BUILD_REPORT
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot read {path} ({exc}); delete it (it only records the compile) or recompile") from None
+
+
 def bundle_hash(bundle: Path) -> str:
     """The manifest's sha256: it lists every artifact's hash, so it identifies the whole bundle."""
     return sha256_file(Path(bundle) / MANIFEST)
