@@ -4,14 +4,61 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
+import os
 import sys
 from pathlib import Path
 
-from mmtrt.errors import UserError
+from mmtrt.errors import Terminated, UserError
 from mmtrt.progress import set_quiet
 
 EXIT_USER_ERROR = 2
 EXIT_COMPARE_FAILED = 1
+EXIT_INTERRUPTED = 130
+EXIT_TERMINATED = 143
+EXIT_BROKEN_PIPE = 141
+
+
+def one_line(message: str) -> str:
+    """Line breaks and other control characters (a recipe key may hold any) as escapes: one line, always."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
+
+
+class Parser(argparse.ArgumentParser):
+    """Argument errors as one line, like every other bad input (argparse prints the usage too)."""
+
+    def error(self, message):
+        self.exit(EXIT_USER_ERROR, f"mmtrt: error: {self.prog}: {one_line(message)}; see `{self.prog} --help`\n")
+
+
+def _parse(text: str, kind: type, what: str, ok) -> int | float:
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}") from None
+    if not ok(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not {what}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    return _parse(text, int, "an integer >= 1", lambda v: v >= 1)
+
+
+def natural_int(text: str) -> int:
+    return _parse(text, int, "an integer >= 0", lambda v: v >= 0)
+
+
+def tolerance(text: str) -> float:
+    return _parse(text, float, "a finite number >= 0", lambda v: math.isfinite(v) and v >= 0)
+
+
+def output_file(text: str) -> Path:
+    """A file the command writes at the end: its folder must exist now, not after minutes of work."""
+    path = Path(text)
+    if path.is_dir() or not path.parent.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r} is a folder or its folder does not exist")
+    return path
 
 
 def _compile(args) -> int:
@@ -21,6 +68,10 @@ def _compile(args) -> int:
         print(json.dumps(make_plan(args.recipe).to_json(), indent=2))
         return 0
     out = args.output or Path(args.recipe).with_suffix("").name + ".bundle"
+    if args.dump_ir:
+        from mmtrt.pipeline.instruments import dump_folder
+
+        dump_folder(args.dump_ir)
     bundle = compile_recipe(args.recipe, out, force=args.force, dump_dir=args.dump_ir)
     print(f"wrote {bundle}")
     return 0
@@ -105,8 +156,18 @@ def _nightly(args) -> int:
     return nightly(args)
 
 
+def _verify(args) -> int:
+    from mmtrt.bundle.manifest import read_manifest
+    from mmtrt.bundle.verify import verify_bundle
+
+    manifest = read_manifest(Path(args.bundle))
+    verify_bundle(args.bundle, manifest, full=True)
+    print(f"{args.bundle}: all {len(manifest['artifacts'])} artifacts match the manifest's sha256")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="mmtrt", description="Ahead-of-time compiler for LLaVA-style multimodal models.")
+    parser = Parser(prog="mmtrt", description="Ahead-of-time compiler for LLaVA-style multimodal models.")
     sub = parser.add_subparsers(dest="command", required=True)
 
     p = sub.add_parser("compile", help="compile a recipe into a bundle")
@@ -121,19 +182,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("bundle")
     p.add_argument("--image", required=True)
     p.add_argument("--prompt", required=True)
-    p.add_argument("--max-new-tokens", type=int)
+    p.add_argument("--max-new-tokens", type=positive_int)
     p.add_argument("--raw-prompt", action="store_true", help="use the prompt as is, with <image> where the image goes")
-    p.add_argument("--threads", type=int, help="ONNX Runtime intra-op threads")
+    p.add_argument("--threads", type=positive_int, help="ONNX Runtime intra-op threads")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_run)
 
     p = sub.add_parser("eval", help="evaluate a bundle on a suite: digits, perplexity or parity")
     p.add_argument("bundle")
     p.add_argument("--suite", required=True, choices=["digits", "perplexity", "parity"])
-    p.add_argument("--limit", type=int, help="images (digits, parity) or windows (perplexity) to use")
+    p.add_argument("--limit", type=positive_int, help="images (digits, parity) or windows (perplexity) to use")
     p.add_argument("--text", type=Path, help="perplexity: a UTF-8 text file instead of Python's documentation")
     p.add_argument("--source-model", type=Path, help="parity: the checkpoint folder of an hf-sourced bundle")
-    p.add_argument("--threads", type=int, help="ONNX Runtime intra-op threads")
+    p.add_argument("--threads", type=positive_int, help="ONNX Runtime intra-op threads")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_eval)
 
@@ -156,13 +217,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("b", type=Path, nargs="?")
     p.add_argument("--reference", choices=["torch"], help="compare A with the PyTorch model it was compiled from")
     p.add_argument("--source-model", type=Path, help="with --reference torch: the checkpoint folder of an hf-sourced bundle")
-    p.add_argument("--atol", type=float, default=1e-5, help="absolute tolerance (default 1e-5)")
-    p.add_argument("--rtol", type=float, default=1e-5, help="relative tolerance, relative to B (default 1e-5)")
+    p.add_argument("--atol", type=tolerance, default=1e-5, help="absolute tolerance (default 1e-5)")
+    p.add_argument("--rtol", type=tolerance, default=1e-5, help="relative tolerance, relative to B (default 1e-5)")
     p.add_argument("--partition", action="append", choices=["vision", "embed", "llm"], help="compare only these")
     p.add_argument("--inputs", type=Path, help="an .npz of inputs saved by --save-inputs, instead of generated ones")
-    p.add_argument("--save-inputs", type=Path, help="save the inputs used to this .npz")
-    p.add_argument("--seed", type=int, help="seed for generated inputs (default: fresh, recorded in the report)")
-    p.add_argument("--json-out", type=Path, help="write the full report as JSON")
+    p.add_argument("--save-inputs", type=output_file, help="save the inputs used to this .npz")
+    p.add_argument("--seed", type=natural_int, help="seed for generated inputs (default: fresh, recorded in the report)")
+    p.add_argument("--json-out", type=output_file, help="write the full report as JSON")
     p.set_defaults(func=_compare)
 
     p = sub.add_parser("profile", help="where a request's time and memory go: stages, layers, heads, with pictures")
@@ -171,9 +232,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--prompt", required=True)
     p.add_argument("--batch", default="1", help="comma-separated batch sizes (default 1)")
     p.add_argument("--context", default="256,1024", help="comma-separated KV contexts to sweep (default 256,1024)")
-    p.add_argument("--rounds", type=int, default=5, help="timed requests per batch size (default 5)")
-    p.add_argument("--new-tokens", type=int, default=16, help="tokens decoded per request, EOS or not (default 16)")
-    p.add_argument("--threads", type=int, default=1, help="ONNX Runtime intra-op threads (default 1)")
+    p.add_argument("--rounds", type=positive_int, default=5, help="timed requests per batch size (default 5)")
+    p.add_argument("--new-tokens", type=positive_int, default=16, help="tokens decoded per request, EOS or not (default 16)")
+    p.add_argument("--threads", type=positive_int, default=1, help="ONNX Runtime intra-op threads (default 1)")
     p.add_argument("-o", "--output", type=Path, default=Path("profile-report"), help="report folder")
     p.add_argument("--json", action="store_true", help="print the whole report as JSON")
     p.set_defaults(func=_profile)
@@ -187,6 +248,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--label", help="the night's name in the history (default: the UTC start time)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_nightly)
+
+    p = sub.add_parser("verify", help="hash every artifact of a bundle against its manifest (loads check cheaply)")
+    p.add_argument("bundle")
+    p.set_defaults(func=_verify)
     return parser
 
 
@@ -196,8 +261,19 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except UserError as exc:
-        print(f"mmtrt: error: {exc}", file=sys.stderr)
+        print(f"mmtrt: error: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_USER_ERROR
+    except BrokenPipeError:  # `mmtrt inspect B | head`: the reader has what it wanted
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+    except OSError as exc:  # the file system's answer on a path the user gave: name too long, no permission, disk full
+        print(f"mmtrt: error: {one_line(str(exc))}; check the path, its permissions and the free space", file=sys.stderr)
+        return EXIT_USER_ERROR
+    except KeyboardInterrupt as exc:
+        terminated = isinstance(exc, Terminated)
+        print(f"mmtrt: interrupted by {'SIGTERM' if terminated else 'Ctrl-C'}; nothing half-written was left",
+              file=sys.stderr)
+        return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
 
 
 if __name__ == "__main__":

@@ -141,12 +141,25 @@ def load_recipe(path: str | Path) -> tuple[Recipe, Path]:
     if not path.is_file():
         raise UserError(f"recipe file {path} does not exist; pass the path of a YAML recipe")
     try:
-        data = yaml.safe_load(path.read_text())
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); a recipe is a YAML file") from None
     except yaml.YAMLError as exc:
-        raise UserError(f"{path}: not valid YAML ({str(exc).splitlines()[0]}); fix the syntax") from None
+        raise UserError(f"{_yaml_place(path, exc)}: not valid YAML ({_yaml_problem(exc)}); fix the syntax") from None
     if not isinstance(data, dict):
         raise UserError(f"{path}: a recipe is a mapping with at least `model:`; see docs/RECIPES.md")
     try:
         return Recipe.model_validate(data), path.resolve().parent
     except ValidationError as exc:
         raise UserError(format_validation_error(exc, Recipe, str(path))) from None
+
+
+def _yaml_place(path: Path, exc: yaml.YAMLError) -> str:
+    """path:line:column of the problem (1-based, as editors count), when PyYAML knows it."""
+    mark = getattr(exc, "problem_mark", None) or getattr(exc, "context_mark", None)
+    return f"{path}:{mark.line + 1}:{mark.column + 1}" if mark else str(path)
+
+
+def _yaml_problem(exc: yaml.YAMLError) -> str:
+    parts = [getattr(exc, "context", None), getattr(exc, "problem", None)]
+    return ": ".join(p for p in parts if p) or " ".join(str(exc).split())

@@ -1,5 +1,6 @@
 """Session fixtures: the tiny zoo bundle and a SigLIP checkpoint the tests save themselves, compiled once."""
 
+import os
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +18,13 @@ def compile_to(tmp: Path, recipe_text: str, name: str = "bundle") -> Path:
     recipe = tmp / "recipe.yaml"
     recipe.write_text(recipe_text)
     return compile_recipe(recipe, tmp / name)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def verify_cache(tmp_path_factory):
+    """Bundle loads record what they verified; the tests keep those records out of the user's cache folder."""
+    os.environ["MMTRT_CACHE"] = str(tmp_path_factory.mktemp("mmtrt-cache"))
+    return Path(os.environ["MMTRT_CACHE"])
 
 
 @pytest.fixture(scope="session")

@@ -6,19 +6,18 @@ import json
 from pathlib import Path
 from typing import Any
 
-from mmtrt.bundle.manifest import BUILD_REPORT, bundle_hash, read_manifest, verify_artifacts
+from mmtrt.bundle.manifest import bundle_hash, read_build_report, read_manifest, verify_artifacts
 
 
 def inspect_json(bundle: str | Path) -> dict[str, Any]:
     bundle = Path(bundle)
     manifest = read_manifest(bundle)
-    report = bundle / BUILD_REPORT
     return {
         "bundle": str(bundle),
         "bundle_sha256": bundle_hash(bundle),
         "artifacts_modified": verify_artifacts(bundle, manifest),
         "manifest": manifest,
-        "build_report": json.loads(report.read_text()) if report.is_file() else None,
+        "build_report": read_build_report(bundle),
     }
 
 

@@ -14,6 +14,7 @@ from mmtrt.errors import UserError
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
 BUILD_REPORT = "build_report.json"
+REQUIRED = {"artifacts": dict, "components": dict, "model": dict, "dims": dict, "envelope": dict}
 TOOLCHAIN = ("torch", "torchvision", "transformers", "onnx", "onnxruntime-gpu", "onnx-graphsurgeon", "tokenizers")
 
 
@@ -41,13 +42,48 @@ def dumps(obj: Any) -> str:
 
 def read_manifest(bundle: Path) -> dict[str, Any]:
     path = Path(bundle) / MANIFEST
-    if not path.is_file():
-        raise UserError(f"{bundle} is not an mmtrt bundle (no {MANIFEST}); pass the folder `mmtrt compile` wrote")
-    manifest = json.loads(path.read_text())
+    manifest = _manifest_json(bundle)
     if manifest.get("schema_version") != SCHEMA_VERSION:
         raise UserError(f"{bundle} has manifest schema {manifest.get('schema_version')}, this mmtrt reads "
                         f"{SCHEMA_VERSION}; recompile the recipe with this mmtrt")
+    missing = [k for k, kind in REQUIRED.items() if not isinstance(manifest.get(k), kind)]
+    if missing or not all(isinstance(k, str) and isinstance(v, str) for k, v in manifest["artifacts"].items()):
+        raise UserError(f"{path} lacks {', '.join(missing) or 'artifact hashes'} or has the wrong type there; "
+                        "recompile the recipe or restore the bundle")
     return manifest
+
+
+def _manifest_json(bundle: Path) -> dict[str, Any]:
+    path = Path(bundle) / MANIFEST
+    if not path.is_file():
+        raise UserError(f"{bundle} is not an mmtrt bundle (no {MANIFEST}); pass the folder `mmtrt compile` wrote")
+    try:
+        manifest = json.loads(path.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot read {path} ({exc}); recompile the recipe or restore the bundle") from None
+    if not isinstance(manifest, dict):
+        raise UserError(f"{path} is not a manifest (a JSON object); recompile the recipe or restore the bundle")
+    return manifest
+
+
+def is_bundle(folder: Path) -> bool:
+    """Whether `folder` holds a manifest mmtrt wrote, of any schema version (what `compile --force` may replace)."""
+    try:
+        manifest = _manifest_json(folder)
+    except UserError:
+        return False
+    return "schema_version" in manifest and isinstance(manifest.get("artifacts"), dict)
+
+
+def read_build_report(bundle: Path) -> dict[str, Any] | None:
+    """The build report (compile time, host), or None without one; it is not hashed, so it is checked here."""
+    path = Path(bundle) / BUILD_REPORT
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot read {path} ({exc}); delete it (it only records the compile) or recompile") from None
 
 
 def bundle_hash(bundle: Path) -> str:

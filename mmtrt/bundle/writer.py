@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 import shutil
 import tempfile
@@ -11,25 +12,61 @@ from typing import Any
 
 import onnx
 
-from mmtrt.bundle.manifest import BUILD_REPORT, MANIFEST, dumps, sha256_file
+from mmtrt.backends.tensorrt.engines import ENGINE_DIR
+from mmtrt.bundle.manifest import BUILD_REPORT, MANIFEST, dumps, is_bundle, sha256_file
+from mmtrt.bundle.staging import OWNER, claim, signals_deferred, sigterm_as_interrupt, sweep_stale
 from mmtrt.errors import UserError
 from mmtrt.ir.graph import ModelIR
 
 
 @contextlib.contextmanager
 def staging_folder(out: Path, force: bool):
-    """Yields a temporary folder beside `out`; on success it replaces `out`, on failure it disappears."""
+    """Yields a temporary folder beside `out`; on success it replaces `out`, on failure, Ctrl-C or SIGTERM it
+    disappears. Staging folders that compiles killed harder (SIGKILL, a power cut) left are swept first."""
     out = Path(out).resolve()
-    if out.exists() and not force:
-        raise UserError(f"{out} already exists; pass --force to replace it or choose another -o")
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    _check_replaceable(out, force)
     try:
-        yield tmp
-        _swap_into_place(tmp, out)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
+        out.parent.mkdir(parents=True, exist_ok=True)
+        sweep_stale(out.parent)
+        tmp = Path(tempfile.mkdtemp(prefix=f".{out.name}.tmp-", dir=out.parent))
+    except OSError as exc:
+        raise UserError(f"cannot write beside {out} ({exc}); choose another -o") from None
+    with sigterm_as_interrupt():
+        try:
+            claim(tmp)
+            yield tmp
+            (tmp / OWNER).unlink()
+            with signals_deferred():
+                _swap_into_place(tmp, out)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+
+
+def _check_replaceable(out: Path, force: bool) -> None:
+    """--force replaces a bundle, never a folder of something else, nor a bundle with the user's files in it."""
+    if not os.path.lexists(out):
+        return
+    if not force:
+        raise UserError(f"{out} already exists; pass --force to replace it or choose another -o")
+    if not out.is_dir() or not is_bundle(out):
+        raise UserError(f"{out} is not an mmtrt bundle (no {MANIFEST} of mmtrt's); --force replaces only bundles, "
+                        "choose another -o")
+    foreign = sorted(set(_bundle_files(out)) - set(_mmtrt_files(out)))
+    if foreign:
+        raise UserError(f"{out} holds files mmtrt did not write ({', '.join(foreign[:3])}); move them out or choose "
+                        "another -o")
+
+
+def _bundle_files(folder: Path) -> list[str]:
+    return [p.relative_to(folder).as_posix() for p in folder.rglob("*") if not p.is_dir()]
+
+
+def _mmtrt_files(folder: Path) -> list[str]:
+    """What a bundle folder holds: its manifest's artifacts, the manifest, the build report and built engines."""
+    manifest = json.loads((folder / MANIFEST).read_text())
+    listed = [*manifest["artifacts"], MANIFEST, BUILD_REPORT]
+    return listed + [f for f in _bundle_files(folder) if f.startswith(f"{ENGINE_DIR}/")]
 
 
 def _swap_into_place(tmp: Path, out: Path) -> None:
@@ -37,6 +74,7 @@ def _swap_into_place(tmp: Path, out: Path) -> None:
         os.rename(tmp, out)
         return
     old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
+    claim(old)
     os.rename(out, old / out.name)
     os.rename(tmp, out)
     shutil.rmtree(old, ignore_errors=True)
@@ -70,7 +108,7 @@ def write_artifacts(ir: ModelIR, folder: Path, threshold: int) -> dict[str, dict
 
 def hash_artifacts(folder: Path) -> dict[str, str]:
     return {p.relative_to(folder).as_posix(): sha256_file(p) for p in sorted(folder.rglob("*"))
-            if p.is_file() and p.name not in (MANIFEST, BUILD_REPORT)}
+            if p.is_file() and p.name not in (MANIFEST, BUILD_REPORT, OWNER)}
 
 
 def write_manifest(folder: Path, manifest: dict[str, Any]) -> None:

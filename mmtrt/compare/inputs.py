@@ -3,12 +3,15 @@ or loaded from an .npz file a previous comparison saved (keys `component/iterati
 
 from __future__ import annotations
 
+import zipfile
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from mmtrt.errors import UserError
+from mmtrt.ir.graph import TensorSpec
+from mmtrt.partition.shapes import check_shape
 
 PREFILL_TOKENS = 12
 NUMPY = {"float32": np.float32, "float16": np.float16, "int64": np.int64, "int32": np.int32, "bool": np.bool_}
@@ -53,14 +56,55 @@ def save(path: Path, feeds: dict[str, list[dict[str, np.ndarray]]]) -> None:
                       for i, feed in enumerate(its) for name, value in feed.items()})
 
 
-def load(path: Path) -> dict[str, list[dict[str, np.ndarray]]]:
-    if not Path(path).is_file():
+def load(path: Path, manifest: dict[str, Any], components: list[str]) -> dict[str, list[dict[str, np.ndarray]]]:
+    """The inputs in `path` for `components`, each checked against the bundle's contract and profile."""
+    feeds = _read_npz(Path(path))
+    for comp in components:
+        if not feeds.get(comp):
+            raise UserError(f"inputs file {path} has no inputs for {comp}; pass --partition for those it has, or "
+                            "save inputs with --save-inputs")
+        for i, feed in enumerate(feeds[comp]):
+            _check_feed(f"{path}: {comp}/{i}", feed, manifest, comp)
+    return {comp: feeds[comp] for comp in components}
+
+
+def _read_npz(path: Path) -> dict[str, list[dict[str, np.ndarray]]]:
+    if not path.is_file():
         raise UserError(f"inputs file {path} does not exist; pass an .npz that `mmtrt compare --save-inputs` wrote")
+    try:
+        arrays = _npz_arrays(path)
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
+        raise UserError(f"inputs file {path} is not an .npz of arrays ({type(exc).__name__}: {exc}); pass one "
+                        "that `mmtrt compare --save-inputs` wrote") from None
     feeds: dict[str, dict[int, dict[str, np.ndarray]]] = {}
-    with np.load(path) as data:
-        for key in data.files:
-            parts = key.split("/")
-            if len(parts) != 3 or not parts[1].isdigit():
-                raise UserError(f"{path}: key {key!r} is not component/iteration/input; save inputs with --save-inputs")
-            feeds.setdefault(parts[0], {}).setdefault(int(parts[1]), {})[parts[2]] = data[key]
+    for key, value in arrays.items():
+        parts = key.split("/")
+        if len(parts) != 3 or not parts[1].isdigit():
+            raise UserError(f"{path}: key {key!r} is not component/iteration/input; save inputs with --save-inputs")
+        feeds.setdefault(parts[0], {}).setdefault(int(parts[1]), {})[parts[2]] = value
     return {comp: [its[i] for i in sorted(its)] for comp, its in feeds.items()}
+
+
+def _npz_arrays(path: Path) -> dict[str, np.ndarray]:
+    data = np.load(path, allow_pickle=False)
+    if not isinstance(data, np.lib.npyio.NpzFile):
+        raise ValueError("one .npy array, not an archive of them")
+    with data:
+        return {key: data[key] for key in data.files}
+
+
+def _check_feed(where: str, feed: dict[str, np.ndarray], manifest: dict[str, Any], comp: str) -> None:
+    specs = [TensorSpec.from_json(s) for s in manifest["components"][comp]["inputs"]]
+    names = [s.name for s in specs]
+    if sorted(feed) != sorted(names):
+        raise UserError(f"{where} has inputs {sorted(feed)}, the bundle's {comp} takes {sorted(names)}; save inputs "
+                        "with --save-inputs from a bundle of the same contract")
+    for spec in specs:
+        value = feed[spec.name]
+        if value.dtype != NUMPY[spec.dtype] or value.ndim != len(spec.shape):
+            raise UserError(f"{where}/{spec.name} is {value.dtype}{list(value.shape)}, the bundle takes "
+                            f"{spec.dtype}{list(spec.shape)}; save inputs with --save-inputs")
+        try:
+            check_shape(comp, spec, value.shape, manifest["dims"])
+        except UserError as exc:
+            raise UserError(f"{where}: {exc}") from None

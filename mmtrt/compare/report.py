@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from mmtrt.bundle.manifest import bundle_hash, read_manifest
+from mmtrt.bundle.verify import verify_bundle
 from mmtrt.compare import inputs as compare_inputs
 from mmtrt.compare.diff import bundle_differences
 from mmtrt.compare.runners import bundle_runner, torch_runner
@@ -32,9 +33,12 @@ def compare(a: Path, b: Path | None, *, reference: str | None = None, atol: floa
         raise UserError("compare needs a second bundle or --reference torch (not both)")
     ma = read_manifest(Path(a))
     mb = read_manifest(Path(b)) if b is not None else None
+    for bundle, manifest in ((a, ma), (b, mb)):
+        if manifest is not None:
+            verify_bundle(bundle, manifest)
     components = _components(components)
     seed = int(np.random.SeedSequence().entropy % (1 << 63)) if seed is None else seed
-    feeds = (compare_inputs.load(inputs_file) if inputs_file else
+    feeds = (compare_inputs.load(inputs_file, ma, components) if inputs_file else
              {c: compare_inputs.generate(ma, c, np.random.default_rng([seed, i])) for i, c in enumerate(components)})
     if save_inputs:
         compare_inputs.save(save_inputs, {c: feeds[c] for c in components})

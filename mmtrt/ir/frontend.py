@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import tempfile
 from pathlib import Path
@@ -29,10 +30,8 @@ def load_source(source: ModelSource, recipe_dir: Path):
     from transformers import LlavaForConditionalGeneration
 
     folder, processor = _checkpoint_processor(recipe_dir / source.path)
-    try:
+    with _checkpoint_errors(f"could not load the weights in {folder}", "re-save the model with save_pretrained"):
         return LlavaForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval(), processor
-    except (OSError, ValueError) as exc:
-        raise UserError(f"could not load the weights in {folder} ({_first_line(exc)}); re-save the model with save_pretrained") from None
 
 
 def describe_source(source: ModelSource, recipe_dir: Path) -> dict[str, Any]:
@@ -44,7 +43,8 @@ def describe_source(source: ModelSource, recipe_dir: Path) -> dict[str, Any]:
         from transformers import AutoConfig, GenerationConfig
 
         folder, processor = _checkpoint_processor(recipe_dir / source.path)
-        config = AutoConfig.from_pretrained(folder)
+        with _checkpoint_errors(f"could not load {folder / 'config.json'}", "re-save the model with save_pretrained"):
+            config = AutoConfig.from_pretrained(folder)
         try:
             generation = GenerationConfig.from_pretrained(folder)
         except OSError:
@@ -52,8 +52,10 @@ def describe_source(source: ModelSource, recipe_dir: Path) -> dict[str, Any]:
     return model_facts(config, generation, processor, spec_from_image_processor(processor.image_processor))
 
 
-def _first_line(exc: Exception) -> str:
-    return (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+def _first_line(exc: Exception, limit: int = 240) -> str:
+    """The exception as one line (transformers' validation errors spread the reason over several)."""
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return text if len(text) <= limit else text[:limit - 3] + "..."
 
 
 def _checkpoint_processor(folder: Path):
@@ -66,13 +68,35 @@ def _checkpoint_processor(folder: Path):
     missing = [f for f in CHECKPOINT_FILES if not (folder / f).is_file()]
     if missing:
         raise UserError(f"model folder {folder} has no {', '.join(missing)}; point model.path at a save_pretrained folder")
-    model_type = json.loads((folder / "config.json").read_text()).get("model_type")
+    model_type = _read_config(folder).get("model_type")
     if model_type != "llava":
         raise UserError(f"model folder {folder} holds a {model_type!r} model; mmtrt compiles LLaVA-style checkpoints (model_type llava)")
-    try:
+    with _checkpoint_errors(f"could not load the config and processor in {folder}",
+                            "fix config.json or save the processor beside the weights with save_pretrained"):
         return folder, AutoProcessor.from_pretrained(folder)
-    except (OSError, ValueError, TypeError) as exc:
-        raise UserError(f"could not load the processor in {folder} ({_first_line(exc)}); save the processor beside the weights") from None
+
+
+@contextlib.contextmanager
+def _checkpoint_errors(problem: str, fix: str):
+    """What transformers raises on a broken checkpoint file: none of these share a base class below Exception."""
+    from huggingface_hub.errors import StrictDataclassError
+    from safetensors import SafetensorError
+
+    try:
+        yield
+    except (OSError, ValueError, TypeError, KeyError, SafetensorError, StrictDataclassError) as exc:
+        raise UserError(f"{problem} ({_first_line(exc)}); {fix}") from None
+
+
+def _read_config(folder: Path) -> dict[str, Any]:
+    path = folder / "config.json"
+    try:
+        config = json.loads(path.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot read {path} ({_first_line(exc)}); re-save the model with save_pretrained") from None
+    if not isinstance(config, dict):
+        raise UserError(f"{path} is not a JSON object; re-save the model with save_pretrained")
+    return config
 
 
 def expected_image_tokens(processor, spec: dict[str, Any]) -> int:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import onnx
 
+from mmtrt.errors import UserError
 from mmtrt.ir.graph import ModelIR, graph_io
 from mmtrt.pipeline.pass_base import Pass
 
@@ -62,11 +63,22 @@ class Timer(Instrument):
         report["time_ms"] = round(1000 * (time.perf_counter() - self._start), 1)
 
 
+def dump_folder(folder: Path) -> Path:
+    """The --dump-ir folder, created now so that a bad path fails before the model is built."""
+    folder = Path(folder)
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise UserError(f"--dump-ir {folder} is not a usable folder ({exc.strerror or exc}); name a folder") from None
+    return folder
+
+
 class Dump(Instrument):
-    """Writes every ONNX graph after every pass, for debugging a pass."""
+    """Writes every ONNX graph after every pass, for debugging a pass. It saves a copy: saving with external data
+    moves the initializers out of the proto it is given, which would strip the live IR."""
 
     def __init__(self, folder: Path):
-        self.folder = Path(folder)
+        self.folder = dump_folder(folder)
         self.count = 0
 
     def after(self, p, ir, report):
@@ -74,4 +86,6 @@ class Dump(Instrument):
         for comp in ir.onnx_components():
             out = self.folder / f"{self.count:02d}_{p.name}" / f"{comp.name}.onnx"
             out.parent.mkdir(parents=True, exist_ok=True)
-            onnx.save_model(comp.onnx, out, save_as_external_data=True, location=f"{comp.name}.onnx.data")
+            copy = onnx.ModelProto()
+            copy.CopyFrom(comp.onnx)
+            onnx.save_model(copy, out, save_as_external_data=True, location=f"{comp.name}.onnx.data")

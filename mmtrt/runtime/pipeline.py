@@ -14,6 +14,7 @@ from PIL import Image, UnidentifiedImageError
 
 from mmtrt.backends.torchvision_backend import build_transform
 from mmtrt.bundle.manifest import bundle_hash, read_manifest
+from mmtrt.bundle.verify import verify_bundle
 from mmtrt.errors import UserError
 from mmtrt.ir.graph import TensorSpec
 from mmtrt.partition.shapes import check_shape
@@ -46,6 +47,8 @@ def open_image(image) -> Image.Image:
             return img
     except (FileNotFoundError, IsADirectoryError):
         raise UserError(f"image {image} does not exist; pass the path of a PNG or JPEG file") from None
+    except Image.DecompressionBombError as exc:
+        raise UserError(f"image {image} is refused as a decompression bomb ({exc}); pass a smaller image") from None
     except (UnidentifiedImageError, OSError) as exc:
         raise UserError(f"cannot read image {image} ({exc}); pass a PNG or JPEG file") from None
 
@@ -58,6 +61,7 @@ class Pipeline:
 
         self.path = Path(path)
         self.manifest = read_manifest(self.path)
+        verify_bundle(self.path, self.manifest)
         self.hash = bundle_hash(self.path)
         self.model = self.manifest["model"]
         self.dims = self.manifest["dims"]

@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from mmtrt.bundle.manifest import dumps, sha256_file
+from mmtrt.errors import UserError
 
 ENGINE_DIR = "engines"
 INDEX = f"{ENGINE_DIR}/index.json"
@@ -66,7 +67,16 @@ def timing_cache_file(target: Target) -> str:
 
 def read_index(bundle: Path) -> dict[str, dict[str, Any]]:
     path = Path(bundle) / INDEX
-    return json.loads(path.read_text()) if path.is_file() else {}
+    if not path.is_file():
+        return {}
+    try:
+        index = json.loads(path.read_bytes())
+    except (OSError, ValueError) as exc:
+        raise UserError(f"cannot read {path} ({exc}); delete it and rerun `mmtrt build-engines`") from None
+    if not isinstance(index, dict) or not all(isinstance(v, dict) for v in index.values()):
+        raise UserError(f"{path} is not an engine index (a JSON object of entries); delete it and rerun "
+                        "`mmtrt build-engines`")
+    return index
 
 
 def write_bytes(path: Path, data: bytes) -> None:
