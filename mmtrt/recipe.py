@@ -140,18 +140,23 @@ def load_recipe(path: str | Path) -> tuple[Recipe, Path]:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"recipe file {path} does not exist; pass the path of a YAML recipe")
-    try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except UnicodeDecodeError as exc:
-        raise UserError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); a recipe is a YAML file") from None
-    except yaml.YAMLError as exc:
-        raise UserError(f"{_yaml_place(path, exc)}: not valid YAML ({_yaml_problem(exc)}); fix the syntax") from None
+    data = read_yaml(path, path.read_bytes(), "a recipe")
     if not isinstance(data, dict):
         raise UserError(f"{path}: a recipe is a mapping with at least `model:`; see docs/RECIPES.md")
     try:
         return Recipe.model_validate(data), path.resolve().parent
     except ValidationError as exc:
         raise UserError(format_validation_error(exc, Recipe, str(path))) from None
+
+
+def read_yaml(path: Path, raw: bytes, what: str) -> Any:
+    """YAML from `raw` (the bytes of `path`), with errors as one line naming path:line:column."""
+    try:
+        return yaml.safe_load(raw.decode("utf-8"))
+    except UnicodeDecodeError as exc:
+        raise UserError(f"{path}: not UTF-8 text ({exc.reason} at byte {exc.start}); {what} is a YAML file") from None
+    except yaml.YAMLError as exc:
+        raise UserError(f"{_yaml_place(path, exc)}: not valid YAML ({_yaml_problem(exc)}); fix the syntax") from None
 
 
 def _yaml_place(path: Path, exc: yaml.YAMLError) -> str:

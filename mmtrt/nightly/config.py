@@ -10,7 +10,7 @@ import yaml
 from pydantic import Field, ValidationError, model_validator
 
 from mmtrt.errors import UserError
-from mmtrt.recipe import Strict, format_validation_error
+from mmtrt.recipe import Strict, format_validation_error, read_yaml
 
 Suite = Literal["digits", "perplexity", "parity"]
 Timing = Literal["preprocess_ms", "vision_ms", "prefill_ms", "decode_ms_per_token"]
@@ -76,18 +76,15 @@ def load_config(path: str | Path) -> tuple[NightlyConfig, Path, str]:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"nightly config {path} does not exist; pass a NIGHTLY.yaml (see docs/NIGHTLY.md)")
-    text = path.read_text()
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise UserError(f"{path}: not valid YAML ({str(exc).splitlines()[0]}); fix the syntax") from None
+    raw = path.read_bytes()
+    data = read_yaml(path, raw, "a nightly config")
     if not isinstance(data, dict):
         raise UserError(f"{path}: a nightly config is a mapping with `recipes:` and `reference:`; see docs/NIGHTLY.md")
     try:
         config = NightlyConfig.model_validate(data)
     except ValidationError as exc:
         raise UserError(format_validation_error(exc, NightlyConfig, str(path))) from None
-    return config, path.resolve().parent, hashlib.sha256(text.encode()).hexdigest()
+    return config, path.resolve().parent, hashlib.sha256(raw).hexdigest()
 
 
 def parse_shard(text: str | None) -> tuple[int, int] | None:
