@@ -1,5 +1,9 @@
 """What the compiler writes for TensorRT hosts: placement per component, segment files, the engine build plan
-and the TensorRT-LLM command. All of it is decided here, on any host; `mmtrt build-engines` executes it."""
+and the TensorRT-LLM command. All of it is decided here, on any host; `mmtrt build-engines` executes it.
+
+An engine is tuned at its profile's opt shape, so one profile cannot serve both LLM phases well: a segment whose
+inputs depend on the sequence gets a `decode` profile (seq = 1 after a typical prompt, the shape it runs most)
+and a `prefill` profile (a typical prompt, no past); any other segment gets one profile."""
 
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ def engine_sections(ir: ModelIR, recipe: Recipe, dims: dict, folder: Path, files
     """The manifest's `placement`, `tensorrt` and `tensorrt_llm` sections; writes segment files into `folder`."""
     placements, entries = {}, []
     threshold = recipe.output.external_data_threshold
+    phases = phase_dims(dims, recipe.envelope.prompt_tokens.opt + ir.config["vision"]["image_tokens"])
     for comp in ir.onnx_components():
         placement = place_component(comp)
         written = segments.write(placement, folder, threshold, files[comp.name])
@@ -27,10 +32,38 @@ def engine_sections(ir: ModelIR, recipe: Recipe, dims: dict, folder: Path, files
         placements[comp.name] = report
         for s, seg_files in zip(placement.segments, written):
             if s.backend == TENSORRT:
-                profile, why = segments.profile(placement, s, dims)
-                entries.append(segment_entry(comp.name, seg_files, s.inputs, s.outputs, profile, why,
+                profiles, why = segment_profiles(placement, s, phases)
+                entries.append(segment_entry(comp.name, seg_files, s.inputs, s.outputs, profiles, why,
                                              segments.precision(placement, s)))
     llm_plan = None
     if "tensorrt-llm" in recipe.partition.llm:
         llm_plan = trtllm_plan(ir.config, dims, (folder / CHECKPOINT_DIR / "config.json").is_file())
     return {"placement": placements, "tensorrt": build_plan(entries), "tensorrt_llm": llm_plan}
+
+
+def phase_dims(dims: dict[str, dict[str, int]], typical_prompt: int) -> dict[str, dict[str, dict[str, int]]]:
+    """The shape plan as each LLM phase sees it. Decode: seq is 1, the cache holds a typical prompt (the plan's
+    own opt points). Prefill: seq up to its planned maximum, tuned for a typical prompt (text plus image tokens)
+    with no past; the past stays allowed (a follow-up turn) over its planned range."""
+    seq, past = dims["seq"], dims["past"]
+    typical = min(max(typical_prompt, seq["min"]), seq["max"])
+    decode = {**dims, "seq": {"min": 1, "opt": 1, "max": 1}}
+    tokens = {"min": 1, "opt": typical, "max": dims["total"]["max"]}
+    prefill = {**dims, "seq": {**seq, "opt": typical}, "past": {**past, "opt": 0}, "total": tokens,
+               "past + seq": tokens}
+    return {"decode": decode, "prefill": prefill}
+
+
+def segment_profiles(placement, segment, phases) -> tuple[list[dict] | None, str | None]:
+    """Per phase a profile for the segment's inputs, or (None, why) when a dimension is not planned; one
+    profile when the phases give the same shapes (a segment that does not read the sequence)."""
+    profiles = []
+    for name, dims in phases.items():
+        shapes, why = segments.profile(placement, segment, dims)
+        if shapes is None:
+            return None, why
+        if all(shapes != p["shapes"] for p in profiles):
+            profiles.append({"name": name, "shapes": shapes})
+    if len(profiles) == 1:
+        profiles[0]["name"] = "all"
+    return profiles, None
