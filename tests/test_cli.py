@@ -7,7 +7,6 @@ import sys
 import pytest
 
 from builders import random_image
-from mmtrt.backends import unavailable_reason
 from mmtrt.bundle.manifest import read_manifest
 from mmtrt.cli import main
 
@@ -49,9 +48,7 @@ def test_unknown_recipe_key_names_key_place_and_allowed(tmp_path):
     ("model: {source: zoo, name: tiny-llava}\npasses:\n  - dead_layer_elimination: {}\n  - dead_layer_elimination: {}\n",
      ["passes[1]", "vision.hidden_state_stack"]),
     ("model: {source: zoo, name: tiny-llava}\nenvelope: {max_new_tokens: 5000}\n", ["KV capacity", "max_new_tokens"]),
-    pytest.param("model: {source: zoo, name: tiny-llava}\npartition: {vision: [tensorrt]}\n",
-                 ["partition.vision", "onnxruntime"],
-                 marks=pytest.mark.skipif(unavailable_reason("tensorrt") is None, reason="this host runs TensorRT")),
+    ("model: {source: zoo, name: tiny-llava}\npartition: {vision: [tensorrt-llm]}\n", ["partition.vision", "onnxruntime"]),
 ])
 def test_bad_recipes_fail_in_process_with_exit_2(tmp_path, capsys, recipe_text, words):
     recipe = tmp_path / "r.yaml"
@@ -100,7 +97,7 @@ def test_plan_resolves_without_building(tmp_path, capsys):
     assert main(["compile", str(recipe), "--plan", "-o", str(tmp_path / "out")]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert [p["pass"] for p in plan["passes"]] == ["dead_layer_elimination"]
-    assert plan["partitions"]["vision"]["chosen"] in ("onnxruntime", "tensorrt")
+    assert plan["partitions"]["vision"]["planned"] == "tensorrt"
     assert plan["dims_before_passes"]["seq"]["max"] == 256 + 64
     assert not (tmp_path / "out").exists()
 

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from mmtrt.bundle.manifest import BUILD_REPORT, bundle_hash, read_manifest, verify_artifacts
+from mmtrt.runtime.host import host_backends
 
 
 def inspect_json(bundle: str | Path) -> dict[str, Any]:
@@ -18,6 +19,7 @@ def inspect_json(bundle: str | Path) -> dict[str, Any]:
         "bundle_sha256": bundle_hash(bundle),
         "artifacts_modified": verify_artifacts(bundle, manifest),
         "manifest": manifest,
+        "this_host": host_backends(bundle, manifest),
         "build_report": json.loads(report.read_text()) if report.is_file() else None,
     }
 
@@ -37,9 +39,11 @@ def describe(bundle: str | Path) -> str:
         "",
         "partitions:",
     ]
+    host = host_backends(Path(bundle), m)
     for name, p in m["partitions"].items():
         comp = m["components"][name]
-        lines.append(f"  {name:<10} {p['chosen']:<12} (preferred {p['preferred']}) {comp['artifact']}: {p['reason']}")
+        lines.append(f"  {name:<10} planned {p['planned']:<12} {comp['artifact']}: {p['reason']}")
+        lines.append(f"  {'':<10} this host: {host[name]}")
     lines += ["", "profiles (min / opt / max):"]
     for comp, inputs in m["profiles"].items():
         for name, prof in inputs.items():
@@ -91,7 +95,7 @@ def describe_placement(bundle: str | Path) -> str:
             lines.append(f"  {s['id']:<12} {s['backend']:<12} {s['nodes']:>5} nodes  {s['onnx']}{extra}")
             lines.append(f"    in:  {'; '.join(_tensor(t) for t in s['inputs'])}")
             lines.append(f"    out: {'; '.join(_tensor(t) for t in s['outputs'])}")
-            if entry and entry["profile"] is None:
+            if entry and entry["profiles"] is None:
                 lines.append(f"    not buildable: {entry['unbuildable']}")
         lines += _fallbacks(p["nodes"])
     llm = m.get("tensorrt_llm")
