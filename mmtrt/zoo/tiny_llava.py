@@ -76,7 +76,7 @@ def _vision(tower: str, image_size: int, patch_size: int, hidden: int, layers: i
     raise ValueError(f"unknown tower {tower!r}")
 
 
-def build_tiny_llava(
+def describe_tiny_llava(
     tower: str = "clip",
     image_size: int = 64,
     patch_size: int = 8,
@@ -86,13 +86,12 @@ def build_tiny_llava(
     layers: int = 4,
     heads: int = 4,
     kv_heads: int = 2,
-    seed: int = SEED,
     llm: str = "llama",
     head_dim: int | None = None,
-) -> tuple[LlavaForConditionalGeneration, LlavaProcessor]:
-    """The model and its processor; the same arguments always give the same weights. `llm` picks the decoder
-    family (llama, mistral or gemma: the latter two with a BOS-writing template); `head_dim` may differ from
-    hidden / heads, as Gemma's does."""
+) -> tuple[LlavaConfig, GenerationConfig, LlavaProcessor]:
+    """The config, generation config and processor, without weights. `llm` picks the decoder family (llama,
+    mistral or gemma: the latter two with a BOS-writing template); `head_dim` may differ from hidden / heads,
+    as Gemma's does."""
     tokenizer = byte_tokenizer(bos=llm != "llama")
     vision_config, image_processor = _vision(tower, image_size, patch_size, vision_hidden, vision_layers)
     text_config = LLM_CONFIGS[llm](
@@ -107,14 +106,22 @@ def build_tiny_llava(
         image_token_id=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
         vision_feature_layer=-2, vision_feature_select_strategy=strategy, projector_hidden_act="gelu",
     )
-    with torch.random.fork_rng():
-        torch.manual_seed(seed)
-        model = LlavaForConditionalGeneration(config).eval()
-    model.generation_config = GenerationConfig(
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, do_sample=False)
+    generation = GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                                  do_sample=False)
     processor = LlavaProcessor(
         image_processor=image_processor, tokenizer=tokenizer, patch_size=patch_size,
         vision_feature_select_strategy=strategy, chat_template=tokenizer.chat_template, image_token=IMAGE_TOKEN,
         num_additional_image_tokens=1 if tower == "clip" else 0,
     )
+    return config, generation, processor
+
+
+def build_tiny_llava(seed: int = SEED, **sizes) -> tuple[LlavaForConditionalGeneration, LlavaProcessor]:
+    """The model and its processor (`describe_tiny_llava`'s arguments); the same arguments always give the same
+    weights."""
+    config, generation, processor = describe_tiny_llava(**sizes)
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = LlavaForConditionalGeneration(config).eval()
+    model.generation_config = generation
     return model, processor
