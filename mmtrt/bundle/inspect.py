@@ -44,6 +44,9 @@ def describe(bundle: str | Path) -> str:
         comp = m["components"][name]
         lines.append(f"  {name:<10} planned {p['planned']:<12} {comp['artifact']}: {p['reason']}")
         lines.append(f"  {'':<10} this host: {host[name]}")
+    if m.get("polygraphy"):
+        lines += ["", "polygraphy (run in the bundle folder; consistent inputs: a prefill, then a decode step):"]
+        lines += [f"  {p['command']}" for p in m["polygraphy"].values()]
     lines += ["", "profiles (min / opt / max):"]
     for comp, inputs in m["profiles"].items():
         for name, prof in inputs.items():

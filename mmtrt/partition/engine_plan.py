@@ -1,5 +1,5 @@
-"""What the compiler writes for TensorRT hosts: placement per component, segment files, the engine build plan
-and the TensorRT-LLM command. All of it is decided here, on any host; `mmtrt build-engines` executes it.
+"""What the compiler writes for TensorRT hosts: placement per component, segment files, the engine build plan,
+the TensorRT-LLM command and Polygraphy's data loaders. All of it is decided here, on any host; `mmtrt build-engines` executes it.
 
 An engine is tuned at its profile's opt shape, so one profile cannot serve both LLM phases well: a segment whose
 inputs depend on the sequence gets a `decode` profile (seq = 1 after a typical prompt, the shape it runs most)
@@ -15,6 +15,7 @@ from mmtrt.backends.tensorrt_llm import CHECKPOINT_DIR, trtllm_plan
 from mmtrt.ir.graph import ModelIR
 from mmtrt.partition import segments
 from mmtrt.partition.placement import TENSORRT, place_component
+from mmtrt.partition.polygraphy_inputs import write_loaders
 from mmtrt.recipe import Recipe
 
 
@@ -22,7 +23,8 @@ def engine_sections(ir: ModelIR, recipe: Recipe, dims: dict, folder: Path, files
     """The manifest's `placement`, `tensorrt` and `tensorrt_llm` sections; writes segment files into `folder`."""
     placements, entries = {}, []
     threshold = recipe.output.external_data_threshold
-    phases = phase_dims(dims, recipe.envelope.prompt_tokens.opt + ir.config["vision"]["image_tokens"])
+    typical = recipe.envelope.prompt_tokens.opt + ir.config["vision"]["image_tokens"]
+    phases = phase_dims(dims, typical)
     for comp in ir.onnx_components():
         placement = place_component(comp)
         written = segments.write(placement, folder, threshold, files[comp.name])
@@ -38,7 +40,9 @@ def engine_sections(ir: ModelIR, recipe: Recipe, dims: dict, folder: Path, files
     llm_plan = None
     if "tensorrt-llm" in recipe.partition.llm:
         llm_plan = trtllm_plan(ir.config, dims, (folder / CHECKPOINT_DIR / "config.json").is_file())
-    return {"placement": placements, "tensorrt": build_plan(entries), "tensorrt_llm": llm_plan}
+    contracts = {c.name: {**files[c.name], "inputs": [s.to_json() for s in c.inputs]} for c in ir.onnx_components()}
+    loaders = write_loaders(contracts, dims, typical, ir.config["llm"]["vocab_size"], folder)
+    return {"placement": placements, "tensorrt": build_plan(entries), "tensorrt_llm": llm_plan, "polygraphy": loaders}
 
 
 def phase_dims(dims: dict[str, dict[str, int]], typical_prompt: int) -> dict[str, dict[str, dict[str, int]]]:
