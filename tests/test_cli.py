@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+from PIL import Image
 
 from builders import random_image
 from mmtrt.bundle.manifest import read_manifest
@@ -65,7 +66,7 @@ def test_missing_recipe_file(tmp_path):
 
 @pytest.mark.parametrize("make_image, words", [
     (lambda p, rng: p.write_bytes(b"not an image"), ["cannot read image"]),
-    (lambda p, rng: random_image(rng, 8, 40).save(p, format="PNG"), ["8", "envelope.image"]),
+    (lambda p, rng: Image.new("RGB", (2_000_000, 1)).save(p, format="PNG"), ["2000000x1", "closer to square"]),
     (lambda p, rng: None, ["does not exist"]),
 ])
 def test_bad_images(tiny_bundle, tmp_path, capsys, rng, make_image, words):
