@@ -4,6 +4,8 @@ the runtime looks up."""
 
 import shutil
 
+import numpy as np
+
 import pytest
 
 from mmtrt.backends.tensorrt.engines import Target, engine_file, select
@@ -68,3 +70,22 @@ def test_trtexec_line_matches_build_engines(tiny_bundle, tmp_path):
     (bundle / saved.replace(TARGET_PLACEHOLDER, H100_TRT11.tag())).write_bytes(b"engine bytes")
     path, why = select(bundle, llm, H100_TRT11, {})
     assert path == bundle / engine_file(llm, H100_TRT11) and "built outside build-engines" in why
+
+
+def test_polygraphy_runner_switches_profile_per_call(tiny_bundle, tmp_path, monkeypatch):
+    """The selection around Polygraphy's TrtRunner.infer_impl, which needs TensorRT to run: here it is replaced by
+    a recorder, so only mmtrt's switching is under test (the engine itself has not run anywhere)."""
+    from polygraphy.backend.trt import TrtRunner
+
+    from mmtrt.backends.tensorrt.runner import trt_runner
+
+    profiles = plan(tiny_bundle)["llm.0"]["profiles"]
+    hidden = profiles[0]["shapes"]["inputs_embeds"]["min"][2]
+    (tmp_path / "x.engine").write_bytes(b"engine")
+    runner = trt_runner(tmp_path / "x.engine", profiles, "llm")
+    switched, ran = [], []
+    monkeypatch.setattr(TrtRunner, "infer_impl", lambda self, feeds, *a, **k: ran.append(self.active) or {})
+    runner.set_profile = switched.append
+    for seq in (30, 1, 1, 12):
+        runner.infer_impl({"inputs_embeds": np.zeros((1, seq, hidden), np.float32)})
+    assert switched == [1, 0, 1] and ran == [1, 0, 0, 1]

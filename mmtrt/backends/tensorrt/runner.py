@@ -28,25 +28,36 @@ def choose_profile(profiles: list[dict[str, Any]], shapes: dict[str, tuple[int, 
                     "with a wider envelope")
 
 
+def trt_runner(path: Path, profiles: list[dict[str, Any]] | None, name: str):
+    """Polygraphy's TrtRunner for the engine at `path`, switching to the profile that holds each call's shapes
+    (for Polygraphy's Comparator as for the runtime)."""
+    from polygraphy.backend.trt import EngineFromBytes, TrtRunner
+
+    class ProfileSelectingTrtRunner(TrtRunner):
+        active = 0
+
+        def infer_impl(self, feed_dict, *args, **kwargs):
+            if profiles and len(profiles) > 1:
+                index = choose_profile(profiles, {k: tuple(v.shape) for k, v in feed_dict.items()})
+                if index != self.active:
+                    self.set_profile(index)
+                    self.active = index
+            return super().infer_impl(feed_dict, *args, **kwargs)
+
+    return ProfileSelectingTrtRunner(EngineFromBytes(Path(path).read_bytes()), name=name)
+
+
 class EngineRunner:
     """Same interface as the ONNX Runtime runner: `run(feeds) -> outputs`, `providers`."""
 
     def __init__(self, path: Path, profiles: list[dict[str, Any]] | None = None, plugins: list[Path] = ()):
         import tensorrt as trt
-        from polygraphy.backend.trt import EngineFromBytes, TrtRunner
 
         for lib in plugins:
             trt.get_plugin_registry().load_library(str(lib))
-        self.profiles = profiles or []
-        self.runner = TrtRunner(EngineFromBytes(Path(path).read_bytes()), name=Path(path).name)
+        self.runner = trt_runner(path, profiles, Path(path).name)
         self.runner.activate()
-        self.active = 0
         self.providers = ["TensorRT"]
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        if len(self.profiles) > 1:
-            index = choose_profile(self.profiles, {name: value.shape for name, value in feeds.items()})
-            if index != self.active:
-                self.runner.set_profile(index)
-                self.active = index
         return {name: np.array(value, copy=True) for name, value in self.runner.infer(feeds).items()}
