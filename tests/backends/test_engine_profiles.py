@@ -5,7 +5,6 @@ the runtime looks up."""
 import shutil
 
 import numpy as np
-
 import pytest
 
 from mmtrt.backends.tensorrt.engines import Target, engine_file, select
