@@ -47,13 +47,13 @@ class Range(Strict):
 
 
 class ImageEnvelope(Strict):
-    min_side: int = Field(16, ge=1, description="Smallest image side, in pixels, that the runtime accepts.")
-    max_side: int = Field(4096, ge=1, description="Largest image side, in pixels, that the runtime accepts.")
+    min_side: int | None = Field(None, ge=1, description="Optional bound on the user's image file: its smallest side, in pixels. Unset, any image is taken (preprocessing resizes it to the model's input; PIL's decompression-bomb limit still applies).")
+    max_side: int | None = Field(None, ge=1, description="Optional bound on the user's image file: its largest side, in pixels (e.g. to cap decoding time). Unset, any size up to PIL's decompression-bomb limit.")
 
 
 class Envelope(Strict):
     batch: Range = Field(Range(min=1, opt=1, max=4), description="Requests run together (images and prompts).")
-    image: ImageEnvelope = Field(ImageEnvelope(), description="Image sizes the runtime accepts before preprocessing.")
+    image: ImageEnvelope = Field(ImageEnvelope(), description="Bounds on the user's image file, if any; the envelope itself bounds the preprocessed tensor.")
     prompt_tokens: Range = Field(Range(min=1, opt=32, max=256), description="Prompt length in tokens after the chat template, image tokens not counted.")
     max_new_tokens: int = Field(64, ge=1, description="Most tokens one request may generate; sizes the KV cache.")
 

@@ -41,11 +41,11 @@ from pathlib import Path
 
 import numpy as np
 from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
-from polygraphy.backend.trt import EngineFromBytes, TrtRunner
 from polygraphy.comparator import Comparator, SimpleCompareFunc
 from polygraphy.logger import G_LOGGER
 
 from mmtrt.backends.tensorrt.engines import probe_target, read_index, select
+from mmtrt.backends.tensorrt.runner import trt_runner
 from mmtrt.bundle.manifest import read_manifest
 from mmtrt.compare.inputs import generate
 
@@ -58,7 +58,7 @@ for bundle in map(Path, sys.argv[1:]):
         assert engine is not None, why
         rng = np.random.default_rng(0)
         feeds = [f for _ in range(10) for f in generate(manifest, entry["component"], rng)][:20]
-        runners = [TrtRunner(EngineFromBytes(engine.read_bytes()), name="trt"),
+        runners = [trt_runner(engine, entry["profiles"], "trt"),
                    OnnxrtRunner(SessionFromOnnx(str(bundle / entry["onnx"]), providers=["cpu"]), name="ort-cpu")]
         # ONNX Runtime falls back to the CPU when its CUDA provider cannot load: check what the session got.
         cuda = SessionFromOnnx(str(bundle / entry["onnx"]), providers=["cuda"])()

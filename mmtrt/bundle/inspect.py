@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from mmtrt.bundle.manifest import bundle_hash, read_build_report, read_manifest, verify_artifacts
+from mmtrt.runtime.host import host_backends
 
 
 def inspect_json(bundle: str | Path) -> dict[str, Any]:
@@ -17,6 +18,7 @@ def inspect_json(bundle: str | Path) -> dict[str, Any]:
         "bundle_sha256": bundle_hash(bundle),
         "artifacts_modified": verify_artifacts(bundle, manifest),
         "manifest": manifest,
+        "this_host": host_backends(bundle, manifest),
         "build_report": read_build_report(bundle),
     }
 
@@ -36,9 +38,14 @@ def describe(bundle: str | Path) -> str:
         "",
         "partitions:",
     ]
+    host = host_backends(Path(bundle), m)
     for name, p in m["partitions"].items():
         comp = m["components"][name]
-        lines.append(f"  {name:<10} {p['chosen']:<12} (preferred {p['preferred']}) {comp['artifact']}: {p['reason']}")
+        lines.append(f"  {name:<10} planned {p['planned']:<12} {comp['artifact']}: {p['reason']}")
+        lines.append(f"  {'':<10} this host: {host[name]}")
+    if m.get("polygraphy"):
+        lines += ["", "polygraphy (run in the bundle folder; consistent inputs: a prefill, then a decode step):"]
+        lines += [f"  {p['command']}" for p in m["polygraphy"].values()]
     lines += ["", "profiles (min / opt / max):"]
     for comp, inputs in m["profiles"].items():
         for name, prof in inputs.items():
@@ -110,7 +117,7 @@ def describe_placement(bundle: str | Path) -> str:
             lines.append(f"  {s['id']:<12} {s['backend']:<12} {s['nodes']:>5} nodes  {s['onnx']}{extra}")
             lines.append(f"    in:  {'; '.join(_tensor(t) for t in s['inputs'])}")
             lines.append(f"    out: {'; '.join(_tensor(t) for t in s['outputs'])}")
-            if entry and entry["profile"] is None:
+            if entry and entry["profiles"] is None:
                 lines.append(f"    not buildable: {entry['unbuildable']}")
             lines += _plugin_nodes(p["nodes"], s["id"])
         lines += _fallbacks(p["nodes"])

@@ -11,7 +11,7 @@ from typing import Any
 
 from mmtrt.errors import UserError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2  # 2: partitions plan for the target (`planned`), engine plans list `profiles`
 MANIFEST = "manifest.json"
 BUILD_REPORT = "build_report.json"
 REQUIRED = {"artifacts": dict, "components": dict, "model": dict, "dims": dict, "envelope": dict}

@@ -19,7 +19,7 @@ def _partitions(a, b) -> list[dict]:
     rows = []
     for comp in sorted(set(a["partitions"]) | set(b["partitions"])):
         pa, pb = a["partitions"].get(comp, {}), b["partitions"].get(comp, {})
-        for key in ("candidates", "chosen"):
+        for key in ("candidates", "planned"):
             if pa.get(key) != pb.get(key):
                 rows.append(_row(f"partition {key}", comp, pa.get(key), pb.get(key)))
     return rows

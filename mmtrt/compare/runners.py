@@ -57,10 +57,11 @@ def bundle_runner(bundle: Path, manifest: dict[str, Any], component: str, choice
         path = bundle / manifest["components"][component]["artifact"]
         return OnnxrtRunner(partial(_session, path), name=name), "onnxruntime"
     if len(segments) == 1:
-        from polygraphy.backend.trt import EngineFromBytes, TrtRunner
+        from mmtrt.backends.tensorrt.runner import trt_runner
 
         engine = next(iter(engines.values()))
-        return TrtRunner(EngineFromBytes(engine.read_bytes()), name=name), f"tensorrt ({engine.name})"
+        profiles = next(e["profiles"] for e in manifest["tensorrt"]["segments"] if e["id"] == segments[0]["id"])
+        return trt_runner(engine, profiles, name), f"tensorrt ({engine.name})"
     backends = "+".join(sorted({"tensorrt" if s["id"] in engines else "onnxruntime" for s in segments}))
     chain = partial(component_runner, bundle, manifest, component, choices, None, True)
     return FunctionRunner(chain, manifest["components"][component]["inputs"], name), f"segments ({backends})"

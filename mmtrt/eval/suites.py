@@ -99,7 +99,11 @@ def _torch_reference(model, processor, image):
 
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": digits.PROMPT}]}]
     text = processor.apply_chat_template(messages, add_generation_prompt=True)
-    inputs = processor(images=image, text=text, return_tensors="pt")
+    # A template that writes the BOS token itself (Mistral's, Gemma's) must not get a second one from the
+    # tokenizer: transformers' own `apply_chat_template(tokenize=True)` makes the same test.
+    bos = processor.tokenizer.bos_token
+    inputs = processor(images=image, text=text, return_tensors="pt",
+                       add_special_tokens=not (bos and text.startswith(bos)))
     with torch.no_grad():
         logits = model(**inputs).logits[0].numpy()
         out = model.generate(**inputs, max_new_tokens=4, do_sample=False)

@@ -37,8 +37,9 @@ def load_source(source: ModelSource, recipe_dir: Path):
 def describe_source(source: ModelSource, recipe_dir: Path) -> dict[str, Any]:
     """The model facts without loading weights, for `compile --plan`."""
     if source.source == "zoo":
-        model, processor = load_source(source, recipe_dir)
-        config, generation = model.config, model.generation_config
+        from mmtrt.zoo import describe_zoo_model
+
+        config, generation, processor = describe_zoo_model(source.name)
     else:
         from transformers import AutoConfig, GenerationConfig
 

@@ -1,8 +1,12 @@
-"""Assign each component a backend from the recipe's policy and what this host can run, with the reason."""
+"""Assign each component the backend the bundle plans for its target, from the recipe alone.
+
+The plan never looks at the compiling host: the same recipe gives the same manifest on a laptop and on a GPU
+server, and a recipe that lists only `tensorrt` compiles anywhere. What a given host can run is the runtime's
+decision at load time (`mmtrt.runtime.host`), which `mmtrt inspect` reports as "this host: ...".
+"""
 
 from __future__ import annotations
 
-from mmtrt.backends import unavailable_reason
 from mmtrt.errors import UserError
 from mmtrt.recipe import PartitionPolicy
 
@@ -15,24 +19,17 @@ CAPABLE = {
 }
 
 
-def assign_backends(policy: PartitionPolicy, components: list[str], probe=unavailable_reason) -> dict[str, dict]:
-    """One partition per component: the preferred backend, the chosen one, and why."""
+def assign_backends(policy: PartitionPolicy, components: list[str]) -> dict[str, dict]:
+    """One partition per component: the candidates, the first that can run the component (planned), and why."""
     partitions = {}
     for comp in components:
         candidates = getattr(policy, comp)
-        skipped = []
-        for backend in candidates:
-            if backend not in CAPABLE[comp]:
-                skipped.append(f"{backend}: cannot run the {comp} component")
-                continue
-            why_not = probe(backend)
-            if why_not is None:
-                break
-            skipped.append(f"{backend}: {why_not}")
-        else:
-            raise UserError(f"no backend in partition.{comp} ({', '.join(candidates)}) can run on this host: "
-                            f"{'; '.join(skipped)}; add onnxruntime to partition.{comp}")
-        reason = "preferred backend, available" if not skipped else "; ".join(skipped) + f"; fell back to {backend}"
-        partitions[comp] = {"component": comp, "preferred": candidates[0], "chosen": backend,
-                            "candidates": list(candidates), "reason": reason}
+        capable = [b for b in candidates if b in CAPABLE[comp]]
+        if not capable:
+            raise UserError(f"no backend in partition.{comp} ({', '.join(candidates)}) can run the {comp} component; "
+                            f"use {' or '.join(sorted(CAPABLE[comp]))}")
+        skipped = [f"{b}: cannot run the {comp} component" for b in candidates[:candidates.index(capable[0])]]
+        reason = "; ".join([*skipped, f"planned {capable[0]}"]) if skipped else "first backend listed"
+        partitions[comp] = {"component": comp, "candidates": list(candidates), "planned": capable[0],
+                            "reason": reason}
     return partitions

@@ -1,5 +1,9 @@
-"""What the compiler writes for TensorRT hosts: placement per component, segment files, the engine build plan
-and the TensorRT-LLM command. All of it is decided here, on any host; `mmtrt build-engines` executes it."""
+"""What the compiler writes for TensorRT hosts: placement per component, segment files, the engine build plan,
+the TensorRT-LLM command and Polygraphy's data loaders. All of it is decided here, on any host; `mmtrt build-engines` executes it.
+
+An engine is tuned at its profile's opt shape, so one profile cannot serve both LLM phases well: a segment whose
+inputs depend on the sequence gets a `decode` profile (seq = 1 after a typical prompt, the shape it runs most)
+and a `prefill` profile (a typical prompt, no past); any other segment gets one profile."""
 
 from __future__ import annotations
 
@@ -12,6 +16,7 @@ from mmtrt.ir.graph import ModelIR
 from mmtrt.kernels.bundle import write_plugins
 from mmtrt.partition import segments
 from mmtrt.partition.placement import TENSORRT, place_component
+from mmtrt.partition.polygraphy_inputs import write_loaders
 from mmtrt.recipe import Recipe
 
 
@@ -19,6 +24,8 @@ def engine_sections(ir: ModelIR, recipe: Recipe, dims: dict, folder: Path, files
     """The manifest's `placement`, `tensorrt` and `tensorrt_llm` sections; writes segment files into `folder`."""
     placements, entries, plugins = {}, [], []
     threshold = recipe.output.external_data_threshold
+    typical = recipe.envelope.prompt_tokens.opt + ir.config["vision"]["image_tokens"]
+    phases = phase_dims(dims, typical)
     for comp in ir.onnx_components():
         placement = place_component(comp)
         written = segments.write(placement, folder, threshold, files[comp.name])
@@ -28,8 +35,8 @@ def engine_sections(ir: ModelIR, recipe: Recipe, dims: dict, folder: Path, files
         placements[comp.name] = report
         for s, seg_files in zip(placement.segments, written):
             if s.backend == TENSORRT:
-                profile, why = segments.profile(placement, s, dims)
-                entries.append(segment_entry(comp.name, seg_files, s.inputs, s.outputs, profile, why,
+                profiles, why = segment_profiles(placement, s, phases)
+                entries.append(segment_entry(comp.name, seg_files, s.inputs, s.outputs, profiles, why,
                                              segments.precision(placement, s)))
                 _add_plugins(entries[-1], placement.plugins(s))
                 plugins += placement.plugins(s)
@@ -38,7 +45,9 @@ def engine_sections(ir: ModelIR, recipe: Recipe, dims: dict, folder: Path, files
         llm_plan = trtllm_plan(ir.config, dims, (folder / CHECKPOINT_DIR / "config.json").is_file())
     plan = build_plan(entries)
     plan["plugins"] = write_plugins(folder, plugins)
-    return {"placement": placements, "tensorrt": plan, "tensorrt_llm": llm_plan}
+    contracts = {c.name: {**files[c.name], "inputs": [s.to_json() for s in c.inputs]} for c in ir.onnx_components()}
+    loaders = write_loaders(contracts, dims, typical, ir.config["llm"]["vocab_size"], folder)
+    return {"placement": placements, "tensorrt": plan, "tensorrt_llm": llm_plan, "polygraphy": loaders}
 
 
 def _add_plugins(entry: dict[str, Any], plugin_ids: list[str]) -> None:
@@ -48,3 +57,31 @@ def _add_plugins(entry: dict[str, Any], plugin_ids: list[str]) -> None:
     if plugin_ids and entry.get("trtexec"):
         entry["trtexec_note"] = (f"needs {', '.join(plugin_ids)} registered through tensorrt.plugin, which trtexec "
                                  f"cannot load: use {entry['build_command']}")
+
+
+def phase_dims(dims: dict[str, dict[str, int]], typical_prompt: int) -> dict[str, dict[str, dict[str, int]]]:
+    """The shape plan as each LLM phase sees it. Decode: seq is 1, the cache holds a typical prompt (the plan's
+    own opt points). Prefill: seq up to its planned maximum, tuned for a typical prompt (text plus image tokens)
+    with no past; the past stays allowed (a follow-up turn) over its planned range."""
+    seq, past = dims["seq"], dims["past"]
+    typical = min(max(typical_prompt, seq["min"]), seq["max"])
+    decode = {**dims, "seq": {"min": 1, "opt": 1, "max": 1}}
+    tokens = {"min": 1, "opt": typical, "max": dims["total"]["max"]}
+    prefill = {**dims, "seq": {**seq, "opt": typical}, "past": {**past, "opt": 0}, "total": tokens,
+               "past + seq": tokens}
+    return {"decode": decode, "prefill": prefill}
+
+
+def segment_profiles(placement, segment, phases) -> tuple[list[dict] | None, str | None]:
+    """Per phase a profile for the segment's inputs, or (None, why) when a dimension is not planned; one
+    profile when the phases give the same shapes (a segment that does not read the sequence)."""
+    profiles = []
+    for name, dims in phases.items():
+        shapes, why = segments.profile(placement, segment, dims)
+        if shapes is None:
+            return None, why
+        if all(shapes != p["shapes"] for p in profiles):
+            profiles.append({"name": name, "shapes": shapes})
+    if len(profiles) == 1:
+        profiles[0]["name"] = "all"
+    return profiles, None

@@ -78,7 +78,7 @@ def profile(placement: Placement, segment: Segment, dims: dict[str, dict[str, in
         if shape is None:
             return None, f"the shape of {name} is unknown"
         try:
-            shapes[name] = {p: [_dim_at(d, dims, p) for d in shape] for p in POINTS}
+            shapes[name] = {p: [dim_at(d, dims, p) for d in shape] for p in POINTS}
         except KeyError as exc:
             return None, f"{name} has dimension {exc.args[0]!r}, which the shape plan does not cover"
     return shapes, None
@@ -87,7 +87,7 @@ def profile(placement: Placement, segment: Segment, dims: dict[str, dict[str, in
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv}
 
 
-def _dim_at(dim, dims: dict[str, dict[str, int]], point: str) -> int:
+def dim_at(dim, dims: dict[str, dict[str, int]], point: str) -> int:
     """A fixed size, a planned dimension, or arithmetic on planned dimensions (the exporter writes `past + seq`)."""
     if isinstance(dim, int):
         return dim

@@ -30,8 +30,9 @@ def plan_dims(facts: dict[str, Any], env: Envelope) -> dict[str, dict[str, int]]
     opt_seq = env.prompt_tokens.opt + tokens
     side = max(facts["vision"]["input_size"])
     return {
-        "height": {"min": env.image.min_side, "opt": side, "max": env.image.max_side},
-        "width": {"min": env.image.min_side, "opt": side, "max": env.image.max_side},
+        # the user's file, before preprocessing: bounded only where the recipe says so (max null: unbounded)
+        "height": {"min": env.image.min_side or 1, "opt": side, "max": env.image.max_side},
+        "width": {"min": env.image.min_side or 1, "opt": side, "max": env.image.max_side},
         "num_images": batch,
         "batch": batch,
         # opt is one consistent decode step (seq 1 after a typical prompt), the shape engines run most often

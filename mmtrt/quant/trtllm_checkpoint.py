@@ -71,12 +71,20 @@ def linear_tensors(prefix: str, q: np.ndarray, scales: np.ndarray, prequant_scal
     }
 
 
+# The activation types TensorRT-LLM's W4A16 (weight-only INT4) GEMM kernels take: fp16 and bf16, not fp32.
+W4A16_DTYPES = ("float16", "bfloat16")
+
+
 def trtllm_config(*, dtype: str, vocab_size: int, hidden_size: int, num_hidden_layers: int,
-                  num_attention_heads: int, num_key_value_heads: int, intermediate_size: int, norm_epsilon: float,
-                  max_position_embeddings: int, rotary_base: float, group_size: int,
+                  num_attention_heads: int, num_key_value_heads: int, head_size: int, intermediate_size: int,
+                  norm_epsilon: float, max_position_embeddings: int, rotary_base: float, group_size: int,
                   hidden_act: str = "silu") -> dict:
     """config.json of a single-GPU LLaMA W4A16_AWQ checkpoint (keys of TensorRT-LLM's PretrainedConfig and
-    LLaMAConfig). No exclude_modules: TensorRT-LLM's default then keeps lm_head and the embedding unquantized."""
+    LLaMAConfig). `head_size` is explicit: TensorRT-LLM assumes hidden_size / num_attention_heads without it,
+    which is wrong for models whose head_dim differs (Gemma's). No exclude_modules: TensorRT-LLM's default then
+    keeps lm_head and the embedding unquantized."""
+    if dtype not in W4A16_DTYPES:
+        raise ValueError(f"W4A16_AWQ checkpoints take dtype {' or '.join(W4A16_DTYPES)}, got {dtype!r}")
     return {
         "architecture": "LlamaForCausalLM",
         "dtype": dtype,
@@ -85,6 +93,7 @@ def trtllm_config(*, dtype: str, vocab_size: int, hidden_size: int, num_hidden_l
         "num_hidden_layers": num_hidden_layers,
         "num_attention_heads": num_attention_heads,
         "num_key_value_heads": num_key_value_heads,
+        "head_size": head_size,
         "intermediate_size": intermediate_size,
         "hidden_act": hidden_act,
         "norm_epsilon": norm_epsilon,

@@ -80,7 +80,7 @@ def llama_checkpoint(ir: ModelIR, quantized: list[QuantizedLinear], group_size: 
     config = trtllm_config(
         dtype=dtype, vocab_size=tensors["lm_head.weight"].shape[0], hidden_size=facts["hidden_size"],
         num_hidden_layers=layers, num_attention_heads=facts["num_heads"], num_key_value_heads=facts["num_kv_heads"],
-        intermediate_size=found[(0, "gate_proj")].linear.n, norm_epsilon=float(eps),
+        head_size=facts["head_dim"], intermediate_size=found[(0, "gate_proj")].linear.n, norm_epsilon=float(eps),
         max_position_embeddings=facts["max_position_embeddings"], rotary_base=_rotary_base(model, facts["head_dim"]),
         group_size=group_size)
     return config, tensors

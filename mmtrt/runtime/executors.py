@@ -50,9 +50,10 @@ def component_runner(bundle: Path, manifest: dict[str, Any], name: str, choices:
     engines = {s["id"]: choices[s["id"]][0] for s in segments if choices.get(s["id"], (None,))[0] is not None}
     if not engines:
         return OrtRunner(bundle / manifest["components"][name]["artifact"], threads, spin)
+    plan = {e["id"]: e for e in manifest["tensorrt"]["segments"]}
     steps = []
     for s in segments:
-        runner = (EngineRunner(engines[s["id"]]) if s["id"] in engines
+        runner = (EngineRunner(engines[s["id"]], plan[s["id"]]["profiles"]) if s["id"] in engines
                   else OrtRunner(bundle / s["onnx"], threads, spin))
         steps.append((runner, [t["name"] for t in s["inputs"]]))
     if len(steps) == 1:

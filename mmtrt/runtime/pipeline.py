@@ -19,6 +19,7 @@ from mmtrt.errors import UserError
 from mmtrt.ir.graph import TensorSpec
 from mmtrt.partition.shapes import check_shape
 from mmtrt.runtime.executors import component_runner, engine_choices
+from mmtrt.runtime.image_bounds import check_image
 from mmtrt.runtime.prompt import format_prompt, tokenize
 
 log = logging.getLogger("mmtrt.runtime")
@@ -68,7 +69,8 @@ class Pipeline:
         self.image_side = self.manifest["components"]["preprocess"]["outputs"][0]["shape"][-1]
         self.specs = {name: [TensorSpec.from_json(s) for s in comp["inputs"]]
                       for name, comp in self.manifest["components"].items()}
-        self.transform = build_transform(read_json(self.path / self.manifest["components"]["preprocess"]["artifact"]))
+        self.preprocess_spec = read_json(self.path / self.manifest["components"]["preprocess"]["artifact"])
+        self.transform = build_transform(self.preprocess_spec)
         choices = engine_choices(self.path, self.manifest)
         self.fallbacks = {seg: why for seg, (engine, why) in choices.items() if engine is None}
         _log_fallbacks(self.fallbacks)
@@ -96,10 +98,7 @@ class Pipeline:
 
     def pixel_values(self, image) -> np.ndarray:
         img = open_image(image)
-        lo, hi = self.dims["height"]["min"], self.dims["height"]["max"]
-        if not (lo <= img.width <= hi and lo <= img.height <= hi):
-            raise UserError(f"image is {img.width}x{img.height}; this bundle accepts sides from {lo} to {hi} pixels; "
-                            "resize it or recompile with a wider envelope.image")
+        check_image(img, self.manifest["envelope"]["image"], self.preprocess_spec)
         return self.transform(img)[None].numpy()
 
     def image_features(self, pixels: np.ndarray) -> np.ndarray:

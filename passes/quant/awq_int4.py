@@ -22,7 +22,7 @@ from __future__ import annotations
 import fnmatch
 from typing import Any, Literal
 
-from pydantic import Field, model_validator
+from pydantic import Field, field_validator, model_validator
 
 from mmtrt.errors import UserError
 from mmtrt.ir.graph import ModelIR
@@ -55,7 +55,15 @@ class AwqInt4Config(PassConfig):
     lowering: Literal["auto", "matmulnbits", "dequantize_linear"] = Field("auto", description="ONNX form: `matmulnbits` (ONNX Runtime), `dequantize_linear` (TensorRT's INT4 DequantizeLinear + MatMul, symmetric only), `auto` (TensorRT's when the component's partition offers TensorRT, the grid is symmetric and the group 64 or 128).")
     accuracy_level: Literal[0, 1, 2, 3, 4] = Field(4, description="MatMulNBits accuracy level: 4 computes with int8 activations (fastest on the CPU), 0 keeps them in float.")
     trtllm_checkpoint: Literal["auto", "always", "never"] = Field("auto", description="Write a TensorRT-LLM W4A16_AWQ checkpoint of the LLM into the bundle: `auto` when partition.llm lists tensorrt-llm and the model allows it, `always` (an error when it cannot), `never`.")
-    trtllm_dtype: Literal["float16", "bfloat16", "float32"] = Field("float16", description="Type of the checkpoint's float tensors (scales, norms, embeddings).")
+    trtllm_dtype: Literal["float16", "bfloat16"] = Field("float16", description="Type of the checkpoint's float tensors (scales, norms, embeddings); TensorRT-LLM's W4A16 kernels take fp16 or bf16 activations, not fp32.")
+
+    @field_validator("trtllm_dtype", mode="before")
+    @classmethod
+    def _w4a16_dtype(cls, value):
+        if value == "float32":
+            raise ValueError("trtllm_dtype float32 is refused: TensorRT-LLM's W4A16 kernels take float16 or "
+                             "bfloat16 activations; set trtllm_dtype: float16 or bfloat16")
+        return value
 
     @model_validator(mode="after")
     def _consistent(self) -> "AwqInt4Config":

@@ -37,7 +37,9 @@ def vision_entry(bundle):
 def test_the_key_changes_with_everything_an_engine_depends_on(tiny_bundle):
     entry = vision_entry(tiny_bundle)
     key = engine_key(entry, H100_TRT11)
-    other_profile = {**entry, "profile": {"pixel_values": {**entry["profile"]["pixel_values"], "max": [8, 3, 64, 64]}}}
+    shapes = entry["profiles"][0]["shapes"]
+    other_profile = {**entry, "profiles": [{"name": "all", "shapes": {
+        "pixel_values": {**shapes["pixel_values"], "max": [8, 3, 64, 64]}}}]}
     variants = [engine_key({**entry, "sha256": "0" * 64}, H100_TRT11), engine_key(other_profile, H100_TRT11),
                 engine_key(entry, Target("8.9", "11.1.0")), engine_key(entry, Target("9.0", "11.2.0"))]
     assert len({key, *variants}) == 5
@@ -72,7 +74,7 @@ def test_selection_matches_the_host_or_says_why_not(tiny_bundle, tmp_path):
 
 
 def test_an_unbuildable_segment_falls_back_with_its_reason(tiny_bundle):
-    entry = {**vision_entry(tiny_bundle), "profile": None, "unbuildable": "x has dimension 'n', which the shape plan does not cover"}
+    entry = {**vision_entry(tiny_bundle), "profiles": None, "unbuildable": "x has dimension 'n', which the shape plan does not cover"}
     assert select(tiny_bundle, entry, H100_TRT11, {}) == (None, f"vision.0 has no TensorRT profile ({entry['unbuildable']})")
 
 
@@ -113,7 +115,8 @@ def test_build_plan_prints_profiles_and_commands(tiny_bundle, capsys):
     assert main(["build-engines", str(tiny_bundle), "--plan"]) == 0
     plan = json.loads(capsys.readouterr().out)
     entries = {e["id"]: e for e in plan["segments"]}
-    assert entries["llm.0"]["profile"]["past.0.key"]["min"][2] == 0
+    assert [p["name"] for p in entries["llm.0"]["profiles"]] == ["decode", "prefill"]
+    assert entries["llm.0"]["profiles"][0]["shapes"]["past.0.key"]["min"][2] == 0
     assert "--maxShapes=pixel_values:4x3x64x64" in entries["vision.0"]["trtexec"]
     assert entries["vision.0"]["build_command"] == "mmtrt build-engines BUNDLE --segment vision.0"
 

@@ -23,8 +23,9 @@ def test_the_two_lists_do_not_overlap():
     (helper.make_node("Attention", ["q", "k", "v", "m"], ["o"]), facts(shapes={n: [1, 2, 3, 4] for n in "qkvm"})),
     (helper.make_node("Cast", ["x"], ["y"], to=TensorProto.BOOL), facts({"x": TensorProto.INT64})),
     (helper.make_node("Unsqueeze", ["x", "axes"], ["y"]), facts(constants={"axes": [0]})),
-    (helper.make_node("DequantizeLinear", ["w", "s", "z"], ["y"], block_size=32),
+    (helper.make_node("DequantizeLinear", ["w", "s", "z"], ["y"], block_size=128),
      facts({"w": TensorProto.INT4}, constants={"z": np.zeros(4, np.int8)})),
+    (helper.make_node("DequantizeLinear", ["w", "s"], ["y"], block_size=64), facts({"w": TensorProto.INT4})),
 ])
 def test_supported_nodes(node, f):
     assert check_node(node, f) is None
@@ -46,6 +47,8 @@ def test_supported_nodes(node, f):
      facts(shapes={n: [1, 3, 8] for n in "qkv"}), "shape", "4D"),
     (helper.make_node("DequantizeLinear", ["w", "s", "z"], ["y"]),
      facts({"w": TensorProto.INT8}, constants={"z": np.ones(4, np.int8)}), "attribute", "zero point"),
+    (helper.make_node("DequantizeLinear", ["w", "s"], ["y"], block_size=32), facts({"w": TensorProto.INT4}),
+     "attribute", "block_size 32 is not supported (TensorRT takes 64 or 128)"),
     (helper.make_node("Squeeze", ["x", "axes"], ["y"]), facts(), "attribute", "axes"),
     (helper.make_node("Resize", ["x", "", "s"], ["y"], mode="cubic"), facts(), "attribute", "nearest and linear"),
     (helper.make_node("LayerNormalization", ["x", "g"], ["y", "mean"]), facts(), "attribute", "first output"),

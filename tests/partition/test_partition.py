@@ -11,26 +11,20 @@ from mmtrt.recipe import Envelope, PartitionPolicy
 COMPONENTS = ["preprocess", "vision", "embed", "llm"]
 
 
-def test_fallback_is_recorded_with_the_reason():
-    def probe(backend):
-        return None if backend in ("torchvision", "onnxruntime") else f"{backend} is not importable"
-
-    parts = assign_backends(PartitionPolicy(), COMPONENTS, probe)
-    assert parts["vision"]["preferred"] == "tensorrt" and parts["vision"]["chosen"] == "onnxruntime"
-    assert "tensorrt is not importable" in parts["vision"]["reason"] and "fell back to onnxruntime" in parts["vision"]["reason"]
-    assert parts["llm"]["reason"].count("not importable") == 2
-    assert parts["preprocess"]["reason"] == "preferred backend, available"
-
-
-def test_the_first_available_backend_wins():
-    parts = assign_backends(PartitionPolicy(), COMPONENTS, lambda b: None)
-    assert parts["vision"]["chosen"] == "tensorrt" and parts["llm"]["chosen"] == "tensorrt-llm"
+def test_the_plan_is_the_first_capable_backend():
+    parts = assign_backends(PartitionPolicy(), COMPONENTS)
+    assert parts["vision"]["planned"] == "tensorrt" and parts["llm"]["planned"] == "tensorrt-llm"
+    assert parts["preprocess"]["reason"] == "first backend listed"
+    assert all("host" not in p["reason"] and "importable" not in p["reason"] for p in parts.values())
 
 
 def test_a_backend_that_cannot_run_a_component_is_skipped():
     policy = PartitionPolicy(vision=["tensorrt-llm", "onnxruntime"])
-    parts = assign_backends(policy, COMPONENTS, lambda b: None)
-    assert parts["vision"]["chosen"] == "onnxruntime" and "cannot run the vision" in parts["vision"]["reason"]
+    parts = assign_backends(policy, COMPONENTS)
+    assert parts["vision"]["planned"] == "onnxruntime"
+    assert parts["vision"]["reason"] == "tensorrt-llm: cannot run the vision component; planned onnxruntime"
+    with pytest.raises(UserError, match="partition.embed .*use onnxruntime or tensorrt"):
+        assign_backends(PartitionPolicy(embed=["tensorrt-llm"]), COMPONENTS)
 
 
 FACTS = {"vision": {"image_tokens": 64, "input_size": [64, 64]}, "llm": {"max_position_embeddings": 2048}}

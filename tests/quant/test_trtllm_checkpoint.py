@@ -21,7 +21,7 @@ def _rounded(a, dtype):
     return a.astype(np.float32)
 
 
-@pytest.mark.parametrize("dtype,group", [("float16", 64), ("bfloat16", 128), ("float32", 32)])
+@pytest.mark.parametrize("dtype,group", [("float16", 64), ("bfloat16", 128), ("float16", 32)])
 def test_checkpoint_round_trip(rng, tmp_path, dtype, group):
     shapes = {"transformer.layers.0.attention.qkv": (3 * 128, 256), "transformer.layers.0.mlp.proj": (130, 384),
               "transformer.layers.1.mlp.fc": (2, 128)}
@@ -33,7 +33,7 @@ def test_checkpoint_round_trip(rng, tmp_path, dtype, group):
         tensors |= linear_tensors(prefix, q, scales, prequant, dtype)
         expected[prefix] = (dequantize_groups(q, _rounded(scales, dtype), None, group), _rounded(prequant, dtype))
     config = trtllm_config(dtype=dtype, vocab_size=100, hidden_size=256, num_hidden_layers=2, num_attention_heads=4,
-                           num_key_value_heads=2, intermediate_size=384, norm_epsilon=1e-5,
+                           num_key_value_heads=2, head_size=64, intermediate_size=384, norm_epsilon=1e-5,
                            max_position_embeddings=512, rotary_base=10000.0, group_size=group)
     folder = write_checkpoint(tmp_path / "ckpt", config, tensors)
 
@@ -55,14 +55,24 @@ def test_checkpoint_round_trip(rng, tmp_path, dtype, group):
 
 def test_config_keys():
     config = trtllm_config(dtype="float16", vocab_size=32000, hidden_size=4096, num_hidden_layers=32,
-                           num_attention_heads=32, num_key_value_heads=8, intermediate_size=11008, norm_epsilon=1e-6,
-                           max_position_embeddings=4096, rotary_base=500000.0, group_size=128)
+                           num_attention_heads=32, num_key_value_heads=8, head_size=256, intermediate_size=11008,
+                           norm_epsilon=1e-6, max_position_embeddings=4096, rotary_base=500000.0, group_size=128)
     assert config["architecture"] == "LlamaForCausalLM" and config["hidden_act"] == "silu"
+    assert config["head_size"] == 256  # not hidden / heads (128): Gemma-like head_dim is kept
     assert config["position_embedding_type"] == "rope_gpt_neox"
     assert config["mapping"] == {"world_size": 1, "tp_size": 1, "pp_size": 1}
     assert config["quantization"] == {"quant_algo": "W4A16_AWQ", "group_size": 128, "has_zero_point": False,
                                       "pre_quant_scale": True}
     json.dumps(config)
+    with pytest.raises(ValueError, match="float16 or bfloat16"):
+        trtllm_config(**{**kwargs_of(config), "dtype": "float32"})
+
+
+def kwargs_of(config):
+    keys = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads",
+            "head_size", "intermediate_size", "norm_epsilon", "max_position_embeddings", "rotary_base")
+    return {**{k: config[k] for k in keys}, "dtype": config["dtype"],
+            "group_size": config["quantization"]["group_size"]}
 
 
 @pytest.mark.parametrize("hf,trt", [

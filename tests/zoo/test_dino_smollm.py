@@ -91,3 +91,15 @@ def test_page_variant_reads_256_tokens_of_a_page_with_the_digit_in_the_middle(so
     np.testing.assert_array_equal(sheet[56:168, 56:168], drawn)
     sheet[56:168, 56:168] = 255
     assert (sheet == 255).all()
+
+
+def test_plan_facts_without_weights_are_the_built_models(source):
+    from mmtrt.ir.frontend import model_facts
+    from mmtrt.ir.preprocess import spec_from_image_processor
+    from mmtrt.zoo import describe_zoo_model
+
+    def facts(config, generation, processor):
+        return model_facts(config, generation, processor, spec_from_image_processor(processor.image_processor))
+
+    model, processor = source
+    assert facts(*describe_zoo_model("dino-smollm")) == facts(model.config, model.generation_config, processor)

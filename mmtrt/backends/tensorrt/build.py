@@ -77,7 +77,7 @@ def _selected(entries: list[dict], only: list[str] | None) -> list[dict]:
 
 def _build_one(trt, logger, bundle: Path, entry: dict, target: Target, index: dict, cache_path: Path, force: bool,
                log) -> dict[str, Any]:
-    if entry["profile"] is None:
+    if entry["profiles"] is None:
         log(f"{entry['id']}: skipped, {entry['unbuildable']}")
         return {"segment": entry["id"], "status": "skipped", "reason": entry["unbuildable"]}
     key = engine_key(entry, target)
@@ -99,8 +99,8 @@ def _build_one(trt, logger, bundle: Path, entry: dict, target: Target, index: di
 
 
 def build_serialized(trt, logger, bundle: Path, entry: dict, timing_cache: bytes) -> tuple[bytes, bytes]:
-    """Parse the segment's ONNX, add its one optimization profile, build; returns the engine and the timing
-    cache, which now holds this build's tactic timings too."""
+    """Parse the segment's ONNX, add its optimization profiles in the plan's order (the runner selects them by
+    that index), build; returns the engine and the timing cache, which now holds this build's tactic timings too."""
     for lib in entry["plugins"]:
         trt.get_plugin_registry().load_library(str(bundle / lib))
     builder = trt.Builder(logger)
@@ -111,13 +111,15 @@ def build_serialized(trt, logger, bundle: Path, entry: dict, timing_cache: bytes
         raise UserError(f"TensorRT's ONNX parser rejected {entry['onnx']} ({errors}); "
                         "the placement table is out of date for this TensorRT, report it")
     config = builder.create_builder_config()
-    if entry["precision"]["dtype"] == "fp32":
-        # TF32 is on by default and rounds fp32 GEMM inputs to 10-bit mantissas; an fp32 segment means fp32.
-        config.clear_flag(trt.BuilderFlag.TF32)
-    profile = builder.create_optimization_profile()
-    for name, shapes in entry["profile"].items():
-        profile.set_shape(name, shapes["min"], shapes["opt"], shapes["max"])
-    config.add_optimization_profile(profile)
+    # TF32 is on by default and rounds fp32 GEMM inputs to 10-bit mantissas; the network is strongly typed, so
+    # an fp32 tensor (a whole fp32 segment, or what cast_precision kept in fp32) means fp32.
+    config.clear_flag(trt.BuilderFlag.TF32)
+    for planned in entry["profiles"]:
+        profile = builder.create_optimization_profile()
+        for name, shapes in planned["shapes"].items():
+            profile.set_shape(name, shapes["min"], shapes["opt"], shapes["max"])
+        if config.add_optimization_profile(profile) < 0:
+            raise UserError(f"TensorRT refused the {planned['name']} profile of {entry['id']}; recompile the bundle")
     cache = config.create_timing_cache(timing_cache)
     # A cache written on another GPU or TensorRT is rejected instead of silently mixed in (Polygraphy does the same).
     if not config.set_timing_cache(cache, ignore_mismatch=False):

@@ -48,16 +48,25 @@ def probe_target() -> Target | str:
     return Target(f"{major}.{minor}", tensorrt.__version__)
 
 
-def profile_digest(profile: dict[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(profile, sort_keys=True).encode()).hexdigest()[:12]
+def profile_digest(profiles: list[dict[str, Any]]) -> str:
+    return hashlib.sha256(json.dumps(profiles, sort_keys=True).encode()).hexdigest()[:12]
 
 
 def engine_key(entry: dict[str, Any], target: Target) -> str:
-    return f"{entry['sha256'][:16]}-{profile_digest(entry['profile'])}-{target.tag()}"
+    return _key(entry, target.tag())
+
+
+def _key(entry: dict[str, Any], tag: str) -> str:
+    return f"{entry['sha256'][:16]}-{profile_digest(entry['profiles'])}-{tag}"
+
+
+def engine_name(entry: dict[str, Any], tag: str) -> str:
+    """`engines/<segment>-<key>.engine`; `tag` is a target's tag, or a placeholder in a command line."""
+    return f"{ENGINE_DIR}/{entry['id']}-{_key(entry, tag)}.engine"
 
 
 def engine_file(entry: dict[str, Any], target: Target) -> str:
-    return f"{ENGINE_DIR}/{entry['id']}-{engine_key(entry, target)}.engine"
+    return engine_name(entry, target.tag())
 
 
 def timing_cache_file(target: Target) -> str:
@@ -94,13 +103,18 @@ def write_index(bundle: Path, index: dict[str, dict[str, Any]]) -> None:
 
 
 def select(bundle: Path, entry: dict[str, Any], target: Target | str, index: dict[str, dict]) -> tuple[Path | None, str]:
-    """The engine that runs a TensorRT segment on this host, or None and why ONNX Runtime runs it instead."""
-    if entry["profile"] is None:
+    """The engine that runs a TensorRT segment on this host, or None and why ONNX Runtime runs it instead. An
+    engine that trtexec wrote under the planned name (the plan's `trtexec` line) counts too: it has no index
+    record, so nothing vouches for its content beyond its name."""
+    if entry["profiles"] is None:
         return None, f"{entry['id']} has no TensorRT profile ({entry['unbuildable']})"
     if isinstance(target, str):
         return None, target
     record = index.get(engine_key(entry, target))
     if record is None:
+        unindexed = Path(bundle) / engine_file(entry, target)
+        if unindexed.is_file():
+            return unindexed, f"engine {engine_file(entry, target)} (not in {INDEX}: built outside build-engines)"
         built = sorted(r["target"] for r in index.values() if r["segment"] == entry["id"])
         others = f" (built for: {', '.join(built)})" if built else ""
         return None, (f"no engine for {entry['id']} matches {target.tag()}{others}; "

@@ -210,6 +210,18 @@ def _zero_point(index: int):
     return rule
 
 
+# Block sizes TensorRT's blocked (INT4 weight-only) DequantizeLinear takes (REFERENCE.md, TensorRT 10.x/11 docs).
+DQ_BLOCK_SIZES = (64, 128)
+
+
+def _dequantize(node, facts):
+    block = attr(node, "block_size", 0)
+    if block and block not in DQ_BLOCK_SIZES:
+        return Verdict("attribute", f"DequantizeLinear: block_size {block} is not supported (TensorRT takes "
+                                    f"{' or '.join(map(str, DQ_BLOCK_SIZES))})")
+    return _zero_point(2)(node, facts)
+
+
 def _dropout(node, facts):
     name = _given(node, 2)
     if name and (name not in facts.constants or bool(facts.value(name))):
@@ -305,6 +317,6 @@ _RULES = {
     "EyeLike": _eye_like,
     "Squeeze": _constant_input(1, "axes"), "Unsqueeze": _constant_input(1, "axes"),
     "CumSum": _constant_input(1, "axis"), "OneHot": _constant_input(1, "depth"),
-    "DequantizeLinear": _zero_point(2), "QuantizeLinear": _zero_point(2),
+    "DequantizeLinear": _dequantize, "QuantizeLinear": _zero_point(2),
     **dict.fromkeys(REDUCE, _constant_input(1, "axes")),
 }

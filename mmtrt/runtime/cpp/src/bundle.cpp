@@ -123,13 +123,16 @@ struct Bundle::Impl {
 
   std::vector<float> pixel_values(const std::string& image_path) const {
     const RgbImage image = read_image(image_path);
-    const DimRange& side = manifest.dims.at("height");
-    const auto inside = [&](int v) { return side.min <= v && v <= side.max; };
-    if (!inside(image.width) || !inside(image.height))
+    // the recipe's optional bounds on the user's file, as the Python runtime's image_bounds.check_image
+    const json& bounds = manifest.raw.at("envelope").at("image");
+    const json lo = bounds.value("min_side", json()), hi = bounds.value("max_side", json());
+    const int shorter = std::min(image.width, image.height), longer = std::max(image.width, image.height);
+    if ((!lo.is_null() && shorter < lo.get<int>()) || (!hi.is_null() && longer > hi.get<int>()))
       throw Error(ErrorKind::BadInput, "image is " + std::to_string(image.width) + "x" + std::to_string(image.height) +
-                                           "; this bundle accepts sides from " + std::to_string(side.min) + " to " +
-                                           std::to_string(side.max) + " pixels; resize it or recompile with a wider "
-                                           "envelope.image");
+                                           "; this bundle's recipe accepts sides from " +
+                                           (lo.is_null() ? std::string("1") : lo.dump()) + " to " +
+                                           (hi.is_null() ? std::string("any size") : hi.dump()) +
+                                           " pixels; resize it or recompile with a wider envelope.image");
     return preprocessor->run(image);
   }
 

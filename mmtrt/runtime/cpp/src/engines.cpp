@@ -118,11 +118,11 @@ std::string profile_digest(const json& profile) {
 
 EngineChoice select_engine(const std::string& bundle, const json& entry, const Target& target, const json& index) {
   const std::string id = entry.at("id").get<std::string>();
-  if (entry.at("profile").is_null())
+  if (entry.at("profiles").is_null())
     return {"", id + " has no TensorRT profile (" + entry.value("unbuildable", json()).dump() + ")"};
   if (!target.error.empty()) return {"", target.error};
   const std::string key =
-      entry.at("sha256").get<std::string>().substr(0, 16) + "-" + profile_digest(entry.at("profile")) + "-" + target.tag();
+      entry.at("sha256").get<std::string>().substr(0, 16) + "-" + profile_digest(entry.at("profiles")) + "-" + target.tag();
   if (!index.contains(key)) {
     std::vector<std::string> built;
     for (const auto& [k, record] : index.items())

@@ -1,5 +1,6 @@
 #include "manifest.hpp"
 
+#include <cstdint>
 #include <fstream>
 #include <sys/stat.h>
 
@@ -10,7 +11,7 @@
 namespace mmtrt {
 namespace {
 
-constexpr int kSchemaVersion = 1;
+constexpr int kSchemaVersion = 2;
 // The recipe key that widens each dimension, for error messages (mmtrt.partition.shapes.DIM_SOURCES).
 const std::map<std::string, std::string> kDimSources = {
     {"height", "envelope.image"}, {"width", "envelope.image"}, {"num_images", "envelope.batch"},
@@ -62,7 +63,8 @@ Manifest read_manifest(const std::string& bundle) {
                                           "; recompile the recipe with this mmtrt");
   try {
     for (const auto& [name, range] : m.raw.at("dims").items())
-      m.dims[name] = {range.at("min").get<int64_t>(), range.at("opt").get<int64_t>(), range.at("max").get<int64_t>()};
+      m.dims[name] = {range.at("min").get<int64_t>(), range.at("opt").get<int64_t>(),
+                      range.at("max").is_null() ? INT64_MAX : range.at("max").get<int64_t>()};  // null: unbounded
     for (const auto& [name, comp] : m.raw.at("components").items()) {
       m.inputs[name] = specs(comp.at("inputs"));
       m.outputs[name] = specs(comp.at("outputs"));

@@ -1,0 +1,40 @@
+"""What this host runs of a bundle, decided at load time: the bundle's plan is for the target, this is the host.
+
+A TensorRT segment runs as an engine when one matches this host (`executors.engine_choices`); everything else
+runs on ONNX Runtime, whatever the recipe preferred, since the bundle always carries the ONNX. TensorRT-LLM
+engines are built by `trtllm-build` and are not run by this runtime.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from mmtrt.backends import unavailable_reason
+from mmtrt.runtime.executors import engine_choices
+
+TRTLLM_NOT_RUN = "the mmtrt runtime does not run TensorRT-LLM engines (build them with the trtllm-build command)"
+
+
+def host_backends(bundle: Path, manifest: dict[str, Any], choices: dict | None = None) -> dict[str, str]:
+    """Per component: the backend(s) this host runs it on, and why where that is not the plan."""
+    choices = engine_choices(Path(bundle), manifest) if choices is None else choices
+    report = {}
+    for comp, partition in manifest["partitions"].items():
+        if comp == "preprocess":
+            why = unavailable_reason("torchvision")
+            report[comp] = "torchvision" if why is None else f"none: {why}"
+            continue
+        segments = [s["id"] for s in manifest.get("placement", {}).get(comp, {}).get("segments", [])]
+        planned = {seg: choices[seg] for seg in segments if seg in choices}
+        engines = [seg for seg, (engine, _) in planned.items() if engine is not None]
+        reasons = sorted({why for engine, why in planned.values() if engine is None})
+        if partition.get("planned") == "tensorrt-llm":
+            reasons.append(TRTLLM_NOT_RUN)
+        if engines and len(engines) == len(segments):
+            report[comp] = f"tensorrt ({', '.join(engines)})"
+        elif engines:
+            report[comp] = f"tensorrt ({', '.join(engines)}) + onnxruntime (the other segments: {'; '.join(reasons)})"
+        else:
+            report[comp] = "onnxruntime" + (f" ({'; '.join(reasons)})" if reasons else "")
+    return report

@@ -1,0 +1,39 @@
+"""The parity suite on checkpoints whose chat template writes the BOS token itself (Mistral's and Gemma's do):
+its PyTorch reference must tokenize as the bundle does, and the two must agree."""
+
+import pytest
+
+from conftest import compile_to
+from mmtrt.eval.source import source_model
+from mmtrt.eval.suites import parity_suite
+from mmtrt.runtime import load
+from mmtrt.zoo.tiny_llava import build_tiny_llava
+
+FAMILIES = {
+    "mistral": dict(llm="mistral"),
+    "gemma": dict(llm="gemma", head_dim=48),  # Gemma's head_dim is not hidden / heads
+}
+
+
+@pytest.fixture(scope="module", params=sorted(FAMILIES))
+def bos_bundle(request, tmp_path_factory):
+    folder = tmp_path_factory.mktemp(request.param) / "checkpoint"
+    model, processor = build_tiny_llava(image_size=32, vision_hidden=32, vision_layers=2, hidden=64, layers=2,
+                                        **FAMILIES[request.param])
+    model.save_pretrained(folder)
+    processor.save_pretrained(folder)
+    return folder, compile_to(folder.parent, "model: {source: hf, path: checkpoint}\n")
+
+
+def test_parity_reference_adds_no_second_bos(bos_bundle):
+    folder, bundle = bos_bundle
+    pipe = load(bundle)
+    model, processor = source_model(pipe.manifest, folder)
+    assert processor.chat_template.startswith("{{ bos_token }}")
+    bos = processor.tokenizer.bos_token_id
+    ids = pipe.prompt_ids("hi")
+    assert ids[0] == bos and ids[1] != bos
+    report = parity_suite(pipe, limit=2, source=(model, processor))
+    assert report["metrics"]["top1_agreement_pct"] == 100.0
+    assert report["metrics"]["max_abs_logit_diff"] < 1e-3
+    assert report["metrics"]["greedy_identical_pct"] == 100.0
