@@ -22,7 +22,7 @@ from mmtrt.partition.placement import annotate
 from mmtrt.partition.shapes import plan_dims, plan_profiles
 from mmtrt.pipeline.instruments import Dump, Timer, Verify, verify_ir
 from mmtrt.pipeline.runner import PassPlan, plan_passes, run_passes
-from mmtrt.progress import stage
+from mmtrt.progress import quiet_libraries, stage
 from mmtrt.quant.calibration import RecipeData, check_recipe_data, load_recipe_data, recipe_data
 from mmtrt.recipe import Recipe, load_recipe
 
@@ -54,6 +54,7 @@ class Plan:
 
 def make_plan(recipe_path: str | Path) -> Plan:
     """Validate everything that can be validated without exporting: recipe, model source, passes, backends."""
+    quiet_libraries()
     recipe, recipe_dir = load_recipe(recipe_path)
     facts = describe_source(recipe.model, recipe_dir)
     passes = plan_passes(recipe, set(FRONTEND_PROPERTIES), set(COMPONENTS), facts)

@@ -3,8 +3,8 @@
 All three first normalise both texts the same way: case folded, whitespace collapsed, and sentence punctuation
 (. , ; : ! ? and quotes) at either end removed. None of them reads number words: "seven" is not 7.
 - `exact`: the normalised answer equals the normalised label ("7." matches 7; "seven" and "7 apples" do not).
-- `contains`: the normalised label occurs in the answer as whole words ("There are 7." matches 7; "17" and
-  "seven" do not).
+- `contains`: the normalised label occurs in the answer as whole words ("There are 7." matches 7; "17", "7.4"
+  and "seven" do not).
 - `numeric`: the first number in the answer is within `tolerance` of the label ("7." and "about 7.4" match 7 at
   tolerance 0.5; "seven" names no number and fails).
 """
@@ -37,7 +37,8 @@ def contains(answer: str, label: str, tolerance: float = 0.0) -> bool:
     want = normalise(label)
     if not want:
         return False
-    return re.search(rf"(?<!\w){re.escape(want)}(?!\w)", normalise(answer)) is not None
+    # whole words, and a number is whole too: 7 is not in 17, 7.4 or 3.7
+    return re.search(rf"(?<!\w)(?<!\d[.,]){re.escape(want)}(?!\w)(?![.,]\d)", normalise(answer)) is not None
 
 
 def numeric(answer: str, label: str, tolerance: float = 0.0) -> bool:
