@@ -97,6 +97,7 @@ evaluate:
 budgets: {qa_accuracy_drop: 100, agreement_top1_drop: 100, agreement_kl_increase: 100}
 """
     assert compile_recipe_text(qa_files, recipe) == 0, capsys.readouterr().err
+    capsys.readouterr()
     manifest = json.loads((qa_files / "out.bundle" / "manifest.json").read_text())
     ev = manifest["evaluation"]
     assert ev["baseline"]["qa.accuracy_pct"] == pytest.approx(200 / 3, abs=0.01)  # 2 of 3 labels are its answers
