@@ -84,7 +84,7 @@ def _eval(args) -> int:
 
     pipe = load(args.bundle, threads=args.threads)
     source = source_model(pipe.manifest, args.source_model) if args.suite in ("parity", "agreement") else None
-    options = cli_options(args.suite, args.data, args.scorer, args.tolerance, source)
+    options = cli_options(args.suite, args.data, args.scorer, args.tolerance, args.max_new_tokens, source)
     out = run_suite(pipe, args.suite, args.limit, text_file=args.text, **options)
     if args.json:
         print(json.dumps(out))
@@ -124,6 +124,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--data", type=Path, help="qa: JSONL of {image, prompt, answer}; agreement: prompts, one per line, or JSONL of {prompt[, image]}")
     p.add_argument("--scorer", choices=["exact", "contains", "numeric"], default="contains", help="qa: how answers are scored (default contains)")
     p.add_argument("--tolerance", type=float, default=0.0, help="qa with --scorer numeric: largest absolute difference counted right")
+    p.add_argument("--max-new-tokens", type=int, default=16, help="qa: tokens per answer; agreement: tokens of the source's answer scored (default 16)")
     p.add_argument("--text", type=Path, help="perplexity: a UTF-8 text file instead of Python's documentation")
     p.add_argument("--source-model", type=Path, help="parity, agreement: the checkpoint folder of an hf-sourced bundle")
     p.add_argument("--threads", type=int, help="ONNX Runtime intra-op threads")

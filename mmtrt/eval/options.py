@@ -38,16 +38,17 @@ def suite_options(config: Evaluation, data: dict[str, list[userdata.Sample]], so
     }
 
 
-def cli_options(suite: str, data: Path | None, scorer: str, tolerance: float, source) -> dict:
+def cli_options(suite: str, data: Path | None, scorer: str, tolerance: float, max_new_tokens: int, source) -> dict:
     """`mmtrt eval --suite qa|agreement --data FILE`: the suite's keyword arguments, limit aside."""
     if suite not in ("qa", "agreement"):
         return {"source": source} if suite == "parity" else {}
     if data is None:
         raise UserError(f"--suite {suite} needs --data FILE (qa: JSONL of image, prompt, answer; agreement: a prompts "
                         "file or JSONL)")
-    if tolerance < 0:
-        raise UserError(f"--tolerance {tolerance} is negative; give 0 or more")
-    config = Evaluation(qa=QaSuite(data=str(data), scorer=scorer, tolerance=tolerance),
-                        agreement=AgreementSuite(data=str(data)))
+    if tolerance < 0 or max_new_tokens < 1:
+        raise UserError(f"--tolerance must be 0 or more and --max-new-tokens at least 1, got {tolerance} and "
+                        f"{max_new_tokens}")
+    config = Evaluation(qa=QaSuite(data=str(data), scorer=scorer, tolerance=tolerance, max_new_tokens=max_new_tokens),
+                        agreement=AgreementSuite(data=str(data), max_new_tokens=max_new_tokens))
     options = suite_options(config, load_suite_data(config, [suite], Path.cwd()), source)[suite]
     return {k: v for k, v in options.items() if k != "limit"}

@@ -114,7 +114,7 @@ budgets: {qa_accuracy_drop: 100, agreement_top1_drop: 100, agreement_kl_increase
     assert manifest["passes"][1]["changes"]["llm"]["linears_quantized"] > 0
     # the same suites from the command line, on the written bundle, give the final numbers
     assert main(["eval", str(qa_files / "out.bundle"), "--suite", "qa", "--data", str(qa_files / "qa.jsonl"),
-                 "--scorer", "exact", "--json"]) == 0
+                 "--scorer", "exact", "--max-new-tokens", "3", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["metrics"]["accuracy_pct"] == final["qa.accuracy_pct"]
 
 
