@@ -17,6 +17,7 @@ from mmtrt.ir.frontend import lower
 from mmtrt.quant.calibration import calibration_batches, load_recipe_data, recipe_data
 from mmtrt.recipe import CalibrationData
 from mmtrt.runtime import load
+from passes.prune.channel_prune import ChannelPrune
 
 PROMPTS = ["What is in the picture?", "Describe the colours please."]
 
@@ -67,6 +68,11 @@ def test_recipe_images_prompts_and_text_are_what_calibration_runs(tiny, tmp_path
     for want in expected:  # batches group sequences by length, so match each expected one by shape and value
         match = [s for s in sequences if s.shape == want.shape and np.allclose(s, want, atol=1e-4)]
         assert match, f"no calibration sequence equals the reference of shape {want.shape}"
+    prune = ChannelPrune(ChannelPrune.Config(vision={"mlp": 0.5}, llm={"mlp": 0.5},
+                                             calibration={"images": "recipe", "samples": 3, "text": "recipe"}))
+    with recipe_data(data):
+        report = prune.run(ir)
+    assert report["vision"]["params_removed"] > 0 and report["llm"]["params_removed"] > 0
 
 
 @pytest.fixture
