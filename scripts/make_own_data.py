@@ -16,9 +16,8 @@ import json
 import sys
 from pathlib import Path
 
-import numpy as np
 from PIL import Image
-from sklearn.datasets import load_diabetes, load_digits, load_iris, load_sample_images, load_wine
+from sklearn.datasets import load_diabetes, load_iris, load_sample_images, load_wine
 
 from mmtrt.eval import digits
 

@@ -8,6 +8,7 @@ import json
 import numpy as np
 import pytest
 import torch
+from PIL import Image
 
 from builders import random_image
 from mmtrt.cli import main
@@ -52,7 +53,7 @@ def test_recipe_images_prompts_and_text_are_what_calibration_runs(tiny, tmp_path
     expected = []
     for sample in data.samples:
         messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": sample.prompt}]}]
-        inputs = processor(images=userdata.Image.open(sample.image).convert("RGB"),
+        inputs = processor(images=Image.open(sample.image).convert("RGB"),
                            text=processor.apply_chat_template(messages, add_generation_prompt=True), return_tensors="pt")
         ids = inputs["input_ids"][0].numpy()
         with torch.no_grad():
