@@ -128,13 +128,15 @@ def _compare(args) -> int:
 
 
 def _eval(args) -> int:
+    from mmtrt.eval.options import cli_options
     from mmtrt.eval.suites import run_suite
     from mmtrt.eval.source import source_model
     from mmtrt.runtime import load
 
     pipe = load(args.bundle, threads=args.threads)
-    source = source_model(pipe.manifest, args.source_model) if args.suite == "parity" else None
-    out = run_suite(pipe, args.suite, args.limit, text_file=args.text, source=source)
+    source = source_model(pipe.manifest, args.source_model) if args.suite in ("parity", "agreement") else None
+    options = cli_options(args.suite, args.data, args.scorer, args.tolerance, args.max_new_tokens, source)
+    out = run_suite(pipe, args.suite, args.limit, text_file=args.text, **options)
     if args.json:
         print(json.dumps(out))
     else:
@@ -188,12 +190,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_run)
 
-    p = sub.add_parser("eval", help="evaluate a bundle on a suite: digits, perplexity or parity")
+    p = sub.add_parser("eval", help="evaluate a bundle on a suite: digits, perplexity, parity, qa or agreement")
     p.add_argument("bundle")
-    p.add_argument("--suite", required=True, choices=["digits", "perplexity", "parity"])
-    p.add_argument("--limit", type=positive_int, help="images (digits, parity) or windows (perplexity) to use")
+    p.add_argument("--suite", required=True, choices=["digits", "perplexity", "parity", "qa", "agreement"])
+    p.add_argument("--limit", type=positive_int, help="images (digits, parity), windows (perplexity), questions (qa) or prompts (agreement) to use")
+    p.add_argument("--data", type=Path, help="qa: JSONL of {image, prompt, answer}; agreement: prompts, one per line, or JSONL of {prompt[, image]}")
+    p.add_argument("--scorer", choices=["exact", "contains", "numeric"], default="contains", help="qa: how answers are scored (default contains)")
+    p.add_argument("--tolerance", type=tolerance, default=0.0, help="qa with --scorer numeric: largest absolute difference counted right")
+    p.add_argument("--max-new-tokens", type=positive_int, default=16, help="qa: tokens per answer; agreement: tokens of the source's answer scored (default 16)")
     p.add_argument("--text", type=Path, help="perplexity: a UTF-8 text file instead of Python's documentation")
-    p.add_argument("--source-model", type=Path, help="parity: the checkpoint folder of an hf-sourced bundle")
+    p.add_argument("--source-model", type=Path, help="parity, agreement: the checkpoint folder of an hf-sourced bundle")
     p.add_argument("--threads", type=positive_int, help="ONNX Runtime intra-op threads")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_eval)

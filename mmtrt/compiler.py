@@ -12,6 +12,8 @@ from mmtrt import __version__
 from mmtrt.bundle import writer
 from mmtrt.bundle.manifest import SCHEMA_VERSION, toolchain_versions
 from mmtrt.eval.budget import Evaluate, check_budgets
+from mmtrt.eval.options import load_suite_data, suite_options
+from mmtrt.eval.userdata import Sample
 from mmtrt.ir.frontend import COMPONENTS, FRONTEND_PROPERTIES, describe_source, load_source, lower
 from mmtrt.ir.graph import ModelIR
 from mmtrt.partition.assign import assign_backends
@@ -20,6 +22,8 @@ from mmtrt.partition.placement import annotate
 from mmtrt.partition.shapes import plan_dims, plan_profiles
 from mmtrt.pipeline.instruments import Dump, Timer, Verify, verify_ir
 from mmtrt.pipeline.runner import PassPlan, plan_passes, run_passes
+from mmtrt.progress import quiet_libraries, stage
+from mmtrt.quant.calibration import RecipeData, check_recipe_data, load_recipe_data, recipe_data
 from mmtrt.recipe import Recipe, load_recipe
 
 
@@ -30,6 +34,8 @@ class Plan:
     facts: dict[str, Any]
     passes: PassPlan
     partitions: dict[str, dict]
+    calibration: RecipeData | None = None
+    suite_data: dict[str, list[Sample]] | None = None
 
     def to_json(self) -> dict[str, Any]:
         return {
@@ -48,12 +54,16 @@ class Plan:
 
 def make_plan(recipe_path: str | Path) -> Plan:
     """Validate everything that can be validated without exporting: recipe, model source, passes, backends."""
+    quiet_libraries()
     recipe, recipe_dir = load_recipe(recipe_path)
     facts = describe_source(recipe.model, recipe_dir)
     passes = plan_passes(recipe, set(FRONTEND_PROPERTIES), set(COMPONENTS), facts)
     partitions = assign_backends(recipe.partition, list(COMPONENTS))
     plan_dims(passes.facts_after, recipe.envelope)
-    return Plan(recipe, recipe_dir, facts, passes, partitions)
+    calibration = load_recipe_data(recipe.calibration, recipe_dir)
+    check_recipe_data(passes.passes, calibration)
+    suite_data = load_suite_data(recipe.evaluate, recipe.eval_suites(), recipe_dir)
+    return Plan(recipe, recipe_dir, facts, passes, partitions, calibration, suite_data)
 
 
 def stage_bundle(plan: Plan, ir: ModelIR, reports: list[dict], folder: Path) -> dict[str, Any]:
@@ -72,18 +82,22 @@ def compile_recipe(recipe_path: str | Path, out: str | Path, force: bool = False
     started = time.perf_counter()
     plan = make_plan(recipe_path)
     with writer.staging_folder(Path(out), force) as folder:
-        model, processor = load_source(plan.recipe.model, plan.recipe_dir)
-        ir = lower(model, processor)
+        with stage("loading the model"):
+            model, processor = load_source(plan.recipe.model, plan.recipe_dir)
+        with stage("lowering to ONNX"):
+            ir = lower(model, processor)
         annotate(ir, plan.recipe.partition)
         verify_ir(ir)
         instruments = [Timer(), Verify()] + ([Dump(dump_dir)] if dump_dir else [])
-        evaluator = _evaluator(plan)
+        evaluator = _evaluator(plan, (model, processor))
         if evaluator:
             evaluator.measure_baseline(ir)
             instruments.append(evaluator)
-        reports = run_passes(plan.passes.passes, ir, instruments)
+        with recipe_data(plan.calibration):
+            reports = run_passes(plan.passes.passes, ir, instruments)
         evaluation = evaluator.summary() if evaluator else None
-        manifest = stage_bundle(plan, ir, reports, folder)
+        with stage("writing the bundle"):
+            manifest = stage_bundle(plan, ir, reports, folder)
         if evaluation:
             manifest["evaluation"] = evaluation
             writer.write_manifest(folder, manifest)
@@ -96,11 +110,12 @@ def compile_recipe(recipe_path: str | Path, out: str | Path, force: bool = False
     return Path(out)
 
 
-def _evaluator(plan: Plan) -> Evaluate | None:
+def _evaluator(plan: Plan, source) -> Evaluate | None:
     suites = plan.recipe.eval_suites()
     if not suites:
         return None
-    return Evaluate(suites, plan.recipe.evaluate, lambda ir, folder: stage_bundle(plan, ir, [], folder))
+    options = suite_options(plan.recipe.evaluate, plan.suite_data or {}, source)
+    return Evaluate(suites, options, lambda ir, folder: stage_bundle(plan, ir, [], folder))
 
 
 def _manifest(plan: Plan, ir: ModelIR, reports, dims, profiles, files) -> dict[str, Any]:
@@ -121,6 +136,7 @@ def _manifest(plan: Plan, ir: ModelIR, reports, dims, profiles, files) -> dict[s
         "dims": dims,
         "profiles": profiles,
         "passes": reports,
+        **({"calibration_data": plan.calibration.summary()} if plan.calibration else {}),
         "properties": sorted(ir.properties),
         "image_token_rules": {"placeholder": ir.config["image_token"], "token_id": ir.config["image_token_id"],
                               "tokens_per_image": ir.config["vision"]["image_tokens"]},

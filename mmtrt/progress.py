@@ -52,3 +52,18 @@ def stage(desc: str) -> Iterator[None]:
     print(f"mmtrt: {desc} ...", file=sys.stderr, flush=True)
     yield
     print(f"mmtrt: {desc} done in {time.perf_counter() - start:.1f} s", file=sys.stderr, flush=True)
+
+
+def quiet_libraries() -> None:
+    """Third-party bars follow the same switch as ours: transformers' weight loading, and its GGUF conversion
+    (a bare tqdm, so its module's `tqdm` is replaced by a disabled one)."""
+    if enabled():
+        return
+    from functools import partial
+
+    from transformers import modeling_gguf_pytorch_utils as gguf_utils
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    if not isinstance(gguf_utils.tqdm, partial):
+        gguf_utils.tqdm = partial(gguf_utils.tqdm, disable=True)

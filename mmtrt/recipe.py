@@ -70,18 +70,48 @@ class Output(Strict):
     external_data_threshold: int = Field(1024, ge=0, description="Initializers of at least this many bytes go to each ONNX file's external data file.")
 
 
+class CalibrationData(Strict):
+    images: str | None = Field(None, description="A folder of images (PNG, JPEG, ...; sorted by name, not recursive), each shown with `prompt`; relative to the recipe file. Passes read it with `calibration: {images: recipe}`.")
+    prompt: str = Field("Describe the image.", min_length=1, description="The prompt shown with every image of the `images` folder.")
+    jsonl: str | None = Field(None, description="A JSONL file, one `{\"image\": PATH, \"prompt\": TEXT}` per line, image paths relative to the JSONL; its samples follow the folder's.")
+    text: list[str] = Field([], description="UTF-8 text files for the LLM, read in order; passes read them with `calibration: {text: recipe}`.")
+
+
+class QaSuite(Strict):
+    data: str | None = Field(None, description="A JSONL file, one `{\"image\": PATH, \"prompt\": TEXT, \"answer\": TEXT or NUMBER}` per line, image paths relative to the JSONL; relative to the recipe file. Required when the `qa` suite runs.")
+    scorer: Literal["exact", "contains", "numeric"] = Field("contains", description="How a greedy answer is scored against `answer` (both case folded, whitespace collapsed, punctuation at the ends removed; number words are not read): `exact` equality (\"7.\" matches 7, \"seven\" does not); `contains`: the answer holds the label as whole words (\"It is 7.\" matches 7; \"17\" and \"seven\" do not); `numeric`: the answer's first number is within `tolerance` of the label (\"7.\" matches 7, \"seven\" does not).")
+    tolerance: float = Field(0.0, ge=0, description="`numeric` only: the largest absolute difference that still counts as right.")
+    limit: int | None = Field(None, ge=1, description="Use only the first this many questions (default: all).")
+    max_new_tokens: int = Field(16, ge=1, description="Tokens generated per answer.")
+
+
+class AgreementSuite(Strict):
+    data: str | None = Field(None, description="Prompts, no labels: a text file with one prompt per line (text only), or a JSONL of `{\"prompt\": TEXT}` with an optional `\"image\": PATH` (relative to the JSONL); relative to the recipe file. Required when the `agreement` suite runs.")
+    limit: int | None = Field(None, ge=1, description="Use only the first this many prompts (default: all).")
+    max_new_tokens: int = Field(16, ge=1, description="Tokens of the source model's greedy answer scored per prompt: agreement is measured at the positions that predict them.")
+
+
 class Evaluation(Strict):
-    suites: list[Literal["digits", "perplexity"]] = Field([], description="Suites compile measures on the unmodified model and after every lossy pass; results go into the manifest.")
+    suites: list[Literal["digits", "perplexity", "qa", "agreement"]] = Field([], description="Suites compile measures on the unmodified model and after every lossy pass; results go into the manifest. `qa` scores answers on `evaluate.qa.data`; `agreement` compares with the source model on `evaluate.agreement.data` (top-1 agreement and KL divergence, no labels needed).")
     digits_limit: int = Field(100, ge=1, description="Held-out digit images the digits suite uses during compile.")
     perplexity_windows: int = Field(4, ge=1, description="512-token windows the perplexity suite uses during compile.")
+    qa: QaSuite = Field(QaSuite(), description="The qa suite: your questions with answers.")
+    agreement: AgreementSuite = Field(AgreementSuite(), description="The agreement suite: your prompts, answered by the source model.")
+
+
+BUDGET_SUITES = {"digits_accuracy_drop": "digits", "perplexity_increase_pct": "perplexity",
+                 "qa_accuracy_drop": "qa", "agreement_top1_drop": "agreement", "agreement_kl_increase": "agreement"}
 
 
 class Budgets(Strict):
     digits_accuracy_drop: float | None = Field(None, ge=0, description="Most digits accuracy, in points, the lossy passes together may cost.")
     perplexity_increase_pct: float | None = Field(None, ge=0, description="Most perplexity increase, in percent, the lossy passes together may cost.")
+    qa_accuracy_drop: float | None = Field(None, ge=0, description="Most qa accuracy, in points, the lossy passes together may cost (needs `evaluate.qa.data`).")
+    agreement_top1_drop: float | None = Field(None, ge=0, description="Most top-1 agreement with the source model, in points, the lossy passes together may cost (needs `evaluate.agreement.data`; no labels).")
+    agreement_kl_increase: float | None = Field(None, ge=0, description="Most increase of the mean KL divergence from the source model's next-token distribution (nats per position) the lossy passes together may cause.")
 
     def suites(self) -> list[str]:
-        return [s for s, v in (("digits", self.digits_accuracy_drop), ("perplexity", self.perplexity_increase_pct)) if v is not None]
+        return sorted({BUDGET_SUITES[k] for k, v in self.model_dump().items() if v is not None})
 
 
 class Recipe(Strict):
@@ -92,12 +122,16 @@ class Recipe(Strict):
     output: Output = Field(Output(), description="How the bundle is written.")
     evaluate: Evaluation = Field(Evaluation(), description="Accuracy measured during compile, against the unmodified model.")
     budgets: Budgets = Field(Budgets(), description="Accuracy the lossy passes may spend; compile fails with exit code 2 when exceeded.")
+    calibration: CalibrationData = Field(CalibrationData(), description="Your own calibration data, for passes that set `calibration: {images: recipe}` or `{text: recipe}`.")
 
     @model_validator(mode="after")
     def _one_key_passes(self) -> "Recipe":
         for i, entry in enumerate(self.passes):
             if len(entry) != 1:
                 raise ValueError(f"passes[{i}] must be a one-key mapping like `- graph_cleanup: {{}}`, got keys {sorted(entry)}")
+        for suite in ("qa", "agreement"):
+            if suite in self.eval_suites() and getattr(self.evaluate, suite).data is None:
+                raise ValueError(f"the {suite} suite needs its data: set evaluate.{suite}.data to a file")
         return self
 
     def eval_suites(self) -> list[str]:

@@ -12,21 +12,24 @@ from mmtrt.errors import UserError
 from mmtrt.eval.suites import run_suite
 from mmtrt.ir.graph import ModelIR
 from mmtrt.pipeline.instruments import Instrument
-from mmtrt.recipe import Budgets, Evaluation
+from mmtrt.progress import stage as progress_stage
+from mmtrt.recipe import Budgets
 
-# metric per suite, and how a change in it is expressed as a cost (positive = worse)
-COSTS = {
-    "digits": ("accuracy_pct", "digits_accuracy_drop", lambda base, now: round(base - now, 2)),
-    "perplexity": ("perplexity", "perplexity_increase_pct", lambda base, now: round(100 * (now / base - 1), 3)),
-}
+# (suite, metric, budget it is spent from, how a change in it is expressed as a cost: positive = worse)
+COSTS = [
+    ("digits", "accuracy_pct", "digits_accuracy_drop", lambda base, now: round(base - now, 2)),
+    ("perplexity", "perplexity", "perplexity_increase_pct", lambda base, now: round(100 * (now / base - 1), 3)),
+    ("qa", "accuracy_pct", "qa_accuracy_drop", lambda base, now: round(base - now, 2)),
+    ("agreement", "top1_agreement_pct", "agreement_top1_drop", lambda base, now: round(base - now, 3)),
+    ("agreement", "mean_kl", "agreement_kl_increase", lambda base, now: float(f"{now - base:.4g}")),
+]
 
 
 class Evaluate(Instrument):
     """After every lossy pass, stage the IR as a bundle in a temporary folder and run the suites on it."""
 
-    def __init__(self, suites: list[str], config: Evaluation, stage: Callable[[ModelIR, Path], Any]):
-        self.suites, self.stage = suites, stage
-        self.limits = {"digits": config.digits_limit, "perplexity": config.perplexity_windows}
+    def __init__(self, suites: list[str], options: dict[str, dict], stage: Callable[[ModelIR, Path], Any]):
+        self.suites, self.stage, self.options = suites, stage, options
         self.baseline: dict[str, dict] = {}
         self.previous: dict[str, dict] = {}
         self.per_pass: list[dict] = []
@@ -38,16 +41,18 @@ class Evaluate(Instrument):
         with tempfile.TemporaryDirectory(prefix="mmtrt-eval-") as tmp:
             self.stage(ir, Path(tmp))
             pipe = load(tmp)
-            return {s: run_suite(pipe, s, self.limits[s]) for s in self.suites}
+            return {s: run_suite(pipe, s, **self.options[s]) for s in self.suites}
 
     def measure_baseline(self, ir: ModelIR) -> None:
-        self.baseline = self.previous = self.measure(ir)
+        with progress_stage(f"measuring the unmodified model ({', '.join(self.suites)})"):
+            self.baseline = self.previous = self.measure(ir)
 
     def after(self, p, ir, report):
         self.passes_seen += 1
         if not p.lossy:
             return
-        now = self.measure(ir)
+        with progress_stage(f"measuring after {p.name} ({', '.join(self.suites)})"):
+            now = self.measure(ir)
         cost = costs(self.previous, now)
         report["accuracy"] = {"metrics": metrics(now), "cost": cost}
         self.per_pass.append({"index": self.passes_seen - 1, "pass": p.name, "cost": cost})
@@ -64,15 +69,13 @@ class Evaluate(Instrument):
 
 
 def metrics(results: dict[str, dict]) -> dict[str, float]:
-    return {f"{s}.{COSTS[s][0]}": r["metrics"][COSTS[s][0]] for s, r in results.items()}
+    return {f"{suite}.{metric}": results[suite]["metrics"][metric] for suite, metric, _, _ in COSTS
+            if suite in results}
 
 
 def costs(before: dict[str, dict], after: dict[str, dict]) -> dict[str, float]:
-    out = {}
-    for suite, (metric, name, cost) in COSTS.items():
-        if suite in before:
-            out[name] = cost(before[suite]["metrics"][metric], after[suite]["metrics"][metric])
-    return out
+    return {name: cost(before[suite]["metrics"][metric], after[suite]["metrics"][metric])
+            for suite, metric, name, cost in COSTS if suite in before}
 
 
 def check_budgets(budgets: Budgets, evaluation: dict[str, Any]) -> None:

@@ -6,11 +6,13 @@ from pathlib import Path
 
 from mmtrt.errors import UserError
 from mmtrt.ir.frontend import load_source
+from mmtrt.progress import quiet_libraries
 from mmtrt.recipe import ModelSource
 
 
 def source_model(manifest: dict, override: Path | None = None):
     """Zoo sources rebuild from the recipe; checkpoint sources need the folder, since bundles travel."""
+    quiet_libraries()
     source = ModelSource.model_validate(manifest["recipe"]["model"])
     if source.source == "hf":
         if override is None:

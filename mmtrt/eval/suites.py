@@ -1,5 +1,6 @@
 """Evaluation suites. Each runs the bundle itself (ONNX Runtime here), never the PyTorch model it came from,
-except `parity`, which compares the two on the same inputs.
+except `parity` and `agreement`, which compare the two on the same inputs. `qa` and `agreement` run on the user's
+own data (mmtrt/eval/qa.py, mmtrt/eval/agreement.py).
 """
 
 from __future__ import annotations
@@ -11,11 +12,14 @@ import numpy as np
 
 from mmtrt.errors import UserError
 from mmtrt.eval import digits
+from mmtrt.eval.agreement import agreement_suite
+from mmtrt.eval.qa import qa_suite
+from mmtrt.progress import track
 from mmtrt.runtime.pipeline import Pipeline
 
-SUITES = ("digits", "perplexity", "parity")
+SUITES = ("digits", "perplexity", "parity", "qa", "agreement")
 PERPLEXITY_WINDOW = 512
-DEFAULT_LIMITS = {"digits": None, "perplexity": 8, "parity": 8}
+DEFAULT_LIMITS = {"digits": None, "perplexity": 8, "parity": 8, "qa": None, "agreement": None}
 
 
 def result(suite: str, pipe: Pipeline, metrics: dict[str, float], samples: dict[str, int]) -> dict[str, Any]:
@@ -26,7 +30,7 @@ def digits_suite(pipe: Pipeline, limit: int | None = None, **_) -> dict[str, Any
     """Answer accuracy on the held-out digits: the first digit in the greedy answer must be the label."""
     data = digits.samples("heldout", limit, page=pipe.image_side)
     correct = sum(digits.parse_answer(pipe.generate(img, digits.PROMPT, max_new_tokens=4).text) == label
-                  for img, label in data)
+                  for img, label in track(data, "digits images", total=len(data)))
     return result("digits", pipe, {"accuracy_pct": round(100 * correct / len(data), 2)}, {"images": len(data)})
 
 
@@ -53,7 +57,8 @@ def perplexity_suite(pipe: Pipeline, limit: int | None = None, text_file: Path |
     count = len(ids) // window if limit is None else min(limit, len(ids) // window)
     if count == 0:
         raise UserError(f"the text has {len(ids)} tokens, fewer than one window of {window}; give a longer --text")
-    nll = np.concatenate([window_nll(pipe, ids[i * window:(i + 1) * window]) for i in range(count)])
+    nll = np.concatenate([window_nll(pipe, ids[i * window:(i + 1) * window])
+                          for i in track(range(count), "perplexity windows", total=count)])
     return result("perplexity", pipe, {"perplexity": round(float(np.exp(nll.mean())), 4)},
                   {"tokens": int(nll.size), "windows": count, "window": window})
 
@@ -74,7 +79,7 @@ def parity_suite(pipe: Pipeline, limit: int | None = None, source=None, **_) -> 
     data = digits.samples("heldout", limit, page=pipe.image_side)
     agree = kl = positions = identical = 0
     max_abs = 0.0
-    for img, _ in data:
+    for img, _ in track(data, "parity images", total=len(data)):
         ref_ids, ref_logits, ref_answer = _torch_reference(model, processor, img)
         ids = pipe.prompt_ids(digits.PROMPT)
         if ids != ref_ids:
@@ -111,7 +116,8 @@ def _torch_reference(model, processor, image):
 
 
 RUNNERS: dict[str, Callable[..., dict[str, Any]]] = {
-    "digits": digits_suite, "perplexity": perplexity_suite, "parity": parity_suite}
+    "digits": digits_suite, "perplexity": perplexity_suite, "parity": parity_suite, "qa": qa_suite,
+    "agreement": agreement_suite}
 
 
 def run_suite(pipe: Pipeline, suite: str, limit: int | None = None, **kwargs) -> dict[str, Any]:

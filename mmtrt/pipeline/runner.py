@@ -12,6 +12,7 @@ from mmtrt.ir.graph import ModelIR
 from mmtrt.pipeline.instruments import Instrument
 from mmtrt.pipeline.pass_base import Pass
 from mmtrt.pipeline.registry import get_pass
+from mmtrt.progress import stage
 from mmtrt.recipe import Recipe, format_validation_error
 
 
@@ -63,11 +64,12 @@ def component_stats(ir: ModelIR, names) -> dict[str, dict[str, int]]:
 def run_passes(passes: list[Pass], ir: ModelIR, instruments: list[Instrument]) -> list[dict]:
     """Run each pass with every instrument around it; returns one report per pass."""
     reports = []
-    for p in passes:
+    for i, p in enumerate(passes):
         before = component_stats(ir, p.components)
         for inst in instruments:
             inst.before(p, ir)
-        changes = p.run(ir)
+        with stage(f"pass {i + 1}/{len(passes)}: {p.name}"):
+            changes = p.run(ir)
         ir.properties = (ir.properties - p.removes) | p.provides
         after = component_stats(ir, p.components)
         report = {

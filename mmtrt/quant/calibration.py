@@ -3,11 +3,15 @@
 By default the LLM sees what it sees in use: digit images with the digits prompt, the image tokens' embeddings
 replaced by the vision graph's features as the runtime does, plus windows of English text. Text windows are taken
 from the end of the reference text, so the perplexity suite (which reads from the start) never sees them.
+A recipe's own `calibration:` data (images with their prompts, text files) replaces either when a pass asks for
+`recipe`; the compiler loads it at plan time and makes it current with `recipe_data` while the passes run.
 """
 
 from __future__ import annotations
 
 import tempfile
+from contextlib import contextmanager
+from contextvars import ContextVar
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Iterator
@@ -18,7 +22,10 @@ import onnxruntime as ort
 from onnx import helper
 
 from mmtrt.backends.onnxruntime_backend import session_options
+from mmtrt.errors import UserError
+from mmtrt.eval import userdata
 from mmtrt.ir.graph import ModelIR
+from mmtrt.progress import track
 
 TEXT_WINDOW = 512
 BATCH_TOKENS = 512  # sequences of one length are batched up to about this many tokens
@@ -30,6 +37,62 @@ class Batches:
 
     vision: list[dict[str, np.ndarray]]
     llm: list[dict[str, np.ndarray]]
+
+
+@dataclass(frozen=True)
+class RecipeData:
+    """The recipe's calibration data, read and checked at plan time."""
+
+    samples: tuple[userdata.Sample, ...]
+    text: str
+    sha256: str
+
+    def summary(self) -> dict:
+        return {"images": len(self.samples), "text_chars": len(self.text), "sha256": self.sha256}
+
+
+_current: ContextVar[RecipeData | None] = ContextVar("recipe_calibration_data", default=None)
+
+
+def load_recipe_data(config, base: Path) -> RecipeData | None:
+    """Read the recipe's `calibration:` section (folder, JSONL, text files); None when it declares nothing."""
+    samples: list[userdata.Sample] = []
+    if config.images:
+        samples += userdata.image_folder(userdata.resolve(config.images, base), config.prompt)
+    if config.jsonl:
+        samples += userdata.jsonl(userdata.resolve(config.jsonl, base), answers=False, images="required")
+    text = userdata.text_files([userdata.resolve(t, base) for t in config.text])
+    if not samples and not text:
+        return None
+    return RecipeData(tuple(samples), text, userdata.digest(samples, text))
+
+
+@contextmanager
+def recipe_data(data: RecipeData | None) -> Iterator[None]:
+    """Make `data` what `images: recipe` and `text: recipe` read while the passes run."""
+    token = _current.set(data)
+    try:
+        yield
+    finally:
+        _current.reset(token)
+
+
+def check_recipe_data(passes, data: RecipeData | None) -> None:
+    """At plan time: every pass that asks for the recipe's data has it, and declared data is used by some pass."""
+    used = False
+    for i, p in enumerate(passes):
+        cal = getattr(p.config, "calibration", None)
+        for key, have, what in (("images", data and data.samples, "calibration.images or calibration.jsonl"),
+                                ("text", data and data.text, "calibration.text")):
+            if getattr(cal, key, None) != "recipe":
+                continue
+            used = True
+            if not have:
+                raise UserError(f"passes[{i}].{p.name}: calibration.{key}: recipe needs {what} at the top level of "
+                                "the recipe; declare the data or use the built-in calibration")
+    if data is not None and not used:
+        raise UserError("the recipe declares calibration data but no pass uses it; set calibration: {images: recipe} "
+                        "(or text: recipe) in awq_int4 or channel_prune, or remove the calibration section")
 
 
 def session(model: onnx.ModelProto) -> ort.InferenceSession:
@@ -50,23 +113,40 @@ def run_with_outputs(model: onnx.ModelProto, names: list[str],
     finally:
         del model.graph.output[:]
         model.graph.output.extend(declared)
-    for feeds in batches:
+    for feeds in track(batches, "calibration batches", total=len(batches)):
         yield {**feeds, **dict(zip(extra, sess.run(extra, feeds)))}
 
 
-def calibration_batches(ir: ModelIR, images: str, samples: int, text_windows: int) -> Batches:
+def calibration_batches(ir: ModelIR, images: str, samples: int, text_windows: int,
+                        text: str = "reference") -> Batches:
+    """`images`: `digits`, `recipe` or `none`; `text`: `reference` (Python's documentation) or `recipe`."""
     tokenizer = _tokenizer(ir)
     sequences, vision_feeds = [], []
-    if images == "digits" and samples:
-        pixels, embeds = _image_sequences(ir, tokenizer, samples)
+    shown = _shown_images(images, samples, ir.components["preprocess"].outputs[0].shape[-1])
+    if shown:
+        pixels, embeds = _image_sequences(ir, tokenizer, shown)
         per_batch = max(1, BATCH_TOKENS // ir.config["vision"]["image_tokens"])
         vision_feeds = [{"pixel_values": np.stack(b)} for b in _batched(pixels, per_batch)]
         sequences.append(embeds)
     if text_windows:
-        sequences.append(_text_sequences(ir, tokenizer, text_windows))
-    per_kind = [_batched(seqs, max(1, BATCH_TOKENS // seqs[0].shape[0])) for seqs in sequences]
+        sequences.append(_text_sequences(ir, tokenizer, text_windows, text))
+    per_kind = [_batched_by_length(seqs) for seqs in sequences]
     ordered = [b for round_ in _interleave(per_kind) for b in round_]
     return Batches(vision_feeds, [_llm_feeds(ir, np.stack(b)) for b in ordered])
+
+
+def _shown_images(images: str, samples: int, page: int) -> list[tuple[object, str]]:
+    """(image, prompt) pairs: the first `samples` of the digits train split or of the recipe's data."""
+    if images == "none" or not samples:
+        return []
+    if images == "recipe":
+        data = _current.get()
+        if data is None or not data.samples:
+            raise UserError("calibration.images: recipe, but the recipe declares no calibration images")
+        return [(s.image, s.prompt) for s in data.samples[:samples]]
+    from mmtrt.eval import digits
+
+    return [(img, digits.PROMPT) for img, _ in digits.samples("train", samples, page=page)]
 
 
 def _tokenizer(ir: ModelIR):
@@ -80,43 +160,60 @@ def _tokenizer(ir: ModelIR):
         return AutoTokenizer.from_pretrained(Path(tmp) / "tokenizer")
 
 
-def _image_sequences(ir: ModelIR, tokenizer, samples: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Digits train images with the digits prompt: pixel values, and LLM input embeddings with image features."""
+def _image_sequences(ir: ModelIR, tokenizer, shown) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Each image with its prompt: pixel values, and LLM input embeddings with the image features in place."""
     from mmtrt.backends.torchvision_backend import build_transform
-    from mmtrt.eval import digits
+    from mmtrt.runtime.pipeline import open_image
     from mmtrt.runtime.prompt import format_prompt, tokenize
 
     transform = build_transform(ir.components["preprocess"].spec)
     facts = ir.config
-    text = format_prompt(tokenizer, facts["chat_template"], digits.PROMPT, raw=False)
-    ids = np.array(tokenize(tokenizer, text, facts["image_token"], facts["vision"]["image_tokens"]), np.int64)
     vision, embed = session(ir.components["vision"].onnx), session(ir.components["embed"].onnx)
-    prompt = embed.run(None, {"input_ids": ids[None]})[0][0]
-    image_rows = ids == facts["image_token_id"]
     pixels, embeds = [], []
-    for img, _ in digits.samples("train", samples, page=ir.components["preprocess"].outputs[0].shape[-1]):
-        p = transform(img)[None].numpy()
+    for img, prompt in track(shown, "calibration images", total=len(shown)):
+        text = format_prompt(tokenizer, facts["chat_template"], prompt, raw=False)
+        ids = np.array(tokenize(tokenizer, text, facts["image_token"], facts["vision"]["image_tokens"]), np.int64)
+        p = transform(open_image(img).convert("RGB"))[None].numpy()
         features = vision.run(None, {"pixel_values": p})[0]
-        e = prompt.copy()
-        e[image_rows] = features.reshape(-1, features.shape[-1])
+        e = embed.run(None, {"input_ids": ids[None]})[0][0]
+        e[ids == facts["image_token_id"]] = features.reshape(-1, features.shape[-1])
         pixels.append(p[0])
         embeds.append(e)
     return pixels, embeds
 
 
-def _text_sequences(ir: ModelIR, tokenizer, windows: int) -> list[np.ndarray]:
-    from mmtrt.eval.suites import reference_text
+def _text_sequences(ir: ModelIR, tokenizer, windows: int, source: str) -> list[np.ndarray]:
+    """Windows of TEXT_WINDOW tokens: from the end of the reference text, or from the start of the recipe's text
+    (as many whole windows as it holds, up to `windows`; all of it when it is shorter than one)."""
+    if source == "recipe":
+        data = _current.get()
+        if data is None or not data.text:
+            raise UserError("calibration.text: recipe, but the recipe declares no calibration.text files")
+        ids = np.array(tokenizer(data.text, add_special_tokens=False)["input_ids"], np.int64)
+        count = min(windows, len(ids) // TEXT_WINDOW)
+        chosen = ids[:TEXT_WINDOW * count].reshape(count, TEXT_WINDOW) if count else ids[None]
+    else:
+        from mmtrt.eval.suites import reference_text
 
-    ids = np.array(tokenizer(reference_text(), add_special_tokens=False)["input_ids"], np.int64)
-    if len(ids) < TEXT_WINDOW * windows:
-        raise ValueError(f"the reference text holds {len(ids)} tokens, fewer than {windows} windows of {TEXT_WINDOW}")
-    tail = ids[len(ids) - TEXT_WINDOW * windows:].reshape(windows, TEXT_WINDOW)
+        ids = np.array(tokenizer(reference_text(), add_special_tokens=False)["input_ids"], np.int64)
+        if len(ids) < TEXT_WINDOW * windows:
+            raise ValueError(f"the reference text holds {len(ids)} tokens, fewer than {windows} windows of {TEXT_WINDOW}")
+        chosen = ids[len(ids) - TEXT_WINDOW * windows:].reshape(windows, TEXT_WINDOW)
     embed = session(ir.components["embed"].onnx)
-    return list(embed.run(None, {"input_ids": tail})[0])
+    return list(embed.run(None, {"input_ids": chosen})[0])
 
 
 def _batched(items: list[np.ndarray], size: int) -> list[list[np.ndarray]]:
     return [items[i:i + size] for i in range(0, len(items), size)]
+
+
+def _batched_by_length(seqs: list[np.ndarray]) -> list[list[np.ndarray]]:
+    """Sequences of one length together (prompts differ in length), up to about BATCH_TOKENS tokens a batch,
+    in the order their lengths first appear."""
+    by_length: dict[int, list[np.ndarray]] = {}
+    for seq in seqs:
+        by_length.setdefault(seq.shape[0], []).append(seq)
+    return [b for length, group in by_length.items() for b in _batched(group, max(1, BATCH_TOKENS // length))]
 
 
 def _interleave(lists: list[list]) -> list[list]:

@@ -7,7 +7,8 @@ heads (Q, K, V columns and biases with the output projection's rows; with groupe
 so the KV cache shrinks too). Every layer keeps the same count, so the model facts (heads, KV heads) stay uniform
 and TensorRT-LLM's config still describes the model; which units a layer keeps is its own ranking by `l2` (DepGraph)
 or `activation` (Minitron) importance. The removed units' mean contribution on calibration data goes into the
-consuming linear's bias (FLAP's compensation), which the layer after it would otherwise miss. The component's
+consuming linear's bias (FLAP's compensation), which the layer after it would otherwise miss. Calibration data is
+the digits task and English text, or the recipe's own (`calibration: {images: recipe, text: recipe}`). The component's
 external I/O is unchanged, but for the LLM's KV cache when KV groups go. No retraining: the accuracy cost is
 reported by the eval suites (recipe `budgets` / `evaluate`).
 """
@@ -39,8 +40,10 @@ class Ratios(PassConfig):
 
 
 class Calibration(PassConfig):
-    samples: int = Field(16, ge=0, description="Digit images (train split) shown with the digits prompt.")
-    text_windows: int = Field(4, ge=0, description="512-token windows of English text for the LLM (taken from the end of the reference text, which the perplexity suite never reads).")
+    images: Literal["digits", "recipe"] = Field("digits", description="Calibration images: `digits` (scikit-learn digits, train split, with the digits prompt) or `recipe` (the recipe's `calibration.images` folder and `calibration.jsonl`, each with its prompt).")
+    samples: int = Field(16, ge=0, description="Calibration images (the first ones of the chosen set).")
+    text: Literal["reference", "recipe"] = Field("reference", description="Calibration text for the LLM: `reference` (taken from the end of Python's documentation, which the perplexity suite never reads) or `recipe` (the recipe's `calibration.text` files).")
+    text_windows: int = Field(4, ge=0, description="512-token windows of calibration text (a recipe text shorter than one window is used whole).")
 
 
 class ChannelPruneConfig(PassConfig):
@@ -49,7 +52,7 @@ class ChannelPruneConfig(PassConfig):
     importance: Literal["activation", "l2"] = Field("activation", description="`activation` (default; on dino-smollm it keeps 84 % digits accuracy where `l2` keeps 6 %, at 30 % of the vision MLP): mean magnitude of the unit's activations on calibration data (Minitron); `l2`: weight magnitude over the whole dependency group, each member normalised by its mean (DepGraph).")
     bias_compensation: bool = Field(True, description="Add the removed units' mean contribution on calibration data to the consuming linear's bias (FLAP), so the next layer sees the expected value instead of zero.")
     multiple: int = Field(8, ge=1, description="Kept MLP channels round to a multiple of this (kernels stay efficient); heads are whole.")
-    calibration: Calibration = Field(Calibration(), description="For `activation` importance and `bias_compensation`: `samples` (digit images) and `text_windows`.")
+    calibration: Calibration = Field(Calibration(), description="For `activation` importance and `bias_compensation`: `images` (`digits` or `recipe`), `samples`, `text` (`reference` or `recipe`) and `text_windows`.")
 
     @property
     def calibrates(self) -> bool:
@@ -106,7 +109,7 @@ class ChannelPrune(Pass):
         if not self.config.calibrates:
             return {}
         cal = self.config.calibration
-        batches = calibration_batches(ir, "digits", cal.samples, cal.text_windows)
+        batches = calibration_batches(ir, cal.images, cal.samples, cal.text_windows, cal.text)
         return {"vision": batches.vision, "llm": batches.llm}
 
     def _stats(self, model, groups: list[PruneGroup], batches) -> tuple[dict[str, np.ndarray], dict | None]:

@@ -1,7 +1,8 @@
 """awq_int4: 4-bit weights for the LLM's linear layers (and the vision encoder's, when asked) with AWQ.
 
 AWQ as published (Lin et al., MLSys 2024), run on the IR itself: the component's graph runs in ONNX Runtime on
-calibration data (digit images with the digits prompt through the real vision path, plus English text) with the
+calibration data (digit images with the digits prompt through the real vision path, plus English text, or the
+recipe's own images, prompts and text: `calibration: {images: recipe, text: recipe}`) with the
 inputs of its linears exposed; per group of linears sharing an input, the per-channel scale mean|x|^alpha is
 searched over 20 alphas with the error measured at the module the group feeds (the attention block for q/k/v,
 the MLP for gate/up, both run from the graph's own nodes; o_proj, down_proj and lm_head at their own outputs);
@@ -36,9 +37,10 @@ TENSORRT_BLOCKS = (64, 128)
 
 
 class Calibration(PassConfig):
-    images: Literal["digits", "none"] = Field("digits", description="Images shown with the digits prompt: `digits` (scikit-learn digits, train split) or `none` (text only).")
-    samples: int = Field(16, ge=0, description="Calibration images.")
-    text_windows: int = Field(8, ge=0, description="512-token windows of English text (Python's documentation, taken from its end: the perplexity suite reads from the start).")
+    images: Literal["digits", "recipe", "none"] = Field("digits", description="Calibration images: `digits` (scikit-learn digits, train split, with the digits prompt), `recipe` (the recipe's `calibration.images` folder and `calibration.jsonl`, each with its prompt) or `none` (text only).")
+    samples: int = Field(16, ge=0, description="Calibration images (the first ones of the chosen set).")
+    text: Literal["reference", "recipe"] = Field("reference", description="Calibration text: `reference` (Python's documentation, taken from its end: the perplexity suite reads from the start) or `recipe` (the recipe's `calibration.text` files, from their start).")
+    text_windows: int = Field(8, ge=0, description="512-token windows of calibration text (a recipe text shorter than one window is used whole).")
     search_tokens: int = Field(1024, ge=1, description="Tokens the module-output error of the scale search runs on (the first calibration batches that fit; statistics and own-output errors use every token).")
 
 
@@ -50,7 +52,7 @@ class AwqInt4Config(PassConfig):
     components: list[Literal["llm", "vision"]] = Field(["llm"], min_length=1, description="Components whose linears are quantized (`vision` includes the projector).")
     include: list[str] = Field(["*"], description="Glob patterns of linear names to quantize, e.g. `llm.layers.*.down_proj`; names look like `llm.layers.3.q_proj`, `llm.lm_head`, `vision.layers.0.fc1`, `vision.linear.18` (the pass report lists them).")
     exclude: list[str] = Field([], description="Glob patterns of linear names to keep in float, e.g. `llm.lm_head`.")
-    calibration: Calibration = Field(Calibration(), description="Calibration data: `images` (`digits` or `none`), `samples` (images), `text_windows` (512-token windows of English text), `search_tokens` (tokens the module-output error is measured on).")
+    calibration: Calibration = Field(Calibration(), description="Calibration data: `images` (`digits`, `recipe` or `none`), `samples` (images), `text` (`reference` or `recipe`), `text_windows` (512-token windows), `search_tokens` (tokens the module-output error is measured on).")
     clip: bool = Field(True, description="AWQ's clipping-range search after the scale search (`awq` only).")
     lowering: Literal["auto", "matmulnbits", "dequantize_linear"] = Field("auto", description="ONNX form: `matmulnbits` (ONNX Runtime), `dequantize_linear` (TensorRT's INT4 DequantizeLinear + MatMul, symmetric only), `auto` (TensorRT's when the component's partition offers TensorRT, the grid is symmetric and the group 64 or 128).")
     accuracy_level: Literal[0, 1, 2, 3, 4] = Field(4, description="MatMulNBits accuracy level: 4 computes with int8 activations (fastest on the CPU), 0 keeps them in float.")
@@ -76,7 +78,7 @@ class AwqInt4Config(PassConfig):
                              "set symmetric: true or lowering: matmulnbits and trtllm_checkpoint: never")
         cal = self.calibration
         if "vision" in self.components and (cal.images == "none" or not cal.samples):
-            raise ValueError("quantizing the vision component needs calibration images (calibration.images: digits)")
+            raise ValueError("quantizing the vision component needs calibration images (calibration.images: digits or recipe)")
         if (cal.images == "none" or not cal.samples) and not cal.text_windows:
             raise ValueError("calibration has no data: give calibration.samples images or calibration.text_windows")
         return self
@@ -98,7 +100,7 @@ class AwqInt4(Pass):
     def run(self, ir: ModelIR) -> dict:
         cfg = self.config
         cal = cfg.calibration
-        batches = calibration_batches(ir, cal.images, cal.samples, cal.text_windows)
+        batches = calibration_batches(ir, cal.images, cal.samples, cal.text_windows, cal.text)
         changes = {}
         for name in ("vision", "llm"):
             if name in cfg.components:

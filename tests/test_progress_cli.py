@@ -1,0 +1,89 @@
+"""Progress is drawn for a person at a terminal (driven here under a pseudo-terminal) and never under --json or
+into a pipe."""
+
+import fcntl
+import json
+import os
+import pty
+import select
+import struct
+import subprocess
+import sys
+import termios
+
+import numpy as np
+import pytest
+from PIL import Image
+
+from conftest import ROOT
+
+MMTRT = [sys.executable, "-m", "mmtrt.cli"]
+
+
+def child_env():
+    return {k: v for k, v in os.environ.items() if k not in ("CI", "MMTRT_NO_PROGRESS")}
+
+
+def run_in_pty(args, cwd) -> tuple[int, str]:
+    """Run with stdin, stdout and stderr on a pseudo-terminal; returns the exit code and everything it drew."""
+    master, slave = pty.openpty()
+    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))  # a terminal has a size
+    proc = subprocess.Popen(MMTRT + args, stdin=slave, stdout=slave, stderr=slave, cwd=cwd, env=child_env())
+    os.close(slave)
+    chunks = []
+    while True:
+        ready, _, _ = select.select([master], [], [], 1.0)
+        if ready:
+            try:
+                data = os.read(master, 65536)
+            except OSError:  # the child closed the terminal
+                break
+            if not data:
+                break
+            chunks.append(data)
+        elif proc.poll() is not None:
+            break
+    os.close(master)
+    return proc.wait(), b"".join(chunks).decode(errors="replace")
+
+
+@pytest.fixture(scope="module")
+def questions(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("qa")
+    rng = np.random.default_rng(0)
+    for i in range(2):
+        Image.fromarray(rng.integers(0, 255, (48, 48, 3), dtype=np.uint8)).save(folder / f"{i}.png")
+    (folder / "qa.jsonl").write_text("".join(json.dumps({"image": f"{i}.png", "prompt": "How many?", "answer": i}) + "\n"
+                                             for i in range(2)))
+    return folder / "qa.jsonl"
+
+
+def test_eval_draws_progress_on_a_terminal_and_not_under_json(tiny_bundle, questions, tmp_path):
+    args = ["eval", str(tiny_bundle), "--suite", "qa", "--data", str(questions)]
+    code, shown = run_in_pty(args, tmp_path)
+    assert code == 0, shown
+    assert "qa questions:   0%" in shown and "0/2" in shown  # the bar is cleared when done
+    code, shown = run_in_pty(args + ["--json"], tmp_path)
+    assert code == 0, shown
+    assert "qa questions" not in shown and "it/s" not in shown
+    assert json.loads(shown.strip().splitlines()[-1])["samples"] == {"questions": 2}
+
+
+def test_eval_in_a_pipe_draws_nothing(tiny_bundle, questions, tmp_path):
+    proc = subprocess.run(MMTRT + ["eval", str(tiny_bundle), "--suite", "qa", "--data", str(questions)],
+                          capture_output=True, text=True, cwd=tmp_path, env=child_env())
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr == "" and proc.stdout.startswith("qa: accuracy_pct=")
+
+
+def test_compile_shows_stages_and_passes_on_a_terminal_only(tmp_path):
+    recipe = str(ROOT / "recipes" / "tiny-llava.yaml")
+    code, shown = run_in_pty(["compile", recipe, "-o", str(tmp_path / "a.bundle")], tmp_path)
+    assert code == 0, shown
+    for line in ("mmtrt: loading the model ...", "mmtrt: lowering to ONNX done in",
+                 "mmtrt: pass 1/2: dead_layer_elimination ...", "mmtrt: pass 2/2: graph_cleanup done in",
+                 "mmtrt: writing the bundle ..."):
+        assert line in shown, shown
+    proc = subprocess.run(MMTRT + ["compile", recipe, "-o", str(tmp_path / "b.bundle")], capture_output=True,
+                          text=True, cwd=tmp_path, env=child_env())
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
