@@ -187,6 +187,6 @@ def test_cli_arguments(pool, command):
 def test_cli_fuzz_reaches_past_argument_parsing(pool):
     """The pools are useful only if some examples get through argparse to the commands."""
     codes = [run_main(argv)[0] for argv in (["inspect", pool["bundle"], "--json"], ["verify", pool["flipped"]],
-                                            ["run", pool["bundle"], "--image", pool["thin.png"], "--prompt", "hi"])]
+                                            ["run", pool["bundle"], "--image", pool["bad.png"], "--prompt", "hi"])]
     assert codes == [0, 2, 2]
     assert json.loads(json.dumps(pool))
