@@ -13,6 +13,7 @@ DIM_SOURCES = {
     "height": "envelope.image", "width": "envelope.image", "num_images": "envelope.batch", "batch": "envelope.batch",
     "seq": "envelope.prompt_tokens", "past": "envelope.prompt_tokens and envelope.max_new_tokens",
     "total": "envelope.prompt_tokens and envelope.max_new_tokens",
+    "capacity": "envelope.prompt_tokens and envelope.max_new_tokens",
 }
 
 
@@ -29,7 +30,7 @@ def plan_dims(facts: dict[str, Any], env: Envelope) -> dict[str, dict[str, int]]
     batch = env.batch.model_dump()
     opt_seq = env.prompt_tokens.opt + tokens
     side = max(facts["vision"]["input_size"])
-    return {
+    dims = {
         "height": {"min": env.image.min_side, "opt": side, "max": env.image.max_side},
         "width": {"min": env.image.min_side, "opt": side, "max": env.image.max_side},
         "num_images": batch,
@@ -40,6 +41,9 @@ def plan_dims(facts: dict[str, Any], env: Envelope) -> dict[str, dict[str, int]]
         "total": {"min": 1, "opt": opt_seq + 1, "max": capacity},
         "past + seq": {"min": 1, "opt": opt_seq + 1, "max": capacity},
     }
+    if "kv_cache" in facts:  # a shared buffer is allocated once at the envelope's capacity
+        dims["capacity"] = {"min": capacity, "opt": capacity, "max": capacity}
+    return dims
 
 
 def _shape_at(spec: TensorSpec, dims: dict[str, dict[str, int]], point: str) -> list[int]:

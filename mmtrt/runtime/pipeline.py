@@ -17,7 +17,9 @@ from mmtrt.bundle.manifest import bundle_hash, read_manifest
 from mmtrt.errors import UserError
 from mmtrt.ir.graph import TensorSpec
 from mmtrt.partition.shapes import check_shape
+from mmtrt.runtime.batch import Prepared, Request, Sequence, StaticStepper, decode_static
 from mmtrt.runtime.executors import component_runner, engine_choices
+from mmtrt.runtime.kv import StaticCache, cache_device
 from mmtrt.runtime.prompt import format_prompt, tokenize
 
 log = logging.getLogger("mmtrt.runtime")
@@ -31,10 +33,23 @@ class Generation:
     timings: dict[str, float]
     backends: dict[str, str] = field(default_factory=dict)
     fallbacks: dict[str, str] = field(default_factory=dict)
+    # per token, the top-2 logit margin of the step that chose it (a near tie may flip between kernels)
+    margins: list[float] = field(default_factory=list, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         return {"text": self.text, "token_ids": self.token_ids, "prompt_tokens": self.prompt_tokens,
                 "timings": self.timings, "backends": self.backends, "fallbacks": self.fallbacks}
+
+
+@dataclass
+class Refused:
+    """A request of a batch outside the bundle's envelope; the others still run."""
+
+    index: int
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"error": f"request {self.index + 1}: {self.reason}"}
 
 
 def open_image(image) -> Image.Image:
@@ -51,7 +66,7 @@ def open_image(image) -> Image.Image:
 
 
 class Pipeline:
-    """A loaded bundle. `generate` takes one image and one prompt."""
+    """A loaded bundle. `generate` takes one image and one prompt, `generate_batch` a list of `Request`s."""
 
     def __init__(self, path: str | Path, threads: int | None = None, spin: bool = True):
         from transformers import AutoTokenizer
@@ -73,6 +88,17 @@ class Pipeline:
         self.tokenizer = AutoTokenizer.from_pretrained(self.path / "tokenizer")
         self.backends = {name: "+".join(r.providers) for name, r in self.runners.items()}
         self.backends["preprocess"] = "torchvision"
+        self.kv = self.model.get("kv_cache")
+        self.stepper = self._static_stepper() if self.kv else None
+
+    def _static_stepper(self) -> StaticStepper:
+        runner = self.runners["llm"]
+        if not hasattr(runner, "session"):
+            raise UserError("this bundle's static KV cache needs the LLM on ONNX Runtime as one graph, but engines "
+                            "split it; remove the LLM's TensorRT engines from engines/index.json or recompile")
+        cache = StaticCache(self.kv, self.model["llm"], self.dims["batch"]["max"], self.dims["capacity"]["max"],
+                            cache_device(runner.providers))
+        return StaticStepper(runner.session, cache)
 
     def _run(self, name: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         for spec in self.specs[name]:
@@ -107,13 +133,19 @@ class Pipeline:
             embeds[ids == self.model["image_token_id"]] = features.reshape(-1, features.shape[-1])
         return embeds
 
-    def empty_cache(self, batch: int = 1) -> dict[str, np.ndarray]:
+    def empty_cache(self, batch: int = 1):
+        """A cache holding nothing for `batch` sequences: grown arrays (hf) or rows 0..batch-1 of the buffers."""
+        if self.stepper:
+            self.stepper.cache.lengths[:batch] = 0
+            return self.stepper.cache
         llm = self.model["llm"]
         shape = (batch, llm["num_kv_heads"], 0, llm["head_dim"])
         return {s.name: np.zeros(shape, np.float32) for s in self.specs["llm"] if s.name.startswith("past.")}
 
-    def step(self, embeds: np.ndarray, cache: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """One LLM call from position `past`: returns logits and the grown cache."""
+    def step(self, embeds: np.ndarray, cache) -> tuple[np.ndarray, Any]:
+        """One LLM call from the cache's length on: returns the logits of every position and the grown cache."""
+        if self.stepper:
+            return self.stepper.run(embeds, 0, embeds.shape[0], last_only=False), cache
         past = next(iter(cache.values())).shape[2]
         batch, seq = embeds.shape[:2]
         feeds = {
@@ -126,37 +158,72 @@ class Pipeline:
         return out["logits"], {k.replace("present.", "past."): v for k, v in out.items() if k.startswith("present.")}
 
     def generate(self, image, prompt: str, max_new_tokens: int | None = None, raw_prompt: bool = False) -> Generation:
+        result = self.generate_batch([Request(image, prompt, max_new_tokens, raw_prompt)])[0]
+        if isinstance(result, Refused):
+            raise UserError(result.reason)
+        return result
+
+    def generate_batch(self, requests: list[Request]) -> list[Generation | Refused]:
+        """Greedy generation for every request, in input order; one outside the envelope is refused alone.
+        Under a static KV layout the requests decode together (up to the envelope's batch); otherwise in turn."""
+        results: list[Generation | Refused | None] = [None] * len(requests)
+        prepared = []
+        for i, req in enumerate(requests):
+            try:
+                prepared.append(self.prepare(i, req))
+            except UserError as exc:
+                results[i] = Refused(i, str(exc))
+        sequences = decode_static(self, self.stepper, prepared) if self.stepper else self._decode_each(prepared)
+        for index, seq in sequences.items():
+            results[index] = self._generation(seq)
+        return results
+
+    def prepare(self, index: int, req: Request) -> Prepared:
         limit = self.manifest["envelope"]["max_new_tokens"]
-        max_new_tokens = limit if max_new_tokens is None else max_new_tokens
-        if not 1 <= max_new_tokens <= limit:
-            raise UserError(f"max_new_tokens {max_new_tokens} is outside 1..{limit}, the bundle's KV capacity; "
+        max_new = limit if req.max_new_tokens is None else req.max_new_tokens
+        if not 1 <= max_new <= limit:
+            raise UserError(f"max_new_tokens {max_new} is outside 1..{limit}, the bundle's KV capacity; "
                             "recompile with a larger envelope.max_new_tokens")
-        ids = self.prompt_ids(prompt, raw_prompt)
+        ids = self.prompt_ids(req.prompt, req.raw_prompt)
         t0 = time.perf_counter()
-        pixels = self.pixel_values(image)
+        pixels = self.pixel_values(req.image)
         t1 = time.perf_counter()
         features = self.image_features(pixels)
         t2 = time.perf_counter()
-        logits, cache = self.step(self.embed(np.array([ids], np.int64), features), self.empty_cache())
-        t3 = time.perf_counter()
-        generated = self._decode(logits, cache, max_new_tokens)
-        t4 = time.perf_counter()
-        steps = max(len(generated) - 1, 1)
-        timings = {"preprocess_ms": 1e3 * (t1 - t0), "vision_ms": 1e3 * (t2 - t1), "prefill_ms": 1e3 * (t3 - t2),
-                   "decode_ms_per_token": 1e3 * (t4 - t3) / steps}
-        text = self.tokenizer.decode(generated, skip_special_tokens=True)
-        return Generation(text, generated, len(ids), {k: round(v, 3) for k, v in timings.items()}, dict(self.backends),
-                          dict(self.fallbacks))
+        return Prepared(index, ids, self.embed(np.array([ids], np.int64), features), max_new,
+                        {"preprocess_ms": 1e3 * (t1 - t0), "vision_ms": 1e3 * (t2 - t1)})
 
-    def _decode(self, logits: np.ndarray, cache: dict[str, np.ndarray], max_new_tokens: int) -> list[int]:
+    def prefill_row(self, stepper: StaticStepper, row: int, prep: Prepared) -> np.ndarray:
+        """Prefill one request into `row` of the static buffers; the logits of its last position."""
+        stepper.cache.lengths[row] = 0
+        return stepper.run(prep.embeds, row, 1, last_only=True)
+
+    def _decode_each(self, prepared: list[Prepared]) -> dict[int, Sequence]:
+        done = {}
+        for prep in prepared:
+            t0 = time.perf_counter()
+            logits, cache = self.step(prep.embeds, self.empty_cache())
+            prep.timings["prefill_ms"] = 1e3 * (time.perf_counter() - t0)
+            seq = Sequence(prep)
+            t0 = time.perf_counter()
+            self._decode(logits, cache, seq)
+            seq.decode_s = time.perf_counter() - t0
+            done[prep.index] = seq
+        return done
+
+    def _generation(self, seq: Sequence) -> Generation:
+        timings = {**seq.prep.timings, "decode_ms_per_token": 1e3 * seq.decode_s / max(len(seq.tokens) - 1, 1)}
+        text = self.tokenizer.decode(seq.tokens, skip_special_tokens=True)
+        return Generation(text, seq.tokens, len(seq.prep.ids), {k: round(v, 3) for k, v in timings.items()},
+                          dict(self.backends), dict(self.fallbacks), seq.margins)
+
+    def _decode(self, logits: np.ndarray, cache: dict[str, np.ndarray], seq: Sequence) -> None:
         eos = set(self.model["eos_token_ids"])
-        generated = []
         while True:
-            token = int(np.argmax(logits[0, -1]))
-            generated.append(token)
-            if token in eos or len(generated) == max_new_tokens:
-                return generated
-            logits, cache = self.step(self.embed(np.array([[token]], np.int64)), cache)
+            seq.choose(logits[0, -1])
+            if seq.tokens[-1] in eos or len(seq.tokens) == seq.prep.limit:
+                return
+            logits, cache = self.step(self.embed(np.array([[seq.tokens[-1]]], np.int64)), cache)
 
 
 def _log_fallbacks(fallbacks: dict[str, str]) -> None:
