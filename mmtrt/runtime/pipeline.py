@@ -23,6 +23,8 @@ from mmtrt.runtime.kv import StaticCache, cache_device
 from mmtrt.runtime.prompt import format_prompt, tokenize
 
 log = logging.getLogger("mmtrt.runtime")
+STATIC_ON_ORT = ("the static KV cache is bound into one ONNX Runtime session of the whole LLM "
+                 "(com.microsoft.GroupQueryAttention has no TensorRT form)")
 
 
 @dataclass
@@ -80,7 +82,10 @@ class Pipeline:
         self.specs = {name: [TensorSpec.from_json(s) for s in comp["inputs"]]
                       for name, comp in self.manifest["components"].items()}
         self.transform = build_transform(read_json(self.path / self.manifest["components"]["preprocess"]["artifact"]))
+        self.kv = self.model.get("kv_cache")
         choices = engine_choices(self.path, self.manifest)
+        if self.kv:  # the shared buffers are bound by address into one ONNX Runtime session of the whole LLM
+            choices = {seg: ((None, STATIC_ON_ORT) if seg.startswith("llm.") and c[0] else c) for seg, c in choices.items()}
         self.fallbacks = {seg: why for seg, (engine, why) in choices.items() if engine is None}
         _log_fallbacks(self.fallbacks)
         self.runners = {name: component_runner(self.path, self.manifest, name, choices, threads, spin)
@@ -88,14 +93,10 @@ class Pipeline:
         self.tokenizer = AutoTokenizer.from_pretrained(self.path / "tokenizer")
         self.backends = {name: "+".join(r.providers) for name, r in self.runners.items()}
         self.backends["preprocess"] = "torchvision"
-        self.kv = self.model.get("kv_cache")
         self.stepper = self._static_stepper() if self.kv else None
 
     def _static_stepper(self) -> StaticStepper:
         runner = self.runners["llm"]
-        if not hasattr(runner, "session"):
-            raise UserError("this bundle's static KV cache needs the LLM on ONNX Runtime as one graph, but engines "
-                            "split it; remove the LLM's TensorRT engines from engines/index.json or recompile")
         cache = StaticCache(self.kv, self.model["llm"], self.dims["batch"]["max"], self.dims["capacity"]["max"],
                             cache_device(runner.providers))
         return StaticStepper(runner.session, cache)
