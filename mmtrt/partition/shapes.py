@@ -14,6 +14,7 @@ DIM_SOURCES = {
     "seq": "envelope.prompt_tokens", "past": "envelope.prompt_tokens and envelope.max_new_tokens",
     "total": "envelope.prompt_tokens and envelope.max_new_tokens",
     "capacity": "envelope.prompt_tokens and envelope.max_new_tokens",
+    "max_blocks": "envelope.prompt_tokens and envelope.max_new_tokens", "new_tokens": "envelope.batch",
 }
 
 
@@ -41,9 +42,21 @@ def plan_dims(facts: dict[str, Any], env: Envelope) -> dict[str, dict[str, int]]
         "total": {"min": 1, "opt": opt_seq + 1, "max": capacity},
         "past + seq": {"min": 1, "opt": opt_seq + 1, "max": capacity},
     }
-    if "kv_cache" in facts:  # a shared buffer is allocated once at the envelope's capacity
-        dims["capacity"] = {"min": capacity, "opt": capacity, "max": capacity}
+    if "kv_cache" in facts:  # buffers are allocated once, at the envelope's capacity
+        dims.update(_cache_dims(facts["kv_cache"], capacity, batch["max"], seq_max))
     return dims
+
+
+def _cache_dims(kv: dict[str, Any], capacity: int, batch: int, seq_max: int) -> dict[str, dict[str, int]]:
+    fixed = {"capacity": capacity}
+    if kv["layout"] == "paged":
+        per_sequence = -(-capacity // kv["block_tokens"])
+        blocks = kv["pool_blocks"] or batch * per_sequence
+        fixed.update(num_slots=blocks * kv["block_tokens"], pool_blocks=blocks)
+        return {**{k: {"min": v, "opt": v, "max": v} for k, v in fixed.items()},
+                "max_blocks": {"min": 1, "opt": per_sequence, "max": per_sequence},
+                "new_tokens": {"min": 1, "opt": 1, "max": batch * seq_max}}
+    return {k: {"min": v, "opt": v, "max": v} for k, v in fixed.items()}
 
 
 def _shape_at(spec: TensorSpec, dims: dict[str, dict[str, int]], point: str) -> list[int]:

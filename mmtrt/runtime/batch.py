@@ -60,6 +60,13 @@ class StaticStepper:
         self.session, self.cache = session, cache
         self.embed_dtype = np.float16 if session.get_inputs()[0].type == "tensor(float16)" else np.float32
 
+    def reset(self, batch: int) -> None:
+        self.cache.lengths[:batch] = 0
+
+    def run_all(self, embeds: np.ndarray) -> np.ndarray:
+        """Rows 0..batch-1 from their lengths on; the logits of every position."""
+        return self.run(embeds, 0, embeds.shape[0], last_only=False)
+
     def run(self, embeds: np.ndarray, start: int, count: int, last_only: bool) -> np.ndarray:
         lengths = self.cache.lengths[start:start + count]
         seq = embeds.shape[1]

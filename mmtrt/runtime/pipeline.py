@@ -20,6 +20,7 @@ from mmtrt.partition.shapes import check_shape
 from mmtrt.runtime.batch import Prepared, Request, Sequence, StaticStepper, decode_static
 from mmtrt.runtime.executors import component_runner, engine_choices
 from mmtrt.runtime.kv import StaticCache, cache_device
+from mmtrt.runtime.paged import PagedCache, PagedStepper, decode_paged
 from mmtrt.runtime.prompt import format_prompt, tokenize
 
 log = logging.getLogger("mmtrt.runtime")
@@ -95,8 +96,11 @@ class Pipeline:
         self.backends["preprocess"] = "torchvision"
         self.stepper = self._static_stepper() if self.kv else None
 
-    def _static_stepper(self) -> StaticStepper:
+    def _static_stepper(self):
         runner = self.runners["llm"]
+        if self.kv["layout"] == "paged":
+            return PagedStepper(runner.session, PagedCache(self.kv, self.model["llm"], self.dims),
+                                self.dims["batch"]["max"])
         cache = StaticCache(self.kv, self.model["llm"], self.dims["batch"]["max"], self.dims["capacity"]["max"],
                             cache_device(runner.providers))
         return StaticStepper(runner.session, cache)
@@ -137,7 +141,7 @@ class Pipeline:
     def empty_cache(self, batch: int = 1):
         """A cache holding nothing for `batch` sequences: grown arrays (hf) or rows 0..batch-1 of the buffers."""
         if self.stepper:
-            self.stepper.cache.lengths[:batch] = 0
+            self.stepper.reset(batch)
             return self.stepper.cache
         llm = self.model["llm"]
         shape = (batch, llm["num_kv_heads"], 0, llm["head_dim"])
@@ -146,7 +150,7 @@ class Pipeline:
     def step(self, embeds: np.ndarray, cache) -> tuple[np.ndarray, Any]:
         """One LLM call from the cache's length on: returns the logits of every position and the grown cache."""
         if self.stepper:
-            return self.stepper.run(embeds, 0, embeds.shape[0], last_only=False), cache
+            return self.stepper.run_all(embeds), cache
         past = next(iter(cache.values())).shape[2]
         batch, seq = embeds.shape[:2]
         feeds = {
@@ -174,7 +178,10 @@ class Pipeline:
                 prepared.append(self.prepare(i, req))
             except UserError as exc:
                 results[i] = Refused(i, str(exc))
-        sequences = decode_static(self, self.stepper, prepared) if self.stepper else self._decode_each(prepared)
+        if isinstance(self.stepper, PagedStepper):
+            sequences = decode_paged(self, self.stepper, prepared)
+        else:
+            sequences = decode_static(self, self.stepper, prepared) if self.stepper else self._decode_each(prepared)
         for index, seq in sequences.items():
             results[index] = self._generation(seq)
         return results
@@ -191,8 +198,11 @@ class Pipeline:
         t1 = time.perf_counter()
         features = self.image_features(pixels)
         t2 = time.perf_counter()
-        return Prepared(index, ids, self.embed(np.array([ids], np.int64), features), max_new,
+        prep = Prepared(index, ids, self.embed(np.array([ids], np.int64), features), max_new,
                         {"preprocess_ms": 1e3 * (t1 - t0), "vision_ms": 1e3 * (t2 - t1)})
+        if isinstance(self.stepper, PagedStepper):
+            self.stepper.check(prep)
+        return prep
 
     def prefill_row(self, stepper: StaticStepper, row: int, prep: Prepared) -> np.ndarray:
         """Prefill one request into `row` of the static buffers; the logits of its last position."""

@@ -17,19 +17,28 @@ from typing import Any, Literal
 
 import onnx
 from onnx import TensorProto, helper
-from pydantic import Field
+from pydantic import Field, model_validator
 
 from mmtrt.errors import UserError
 from mmtrt.ir.graph import ModelIR, graph_io
 from mmtrt.ir.rewrite import attr, cleanup, producers
 from mmtrt.pipeline.pass_base import Pass, PassConfig
+from passes.kv.paged import MAX_BLOCKS, NUM_SLOTS, SLOTS, TABLE, TOKENS, rewrite_paged
 
 CAPACITY = "capacity"
 SEQLENS, TOTAL, LOGITS_FROM = "seqlens_k", "total_sequence_length", "logits_from"
 
 
 class KvLayoutConfig(PassConfig):
-    layout: Literal["static"] = Field("static", description="`static`: one buffer per layer `[batch, H_kv, capacity, D]` (capacity = prompt + image tokens + max new tokens), past and present bound to the same memory and written in place.")
+    layout: Literal["static", "paged"] = Field("static", description="`static`: one buffer per layer `[batch, H_kv, capacity, D]` (capacity = prompt + image tokens + max new tokens), past and present bound to the same memory and written in place. `paged`: one pool of blocks per layer `[num_slots, H_kv, D]` and a block table per sequence (vLLM, TensorRT-LLM), so a sequence holds only the blocks it fills.")
+    block_tokens: int = Field(16, ge=1, le=1024, description="`paged` only: tokens per block, a power of two (TensorRT-LLM's XQA kernels take 64 or 128).")
+    pool_blocks: int | None = Field(None, ge=1, description="`paged` only: blocks in the pool. Default: enough for the envelope's batch maximum at full capacity; fewer make requests wait for blocks.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "KvLayoutConfig":
+        if self.block_tokens & (self.block_tokens - 1):
+            raise ValueError(f"block_tokens {self.block_tokens} is not a power of two; use 16, 32, 64 or 128")
+        return self
 
 
 class KvLayout(Pass):
@@ -39,29 +48,49 @@ class KvLayout(Pass):
     provides = frozenset({"kv_layout"})
 
     def plan_facts(self, facts: dict[str, Any]) -> dict[str, Any]:
-        return {**facts, "kv_cache": kv_facts(self.config.layout, "float32")}
+        return {**facts, "kv_cache": kv_facts(self.config, "float32")}
 
     def run(self, ir: ModelIR) -> dict:
         comp = ir.components["llm"]
         model = comp.onnx
-        layers = rewrite_attention(model.graph, ir.config["llm"])
+        rewrite = rewrite_attention if self.config.layout == "static" else self._paged
+        layers = rewrite(model.graph, ir.config["llm"])
         if not any(o.domain == "com.microsoft" for o in model.opset_import):
             model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
         head = slice_logits(model.graph)
         comp.onnx = cleanup(model)
         _drop_unused_inputs(comp.onnx.graph)
-        _name_cache_dims(comp.onnx.graph)
+        _name_cache_dims(comp.onnx.graph, self.config.layout, ir.config["llm"])
         comp.inputs, comp.outputs = graph_io(comp.onnx, "inputs"), graph_io(comp.onnx, "outputs")
         dtype = next(s.dtype for s in comp.inputs if s.name.startswith("past."))
-        ir.config["kv_cache"] = kv_facts(self.config.layout, dtype)
-        return {"llm": {"layout": self.config.layout, "attention_rewritten": layers, "logits_sliced_after": head,
+        ir.config["kv_cache"] = kv_facts(self.config, dtype)
+        return {"llm": {**self.config.model_dump(), "attention_rewritten": layers, "logits_sliced_after": head,
                         "cache_dtype": dtype}}
 
 
-def kv_facts(layout: str, dtype: str) -> dict[str, Any]:
-    """What a runtime needs to drive the rewritten graph; the capacity is the plan's `capacity` dimension."""
+    def _paged(self, graph: onnx.GraphProto, llm: dict[str, Any]) -> int:
+        prods = producers(graph)
+        attentions = _attentions(graph, llm)
+        concats = [(_present_concat(graph, prods, i, "key"), _present_concat(graph, prods, i, "value"))
+                   for i in range(len(attentions))]
+        rewrite_paged(graph, llm, concats, attentions, self.config.block_tokens)
+        return len(attentions)
+
+
+def kv_facts(config: KvLayoutConfig, dtype: str) -> dict[str, Any]:
+    """What a runtime needs to drive the rewritten graph; sizes are the plan's `capacity` (and pool) dimensions."""
+    if config.layout == "paged":
+        return {
+            "layout": "paged", "dtype": dtype, "block_tokens": config.block_tokens, "pool_blocks": config.pool_blocks,
+            "capacity_dim": CAPACITY, "pool_shape": [NUM_SLOTS, "num_kv_heads", "head_dim"],
+            "past": "past.{layer}.{kind}", "present": "present.{layer}.{kind}", "kinds": ["key", "value"],
+            "past_present_share_buffer": True,
+            "slot_mapping": f"{SLOTS}: int64 [{TOKENS}, 1], pool slot (block * block_tokens + offset) of each new token",
+            "block_table": f"{TABLE}: int64 [batch, {MAX_BLOCKS}], each sequence's blocks in order (pad: any block)",
+            "logits_from": f"{LOGITS_FROM}: int64 [1], first position whose logits are returned (seq - 1: last only)",
+        }
     return {
-        "layout": layout,
+        "layout": "static",
         "dtype": dtype,
         "capacity_dim": CAPACITY,
         "buffer_shape": ["batch", "num_kv_heads", CAPACITY, "head_dim"],
@@ -102,10 +131,7 @@ def rewrite_attention(graph: onnx.GraphProto, llm: dict[str, Any]) -> int:
     for node in graph.node:
         for name in node.input:
             consumers.setdefault(name, []).append(node)
-    attentions = [n for n in graph.node if n.op_type == "Attention"]
-    if len(attentions) != llm["num_layers"]:
-        raise UserError(f"kv_layout: found {len(attentions)} Attention nodes for {llm['num_layers']} layers; "
-                        "run kv_layout on the exporter's LLM graph (before passes that restructure attention)")
+    attentions = _attentions(graph, llm)
     for layer, att in enumerate(attentions):
         q_rot = _producer_through(prods, att.input[0], "RotaryEmbedding")
         concat_k = _present_concat(graph, prods, layer, "key")
@@ -129,6 +155,14 @@ def rewrite_attention(graph: onnx.GraphProto, llm: dict[str, Any]) -> int:
     graph.input.extend([helper.make_tensor_value_info(SEQLENS, TensorProto.INT32, ["batch"]),
                         helper.make_tensor_value_info(TOTAL, TensorProto.INT32, [])])
     return len(attentions)
+
+
+def _attentions(graph: onnx.GraphProto, llm: dict[str, Any]) -> list[onnx.NodeProto]:
+    attentions = [n for n in graph.node if n.op_type == "Attention"]
+    if len(attentions) != llm["num_layers"]:
+        raise UserError(f"kv_layout: found {len(attentions)} Attention nodes for {llm['num_layers']} layers; "
+                        "run kv_layout on the exporter's LLM graph (before passes that restructure attention)")
+    return attentions
 
 
 def _present_concat(graph, prods, layer: int, kind: str) -> onnx.NodeProto:
@@ -180,7 +214,12 @@ def _set_dim(value: onnx.ValueInfoProto, axis: int, name: str) -> None:
     dim.dim_param = name
 
 
-def _name_cache_dims(graph: onnx.GraphProto) -> None:
+def _name_cache_dims(graph: onnx.GraphProto, layout: str, llm: dict[str, Any]) -> None:
     for value in [*graph.input, *graph.output]:
-        if value.name.startswith(("past.", "present.")):
+        if not value.name.startswith(("past.", "present.")):
+            continue
+        if layout == "static":
             _set_dim(value, 2, CAPACITY)
+            continue
+        elem = value.type.tensor_type.elem_type
+        value.type.CopyFrom(helper.make_tensor_type_proto(elem, [NUM_SLOTS, llm["num_kv_heads"], llm["head_dim"]]))

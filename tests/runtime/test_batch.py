@@ -14,9 +14,9 @@ from mmtrt.runtime.pipeline import Refused
 NEAR_TIE = 1e-3
 
 
-@pytest.fixture(scope="module")
-def static_pipe(tiny_static_bundle):
-    return load(tiny_static_bundle)
+@pytest.fixture(scope="module", params=["static", "paged"])
+def kv_pipe(request):
+    return load(request.getfixturevalue(f"tiny_{request.param}_bundle"))
 
 
 def mixed_requests(rng, n):
@@ -36,34 +36,35 @@ def assert_same_up_to_near_ties(ours, solo):
     assert ours.token_ids == solo.token_ids
 
 
-def test_each_request_of_a_mixed_batch_gets_its_solo_tokens(static_pipe, tiny_bundle, rng):
+def test_each_request_of_a_mixed_batch_gets_its_solo_tokens(kv_pipe, tiny_bundle, rng):
     requests = mixed_requests(rng, 7)  # more than the envelope's batch of 4: rows are reused as sequences finish
-    batch = static_pipe.generate_batch(requests)
+    batch = kv_pipe.generate_batch(requests)
     hf = load(tiny_bundle)
     assert len({len(g.token_ids) for g in batch}) > 1
     for request, ours in zip(requests, batch):
-        assert_same_up_to_near_ties(ours, static_pipe.generate_batch([request])[0])
+        assert_same_up_to_near_ties(ours, kv_pipe.generate_batch([request])[0])
         assert_same_up_to_near_ties(ours, hf.generate_batch([request])[0])
         assert set(ours.timings) == {"preprocess_ms", "vision_ms", "prefill_ms", "decode_ms_per_token"}
 
 
-def test_a_request_outside_the_envelope_is_refused_alone(static_pipe, rng):
+def test_a_request_outside_the_envelope_is_refused_alone(kv_pipe, rng):
     good = mixed_requests(rng, 2)
     too_long = Request(random_image(rng, 32, 32), "word " * 400, 4)
     too_many = Request(random_image(rng, 32, 32), "hi", 33)
-    results = static_pipe.generate_batch([good[0], too_long, too_many, good[1]])
+    results = kv_pipe.generate_batch([good[0], too_long, too_many, good[1]])
     assert isinstance(results[1], Refused) and "accepts at most 256" in results[1].reason
     assert isinstance(results[2], Refused) and "outside 1..32" in results[2].reason
     assert results[2].to_json()["error"].startswith("request 3: ")
     for index in (0, 3):
-        assert results[index].token_ids == static_pipe.generate_batch([good[index // 3]])[0].token_ids
+        assert results[index].token_ids == kv_pipe.generate_batch([good[index // 3]])[0].token_ids
 
 
-def test_the_cache_buffers_are_allocated_once_and_written_in_place(static_pipe, rng):
-    cache = static_pipe.stepper.cache
+def test_the_cache_buffers_are_allocated_once_and_written_in_place(tiny_static_bundle, rng):
+    kv_pipe = load(tiny_static_bundle)
+    cache = kv_pipe.stepper.cache
     arrays = dict(cache.host)
     pointers = dict(cache.ptrs)
-    static_pipe.generate_batch(mixed_requests(rng, 3))
+    kv_pipe.generate_batch(mixed_requests(rng, 3))
     assert all(cache.host[n] is arrays[n] for n in arrays) and cache.ptrs == pointers
     assert cache.host["past.0.key"][0, :, : int(cache.lengths[0])].any()
     assert cache.nbytes == sum(a.nbytes for a in arrays.values())

@@ -1,5 +1,5 @@
 """The bundle decodes exactly what transformers' `generate` decodes, on the zoo model and on a saved checkpoint,
-with the exporter's growing cache (hf) and with the static shared-buffer layout."""
+with the exporter's growing cache (hf), the static shared buffers and the paged block pool."""
 
 import numpy as np
 import pytest
@@ -45,6 +45,7 @@ def siglip_model(siglip_checkpoint):
 
 
 BUNDLES = {("tiny-llava", "hf"): "tiny_bundle", ("tiny-llava", "static"): "tiny_static_bundle",
+           ("tiny-llava", "paged"): "tiny_paged_bundle",
            ("siglip-checkpoint", "hf"): "siglip_bundle", ("siglip-checkpoint", "static"): "siglip_static_bundle"}
 
 
