@@ -36,7 +36,9 @@ class Prepared:
     embeds: np.ndarray
     limit: int
     timings: dict[str, float]
-    prefix: Any = None
+    prefix_key: str | None = None  # the image prefix's key when it may be reused (kv layouts only)
+    prefix_len: int = 0
+    prefix: list[np.ndarray] | None = None  # its stored KV when found at prepare time: embeds then start after it
 
 
 @dataclass
@@ -62,6 +64,18 @@ class StaticStepper:
 
     def reset(self, batch: int) -> None:
         self.cache.lengths[:batch] = 0
+
+    def clear(self, row: int) -> None:
+        self.cache.lengths[row] = 0
+
+    def prefill(self, row: int, embeds: np.ndarray) -> np.ndarray:
+        return self.run(embeds, row, 1, last_only=True)
+
+    def load_prefix(self, row: int, arrays: list[np.ndarray]) -> None:
+        self.cache.load_row(row, arrays)
+
+    def save_prefix(self, row: int, tokens: int) -> list[np.ndarray]:
+        return self.cache.save_row(row, tokens)
 
     def run_all(self, embeds: np.ndarray) -> np.ndarray:
         """Rows 0..batch-1 from their lengths on; the logits of every position."""
@@ -98,7 +112,7 @@ def decode_static(pipe, stepper: StaticStepper, prepared: list[Prepared]) -> dic
         while waiting and len(active) < cache.rows:
             seq = Sequence(waiting.popleft())
             t0 = time.perf_counter()
-            logits = pipe.prefill_row(stepper, len(active), seq.prep)
+            logits = pipe.prefill(stepper, len(active), seq.prep)
             seq.choose(logits[0, -1])
             seq.prep.timings["prefill_ms"] = 1e3 * (time.perf_counter() - t0)
             if finished(seq):

@@ -95,6 +95,24 @@ class PagedStepper:
             self.cache.open(seq, 0)
         self.direct = list(range(-1, -batch - 1, -1))
 
+    def clear(self, seq: int) -> None:
+        """A sequence is opened empty."""
+
+    def prefill(self, seq: int, embeds: np.ndarray) -> np.ndarray:
+        return self.run(embeds, [seq], last_only=True)
+
+    def load_prefix(self, seq: int, arrays: list[np.ndarray]) -> None:
+        tokens = arrays[0].shape[0]
+        self.cache.grow(seq, tokens)
+        slots = self.cache.slots(seq, 0, tokens)
+        for (past, _), rows in zip(self.cache.names, arrays):
+            self.cache.host[past][slots] = rows
+        self.cache.lengths[seq] = tokens
+
+    def save_prefix(self, seq: int, tokens: int) -> list[np.ndarray]:
+        slots = self.cache.slots(seq, 0, tokens)
+        return [self.cache.host[past][slots] for past, _ in self.cache.names]
+
     def run_all(self, embeds: np.ndarray) -> np.ndarray:
         return self.run(embeds, self.direct[:embeds.shape[0]], last_only=False)
 
@@ -144,7 +162,7 @@ def decode_paged(pipe, stepper: PagedStepper, prepared: list[Prepared]) -> dict[
             seq = Sequence(waiting.popleft())
             cache.open(seq.prep.index, len(seq.prep.ids) + seq.prep.limit)
             t0 = time.perf_counter()
-            seq.choose(stepper.run(seq.prep.embeds, [seq.prep.index], last_only=True)[0, -1])
+            seq.choose(pipe.prefill(stepper, seq.prep.index, seq.prep)[0, -1])
             seq.prep.timings["prefill_ms"] = 1e3 * (time.perf_counter() - t0)
             if finish_or_keep(seq):
                 active.append(seq)

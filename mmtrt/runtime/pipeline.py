@@ -21,6 +21,7 @@ from mmtrt.runtime.batch import Prepared, Request, Sequence, StaticStepper, deco
 from mmtrt.runtime.executors import component_runner, engine_choices
 from mmtrt.runtime.kv import StaticCache, cache_device
 from mmtrt.runtime.paged import PagedCache, PagedStepper, decode_paged
+from mmtrt.runtime.prefix import PrefixCache, prefix_key, prefix_length
 from mmtrt.runtime.prompt import format_prompt, tokenize
 
 log = logging.getLogger("mmtrt.runtime")
@@ -71,7 +72,7 @@ def open_image(image) -> Image.Image:
 class Pipeline:
     """A loaded bundle. `generate` takes one image and one prompt, `generate_batch` a list of `Request`s."""
 
-    def __init__(self, path: str | Path, threads: int | None = None, spin: bool = True):
+    def __init__(self, path: str | Path, threads: int | None = None, spin: bool = True, prefix_cache_mib: float = 256):
         from transformers import AutoTokenizer
 
         self.path = Path(path)
@@ -95,6 +96,7 @@ class Pipeline:
         self.backends = {name: "+".join(r.providers) for name, r in self.runners.items()}
         self.backends["preprocess"] = "torchvision"
         self.stepper = self._static_stepper() if self.kv else None
+        self.prefixes = PrefixCache(prefix_cache_mib)
 
     def _static_stepper(self):
         runner = self.runners["llm"]
@@ -187,6 +189,8 @@ class Pipeline:
         return results
 
     def prepare(self, index: int, req: Request) -> Prepared:
+        """Check a request against the envelope and embed it; the vision encoder is skipped when the image's
+        prefix is stored."""
         limit = self.manifest["envelope"]["max_new_tokens"]
         max_new = limit if req.max_new_tokens is None else req.max_new_tokens
         if not 1 <= max_new <= limit:
@@ -196,18 +200,33 @@ class Pipeline:
         t0 = time.perf_counter()
         pixels = self.pixel_values(req.image)
         t1 = time.perf_counter()
-        features = self.image_features(pixels)
+        n = prefix_length(ids, self.model["image_token_id"]) if self.stepper and self.prefixes.limit else 0
+        key = prefix_key(pixels, ids, n) if n else None
+        stored = self.prefixes.get(key) if key else None
+        if stored is not None:
+            embeds = self.embed(np.array([ids[n:]], np.int64))
+        else:
+            embeds = self.embed(np.array([ids], np.int64), self.image_features(pixels))
         t2 = time.perf_counter()
-        prep = Prepared(index, ids, self.embed(np.array([ids], np.int64), features), max_new,
-                        {"preprocess_ms": 1e3 * (t1 - t0), "vision_ms": 1e3 * (t2 - t1)})
+        prep = Prepared(index, ids, embeds, max_new, {"preprocess_ms": 1e3 * (t1 - t0), "vision_ms": 1e3 * (t2 - t1)},
+                        key, n, stored)
         if isinstance(self.stepper, PagedStepper):
             self.stepper.check(prep)
         return prep
 
-    def prefill_row(self, stepper: StaticStepper, row: int, prep: Prepared) -> np.ndarray:
-        """Prefill one request into `row` of the static buffers; the logits of its last position."""
-        stepper.cache.lengths[row] = 0
-        return stepper.run(prep.embeds, row, 1, last_only=True)
+    def prefill(self, stepper, handle, prep: Prepared) -> np.ndarray:
+        """Prefill one request into its row (static) or sequence (paged), from a stored image prefix when there is
+        one; the logits of its last position. A fresh prefix is stored for the next question on the image."""
+        arrays = prep.prefix if prep.prefix is not None else (
+            self.prefixes.entries.get(prep.prefix_key) if prep.prefix_key else None)
+        if arrays is not None:
+            stepper.load_prefix(handle, arrays)
+            return stepper.prefill(handle, prep.embeds if prep.prefix is not None else prep.embeds[:, prep.prefix_len:])
+        stepper.clear(handle)
+        logits = stepper.prefill(handle, prep.embeds)
+        if prep.prefix_key:
+            self.prefixes.put(prep.prefix_key, stepper.save_prefix(handle, prep.prefix_len))
+        return logits
 
     def _decode_each(self, prepared: list[Prepared]) -> dict[int, Sequence]:
         done = {}
@@ -252,6 +271,7 @@ def read_json(path: Path) -> Any:
     return json.loads(Path(path).read_text())
 
 
-def load(path: str | Path, threads: int | None = None, spin: bool = True) -> Pipeline:
-    """Load a bundle written by `mmtrt compile`."""
-    return Pipeline(path, threads, spin)
+def load(path: str | Path, threads: int | None = None, spin: bool = True, prefix_cache_mib: float = 256) -> Pipeline:
+    """Load a bundle written by `mmtrt compile`. Under a kv_layout, image prefixes are kept for later questions in
+    an LRU of `prefix_cache_mib` MiB (0: none)."""
+    return Pipeline(path, threads, spin, prefix_cache_mib)
