@@ -87,7 +87,8 @@ class Pipeline:
         self.kv = self.model.get("kv_cache")
         choices = engine_choices(self.path, self.manifest)
         if self.kv:  # the shared buffers are bound by address into one ONNX Runtime session of the whole LLM
-            choices = {seg: ((None, STATIC_ON_ORT) if seg.startswith("llm.") and c[0] else c) for seg, c in choices.items()}
+            choices = {seg: ((None, STATIC_ON_ORT) if seg.startswith("llm.") and c[0] else c)
+                       for seg, c in choices.items()}
         self.fallbacks = {seg: why for seg, (engine, why) in choices.items() if engine is None}
         _log_fallbacks(self.fallbacks)
         self.runners = {name: component_runner(self.path, self.manifest, name, choices, threads, spin)

@@ -89,7 +89,7 @@ def kv_facts(config: KvLayoutConfig, dtype: str) -> dict[str, Any]:
             "capacity_dim": CAPACITY, "pool_shape": [NUM_SLOTS, "num_kv_heads", "head_dim"],
             "past": "past.{layer}.{kind}", "present": "present.{layer}.{kind}", "kinds": ["key", "value"],
             "past_present_share_buffer": True,
-            "slot_mapping": f"{SLOTS}: int64 [{TOKENS}, 1], pool slot (block * block_tokens + offset) of each new token",
+            "slot_mapping": f"{SLOTS}: int64 [{TOKENS}, 1], pool slot of each new token (block * block_tokens + i)",
             "block_table": f"{TABLE}: int64 [batch, {MAX_BLOCKS}], each sequence's blocks in order (pad: any block)",
             "logits_from": f"{LOGITS_FROM}: int64 [1], first position whose logits are returned (seq - 1: last only)",
         }

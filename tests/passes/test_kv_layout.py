@@ -26,7 +26,7 @@ envelope:
 
 @pytest.fixture(scope="module")
 def static_bundle(siglip_checkpoint):
-    return compile_to(siglip_checkpoint.parent, RECIPE, "static.bundle")
+    return compile_to(siglip_checkpoint.parent, RECIPE, "pass-static.bundle")
 
 
 def session(bundle):
@@ -113,3 +113,50 @@ def test_a_graph_without_the_exporter_attention_is_refused(static_bundle):
     ir.components["llm"] = type("C", (), {"onnx": model})()
     with pytest.raises(UserError, match="found 0 Attention nodes for 3 layers"):
         KvLayout(KvLayout.Config()).run(ir)
+
+
+def test_paged_plan_sizes_the_pool_and_the_trtllm_build_options(siglip_checkpoint):
+    from mmtrt.backends.tensorrt_llm import trtllm_plan
+    from mmtrt.compiler import make_plan
+    from mmtrt.partition.shapes import plan_dims
+
+    recipe = siglip_checkpoint.parent / "paged.yaml"
+    recipe.write_text(RECIPE.replace("layout: static", "layout: paged, block_tokens: 32"))
+    plan = make_plan(recipe)
+    dims = plan_dims(plan.passes.facts_after, plan.recipe.envelope)
+    capacity = 40 + plan.passes.facts_after["vision"]["image_tokens"] + 9
+    blocks = 2 * -(-capacity // 32)  # the envelope's batch of 2 at full capacity
+    assert dims["pool_blocks"]["max"] == blocks and dims["num_slots"]["max"] == blocks * 32
+    assert dims["max_blocks"]["max"] == -(-capacity // 32)
+    out = trtllm_plan(plan.passes.facts_after, dims, has_checkpoint=False)
+    assert "--kv_cache_type paged --tokens_per_block 32" in out["command"]
+    assert out["runtime"]["max_tokens_in_paged_kv_cache"] == blocks * 32
+
+
+def test_block_tokens_must_be_a_power_of_two(siglip_checkpoint, capsys):
+    recipe = siglip_checkpoint.parent / "bad.yaml"
+    recipe.write_text(RECIPE.replace("layout: static", "layout: paged, block_tokens: 24"))
+    assert main(["compile", str(recipe), "--plan"]) == 2
+    assert "block_tokens 24 is not a power of two" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("layout", ["static", "paged"])
+def test_an_fp16_cache_is_stored_in_fp16_and_keeps_the_logits(siglip_checkpoint, siglip_bundle, layout, rng):
+    from builders import random_image
+    from mmtrt.runtime import load
+
+    recipe = RECIPE.replace("layout: static", f"layout: {layout}, cache_dtype: fp16")
+    half = load(compile_to(siglip_checkpoint.parent, recipe, f"{layout}16.bundle"))
+    assert half.model["kv_cache"]["dtype"] == "float16"
+    assert all(a.dtype == np.float16 for a in half.stepper.cache.host.values())
+    full = load(siglip_bundle)
+    image = random_image(rng, 50, 70)
+    logits = []
+    for pipe in (half, full):
+        ids = np.array([pipe.prompt_ids("What is it?")], np.int64)
+        embeds = pipe.embed(ids, pipe.image_features(pipe.pixel_values(image)))
+        first, cache = pipe.step(embeds, pipe.empty_cache())
+        then, _ = pipe.step(pipe.embed(np.array([[int(first[0, -1].argmax())]])), cache)
+        logits.append(np.concatenate([first[0], then[0]]))
+    # fp16 keys and values carry a relative rounding error of 2**-11; the logits move by far less than their spread
+    assert 0 < np.abs(logits[0] - logits[1]).max() < 1e-2 * np.abs(logits[1]).max()

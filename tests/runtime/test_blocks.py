@@ -40,7 +40,8 @@ class Model:
             assert len(set(table)) == len(table)
             owners[table] += 1
         assert list(owners) == alloc.refs, "a block is owned by more sequences than its count says"
-        assert set(alloc.free) == {b for b in range(BLOCKS) if owners[b] == 0} and len(set(alloc.free)) == len(alloc.free)
+        assert set(alloc.free) == {b for b in range(BLOCKS) if owners[b] == 0}
+        assert len(set(alloc.free)) == len(alloc.free)
         for seq, values in self.written.items():
             assert list(self.pool[cache.slots(seq, 0, len(values))]) == values, f"sequence {seq}'s KV was overwritten"
         assert sum(cache.promised.values()) <= alloc.available
