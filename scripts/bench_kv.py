@@ -134,23 +134,25 @@ def mixed_requests(image, n: int = 8) -> list[Request]:
     return [Request(image, " ".join(words[: 2 + (5 * i) % len(words)]) * (1 + i % 3), 32) for i in range(n)]
 
 
-def throughput(pipes: dict, image) -> list[dict]:
-    reqs, rows = mixed_requests(image), []
-    for name, pipe in pipes.items():
+def throughput(pipes: dict, image, rounds: int) -> list[dict]:
+    """Every round runs every configuration once (alternating); tokens/s medians over the rounds."""
+    reqs, speeds = mixed_requests(image), {}
+    for pipe in pipes.values():
+        pipe.prefixes.limit = 0  # every request computes its own prefix: this measures batching alone
         pipe.generate_batch(reqs[:1])
-    for cap in (1, 2, 4, 8):
-        for name in ("static", "paged"):
-            pipe = pipes[name]
-            pipe.prefixes.limit = 0  # every request computes its own prefix: this measures batching alone
-            _cap(pipe, cap)
+    configs = [(name, cap) for cap in (1, 2, 4, 8) for name in ("static", "paged")] + [("hf", 1)]
+    for _ in range(rounds):
+        for name, cap in configs:
             t0 = time.perf_counter()
-            out = pipe.generate_batch(reqs)
-            rows.append({"layout": name, "batch": cap, "tokens_per_s": round(
-                sum(len(g.token_ids) for g in out) / (time.perf_counter() - t0), 1)})
-    t0 = time.perf_counter()
-    out = [pipes["hf"].generate_batch([r])[0] for r in reqs]
-    rows.append({"layout": "hf, one after another", "batch": 1,
-                 "tokens_per_s": round(sum(len(g.token_ids) for g in out) / (time.perf_counter() - t0), 1)})
+            if name == "hf":  # the same requests one after another
+                out = [pipes["hf"].generate_batch([r])[0] for r in reqs]
+            else:
+                _cap(pipes[name], cap)
+                out = pipes[name].generate_batch(reqs)
+            tokens = sum(len(g.token_ids) for g in out)
+            speeds.setdefault((name, cap), []).append(tokens / (time.perf_counter() - t0))
+    rows = [{"layout": name, "batch": cap, "tokens_per_s": round(statistics.median(v), 1)}
+            for (name, cap), v in speeds.items()]
     lengths = [g.prompt_tokens + len(g.token_ids) for g in out]
     capacity = pipes["static"].dims["capacity"]["max"]
     contiguous, paged = capacity * len(lengths), sum(-(-n // BLOCK) * BLOCK for n in lengths)
@@ -213,7 +215,7 @@ def main() -> None:
             for lay in ("static", "paged"):
                 paths[lay] = write_bundle(recipe, ir, reports, {"kv_layout": {"layout": lay}}, tmp / lay, ("llm",))[0]
             del ir
-            throughput({k: load(p, threads=1, spin=False) for k, p in paths.items()}, image)
+            throughput({k: load(p, threads=1, spin=False) for k, p in paths.items()}, image, args.rounds)
         if "ttft" not in args.skip:
             ir, reports = lossless_ir(args.ttft_recipe)
             path = write_bundle(args.ttft_recipe, ir, reports, {"kv_layout": {"layout": "static"}}, tmp / "page",
