@@ -80,6 +80,10 @@ def _compile(args) -> int:
 def _run(args) -> int:
     from mmtrt.runtime import load
 
+    if args.requests:
+        return _run_requests(args)
+    if not (args.image and args.prompt):
+        raise UserError("run needs --image and --prompt, or --requests FILE.jsonl")
     pipe = load(args.bundle, threads=args.threads)
     result = pipe.generate(args.image, args.prompt, args.max_new_tokens, raw_prompt=args.raw_prompt)
     if args.json:
@@ -88,6 +92,27 @@ def _run(args) -> int:
         print(result.text)
         print(" ".join(f"{k}={v:.2f}" for k, v in result.timings.items()), file=sys.stderr)
     return 0
+
+
+def _run_requests(args) -> int:
+    from mmtrt.runtime import load
+    from mmtrt.runtime.pipeline import Refused
+    from mmtrt.runtime.requests import read_requests
+
+    parsed = read_requests(args.requests)
+    pipe = load(args.bundle, threads=args.threads)
+    good = [(i, r) for i, r in enumerate(parsed) if not isinstance(r, str)]
+    results = dict(zip([i for i, _ in good], pipe.generate_batch([r for _, r in good])))
+    results.update({i: Refused(i, r) for i, r in enumerate(parsed) if isinstance(r, str)})
+    for i in range(len(parsed)):
+        result = results[i]
+        if isinstance(result, Refused):
+            print(f"mmtrt: error: {result.to_json()['error']}", file=sys.stderr)
+        if args.json:
+            print(json.dumps(result.to_json()))
+        elif not isinstance(result, Refused):
+            print(result.text)
+    return EXIT_USER_ERROR if any(isinstance(r, Refused) for r in results.values()) else 0
 
 
 def _inspect(args) -> int:
@@ -180,10 +205,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dump-ir", type=Path, help="write every ONNX graph after every pass into this folder")
     p.set_defaults(func=_compile)
 
-    p = sub.add_parser("run", help="generate from a bundle with one image and one prompt")
+    p = sub.add_parser("run", help="generate from a bundle with one image and one prompt, or a file of requests")
     p.add_argument("bundle")
-    p.add_argument("--image", required=True)
-    p.add_argument("--prompt", required=True)
+    p.add_argument("--image")
+    p.add_argument("--prompt")
+    p.add_argument("--requests", type=Path, help="JSON Lines, one {image, prompt, max_new_tokens} per line; "
+                   "prints one result per request in input order")
     p.add_argument("--max-new-tokens", type=positive_int)
     p.add_argument("--raw-prompt", action="store_true", help="use the prompt as is, with <image> where the image goes")
     p.add_argument("--threads", type=positive_int, help="ONNX Runtime intra-op threads")

@@ -27,10 +27,13 @@ def trtllm_plan(facts: dict[str, Any], dims: dict[str, dict[str, int]], has_chec
         "max_multimodal_len": batch * facts["vision"]["image_tokens"],
         "max_num_tokens": batch * input_len,
     }
+    paged = (facts.get("kv_cache") or {}).get("layout") == "paged"  # kv_layout's blocks and pool, from the plan
+    pool_tokens = dims["num_slots"]["max"] if paged else batch * seq_len
     command = [
         "trtllm-build", "--checkpoint_dir", f"BUNDLE/{CHECKPOINT_DIR}", "--output_dir", f"BUNDLE/{ENGINE_DIR}",
         *[f"--{k} {v}" for k, v in limits.items()],
-        "--kv_cache_type paged", "--gemm_plugin auto",
+        "--kv_cache_type paged", *([f"--tokens_per_block {facts['kv_cache']['block_tokens']}"] if paged else []),
+        "--gemm_plugin auto",
         f"--input_timing_cache BUNDLE/{TIMING_CACHE}", f"--output_timing_cache BUNDLE/{TIMING_CACHE}",
     ]
     return {
@@ -40,6 +43,6 @@ def trtllm_plan(facts: dict[str, Any], dims: dict[str, dict[str, int]], has_chec
             "this bundle has no TensorRT-LLM checkpoint (only the INT4 AWQ path writes one); the command is "
             "recorded for when it does"),
         "limits": limits,
-        "runtime": {"kv_cache_tokens_per_sequence": seq_len, "max_tokens_in_paged_kv_cache": batch * seq_len},
+        "runtime": {"kv_cache_tokens_per_sequence": seq_len, "max_tokens_in_paged_kv_cache": pool_tokens},
         "command": " ".join(command),
     }

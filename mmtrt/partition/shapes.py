@@ -13,6 +13,8 @@ DIM_SOURCES = {
     "height": "envelope.image", "width": "envelope.image", "num_images": "envelope.batch", "batch": "envelope.batch",
     "seq": "envelope.prompt_tokens", "past": "envelope.prompt_tokens and envelope.max_new_tokens",
     "total": "envelope.prompt_tokens and envelope.max_new_tokens",
+    "capacity": "envelope.prompt_tokens and envelope.max_new_tokens",
+    "max_blocks": "envelope.prompt_tokens and envelope.max_new_tokens", "new_tokens": "envelope.batch",
 }
 
 
@@ -29,7 +31,7 @@ def plan_dims(facts: dict[str, Any], env: Envelope) -> dict[str, dict[str, int]]
     batch = env.batch.model_dump()
     opt_seq = env.prompt_tokens.opt + tokens
     side = max(facts["vision"]["input_size"])
-    return {
+    dims = {
         # the user's file, before preprocessing: bounded only where the recipe says so (max null: unbounded)
         "height": {"min": env.image.min_side or 1, "opt": side, "max": env.image.max_side},
         "width": {"min": env.image.min_side or 1, "opt": side, "max": env.image.max_side},
@@ -41,6 +43,21 @@ def plan_dims(facts: dict[str, Any], env: Envelope) -> dict[str, dict[str, int]]
         "total": {"min": 1, "opt": opt_seq + 1, "max": capacity},
         "past + seq": {"min": 1, "opt": opt_seq + 1, "max": capacity},
     }
+    if "kv_cache" in facts:  # buffers are allocated once, at the envelope's capacity
+        dims.update(_cache_dims(facts["kv_cache"], capacity, batch["max"], seq_max))
+    return dims
+
+
+def _cache_dims(kv: dict[str, Any], capacity: int, batch: int, seq_max: int) -> dict[str, dict[str, int]]:
+    fixed = {"capacity": capacity}
+    if kv["layout"] == "paged":
+        per_sequence = -(-capacity // kv["block_tokens"])
+        blocks = kv["pool_blocks"] or batch * per_sequence
+        fixed.update(num_slots=blocks * kv["block_tokens"], pool_blocks=blocks)
+        return {**{k: {"min": v, "opt": v, "max": v} for k, v in fixed.items()},
+                "max_blocks": {"min": 1, "opt": per_sequence, "max": per_sequence},
+                "new_tokens": {"min": 1, "opt": 1, "max": batch * seq_max}}
+    return {k: {"min": v, "opt": v, "max": v} for k, v in fixed.items()}
 
 
 def _shape_at(spec: TensorSpec, dims: dict[str, dict[str, int]], point: str) -> list[int]:

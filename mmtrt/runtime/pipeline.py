@@ -18,11 +18,17 @@ from mmtrt.bundle.verify import verify_bundle
 from mmtrt.errors import UserError
 from mmtrt.ir.graph import TensorSpec
 from mmtrt.partition.shapes import check_shape
+from mmtrt.runtime.batch import Prepared, Request, Sequence, StaticStepper, decode_static
 from mmtrt.runtime.executors import component_runner, engine_choices
 from mmtrt.runtime.image_bounds import check_image
+from mmtrt.runtime.kv import StaticCache, cache_device
+from mmtrt.runtime.paged import PagedCache, PagedStepper, decode_paged
+from mmtrt.runtime.prefix import PrefixCache, prefix_key, prefix_length
 from mmtrt.runtime.prompt import format_prompt, tokenize
 
 log = logging.getLogger("mmtrt.runtime")
+STATIC_ON_ORT = ("the static KV cache is bound into one ONNX Runtime session of the whole LLM "
+                 "(com.microsoft.GroupQueryAttention has no TensorRT form)")
 
 
 @dataclass
@@ -33,10 +39,23 @@ class Generation:
     timings: dict[str, float]
     backends: dict[str, str] = field(default_factory=dict)
     fallbacks: dict[str, str] = field(default_factory=dict)
+    # per token, the top-2 logit margin of the step that chose it (a near tie may flip between kernels)
+    margins: list[float] = field(default_factory=list, repr=False)
 
     def to_json(self) -> dict[str, Any]:
         return {"text": self.text, "token_ids": self.token_ids, "prompt_tokens": self.prompt_tokens,
                 "timings": self.timings, "backends": self.backends, "fallbacks": self.fallbacks}
+
+
+@dataclass
+class Refused:
+    """A request of a batch outside the bundle's envelope; the others still run."""
+
+    index: int
+    reason: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"error": f"request {self.index + 1}: {self.reason}"}
 
 
 def open_image(image) -> Image.Image:
@@ -55,9 +74,9 @@ def open_image(image) -> Image.Image:
 
 
 class Pipeline:
-    """A loaded bundle. `generate` takes one image and one prompt."""
+    """A loaded bundle. `generate` takes one image and one prompt, `generate_batch` a list of `Request`s."""
 
-    def __init__(self, path: str | Path, threads: int | None = None, spin: bool = True):
+    def __init__(self, path: str | Path, threads: int | None = None, spin: bool = True, prefix_cache_mib: float = 256):
         from transformers import AutoTokenizer
 
         self.path = Path(path)
@@ -71,7 +90,11 @@ class Pipeline:
                       for name, comp in self.manifest["components"].items()}
         self.preprocess_spec = read_json(self.path / self.manifest["components"]["preprocess"]["artifact"])
         self.transform = build_transform(self.preprocess_spec)
+        self.kv = self.model.get("kv_cache")
         choices = engine_choices(self.path, self.manifest)
+        if self.kv:  # the shared buffers are bound by address into one ONNX Runtime session of the whole LLM
+            choices = {seg: ((None, STATIC_ON_ORT) if seg.startswith("llm.") and c[0] else c)
+                       for seg, c in choices.items()}
         self.fallbacks = {seg: why for seg, (engine, why) in choices.items() if engine is None}
         _log_fallbacks(self.fallbacks)
         self.runners = {name: component_runner(self.path, self.manifest, name, choices, threads, spin)
@@ -79,6 +102,17 @@ class Pipeline:
         self.tokenizer = AutoTokenizer.from_pretrained(self.path / "tokenizer")
         self.backends = {name: "+".join(r.providers) for name, r in self.runners.items()}
         self.backends["preprocess"] = "torchvision"
+        self.stepper = self._static_stepper() if self.kv else None
+        self.prefixes = PrefixCache(prefix_cache_mib)
+
+    def _static_stepper(self):
+        runner = self.runners["llm"]
+        if self.kv["layout"] == "paged":
+            return PagedStepper(runner.session, PagedCache(self.kv, self.model["llm"], self.dims),
+                                self.dims["batch"]["max"])
+        cache = StaticCache(self.kv, self.model["llm"], self.dims["batch"]["max"], self.dims["capacity"]["max"],
+                            cache_device(runner.providers))
+        return StaticStepper(runner.session, cache)
 
     def _run(self, name: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         for spec in self.specs[name]:
@@ -110,13 +144,19 @@ class Pipeline:
             embeds[ids == self.model["image_token_id"]] = features.reshape(-1, features.shape[-1])
         return embeds
 
-    def empty_cache(self, batch: int = 1) -> dict[str, np.ndarray]:
+    def empty_cache(self, batch: int = 1):
+        """A cache holding nothing for `batch` sequences: grown arrays (hf) or rows 0..batch-1 of the buffers."""
+        if self.stepper:
+            self.stepper.reset(batch)
+            return self.stepper.cache
         llm = self.model["llm"]
         shape = (batch, llm["num_kv_heads"], 0, llm["head_dim"])
         return {s.name: np.zeros(shape, np.float32) for s in self.specs["llm"] if s.name.startswith("past.")}
 
-    def step(self, embeds: np.ndarray, cache: dict[str, np.ndarray]) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-        """One LLM call from position `past`: returns logits and the grown cache."""
+    def step(self, embeds: np.ndarray, cache) -> tuple[np.ndarray, Any]:
+        """One LLM call from the cache's length on: returns the logits of every position and the grown cache."""
+        if self.stepper:
+            return self.stepper.run_all(embeds), cache
         past = next(iter(cache.values())).shape[2]
         batch, seq = embeds.shape[:2]
         feeds = {
@@ -129,37 +169,95 @@ class Pipeline:
         return out["logits"], {k.replace("present.", "past."): v for k, v in out.items() if k.startswith("present.")}
 
     def generate(self, image, prompt: str, max_new_tokens: int | None = None, raw_prompt: bool = False) -> Generation:
-        limit = self.manifest["envelope"]["max_new_tokens"]
-        max_new_tokens = limit if max_new_tokens is None else max_new_tokens
-        if not 1 <= max_new_tokens <= limit:
-            raise UserError(f"max_new_tokens {max_new_tokens} is outside 1..{limit}, the bundle's KV capacity; "
-                            "recompile with a larger envelope.max_new_tokens")
-        ids = self.prompt_ids(prompt, raw_prompt)
-        t0 = time.perf_counter()
-        pixels = self.pixel_values(image)
-        t1 = time.perf_counter()
-        features = self.image_features(pixels)
-        t2 = time.perf_counter()
-        logits, cache = self.step(self.embed(np.array([ids], np.int64), features), self.empty_cache())
-        t3 = time.perf_counter()
-        generated = self._decode(logits, cache, max_new_tokens)
-        t4 = time.perf_counter()
-        steps = max(len(generated) - 1, 1)
-        timings = {"preprocess_ms": 1e3 * (t1 - t0), "vision_ms": 1e3 * (t2 - t1), "prefill_ms": 1e3 * (t3 - t2),
-                   "decode_ms_per_token": 1e3 * (t4 - t3) / steps}
-        text = self.tokenizer.decode(generated, skip_special_tokens=True)
-        return Generation(text, generated, len(ids), {k: round(v, 3) for k, v in timings.items()}, dict(self.backends),
-                          dict(self.fallbacks))
+        result = self.generate_batch([Request(image, prompt, max_new_tokens, raw_prompt)])[0]
+        if isinstance(result, Refused):
+            raise UserError(result.reason)
+        return result
 
-    def _decode(self, logits: np.ndarray, cache: dict[str, np.ndarray], max_new_tokens: int) -> list[int]:
+    def generate_batch(self, requests: list[Request]) -> list[Generation | Refused]:
+        """Greedy generation for every request, in input order; one outside the envelope is refused alone.
+        Under a static KV layout the requests decode together (up to the envelope's batch); otherwise in turn."""
+        results: list[Generation | Refused | None] = [None] * len(requests)
+        prepared = []
+        for i, req in enumerate(requests):
+            try:
+                prepared.append(self.prepare(i, req))
+            except UserError as exc:
+                results[i] = Refused(i, str(exc))
+        if isinstance(self.stepper, PagedStepper):
+            sequences = decode_paged(self, self.stepper, prepared)
+        else:
+            sequences = decode_static(self, self.stepper, prepared) if self.stepper else self._decode_each(prepared)
+        for index, seq in sequences.items():
+            results[index] = self._generation(seq)
+        return results
+
+    def prepare(self, index: int, req: Request) -> Prepared:
+        """Check a request against the envelope and embed it; the vision encoder is skipped when the image's
+        prefix is stored."""
+        limit = self.manifest["envelope"]["max_new_tokens"]
+        max_new = limit if req.max_new_tokens is None else req.max_new_tokens
+        if not 1 <= max_new <= limit:
+            raise UserError(f"max_new_tokens {max_new} is outside 1..{limit}, the bundle's KV capacity; "
+                            "recompile with a larger envelope.max_new_tokens")
+        ids = self.prompt_ids(req.prompt, req.raw_prompt)
+        t0 = time.perf_counter()
+        pixels = self.pixel_values(req.image)
+        t1 = time.perf_counter()
+        n = prefix_length(ids, self.model["image_token_id"]) if self.stepper and self.prefixes.limit else 0
+        key = prefix_key(pixels, ids, n) if n else None
+        stored = self.prefixes.get(key) if key else None
+        if stored is not None:
+            embeds = self.embed(np.array([ids[n:]], np.int64))
+        else:
+            embeds = self.embed(np.array([ids], np.int64), self.image_features(pixels))
+        t2 = time.perf_counter()
+        prep = Prepared(index, ids, embeds, max_new, {"preprocess_ms": 1e3 * (t1 - t0), "vision_ms": 1e3 * (t2 - t1)},
+                        key, n, stored)
+        if isinstance(self.stepper, PagedStepper):
+            self.stepper.check(prep)
+        return prep
+
+    def prefill(self, stepper, handle, prep: Prepared) -> np.ndarray:
+        """Prefill one request into its row (static) or sequence (paged), from a stored image prefix when there is
+        one; the logits of its last position. A fresh prefix is stored for the next question on the image."""
+        arrays = prep.prefix if prep.prefix is not None else (
+            self.prefixes.entries.get(prep.prefix_key) if prep.prefix_key else None)
+        if arrays is not None:
+            stepper.load_prefix(handle, arrays)
+            return stepper.prefill(handle, prep.embeds if prep.prefix is not None else prep.embeds[:, prep.prefix_len:])
+        stepper.clear(handle)
+        logits = stepper.prefill(handle, prep.embeds)
+        if prep.prefix_key:
+            self.prefixes.put(prep.prefix_key, stepper.save_prefix(handle, prep.prefix_len))
+        return logits
+
+    def _decode_each(self, prepared: list[Prepared]) -> dict[int, Sequence]:
+        done = {}
+        for prep in prepared:
+            t0 = time.perf_counter()
+            logits, cache = self.step(prep.embeds, self.empty_cache())
+            prep.timings["prefill_ms"] = 1e3 * (time.perf_counter() - t0)
+            seq = Sequence(prep)
+            t0 = time.perf_counter()
+            self._decode(logits, cache, seq)
+            seq.decode_s = time.perf_counter() - t0
+            done[prep.index] = seq
+        return done
+
+    def _generation(self, seq: Sequence) -> Generation:
+        timings = {**seq.prep.timings, "decode_ms_per_token": 1e3 * seq.decode_s / max(len(seq.tokens) - 1, 1)}
+        text = self.tokenizer.decode(seq.tokens, skip_special_tokens=True)
+        return Generation(text, seq.tokens, len(seq.prep.ids), {k: round(v, 3) for k, v in timings.items()},
+                          dict(self.backends), dict(self.fallbacks), seq.margins)
+
+    def _decode(self, logits: np.ndarray, cache: dict[str, np.ndarray], seq: Sequence) -> None:
         eos = set(self.model["eos_token_ids"])
-        generated = []
         while True:
-            token = int(np.argmax(logits[0, -1]))
-            generated.append(token)
-            if token in eos or len(generated) == max_new_tokens:
-                return generated
-            logits, cache = self.step(self.embed(np.array([[token]], np.int64)), cache)
+            seq.choose(logits[0, -1])
+            if seq.tokens[-1] in eos or len(seq.tokens) == seq.prep.limit:
+                return
+            logits, cache = self.step(self.embed(np.array([[seq.tokens[-1]]], np.int64)), cache)
 
 
 def _log_fallbacks(fallbacks: dict[str, str]) -> None:
@@ -177,6 +275,7 @@ def read_json(path: Path) -> Any:
     return json.loads(Path(path).read_text())
 
 
-def load(path: str | Path, threads: int | None = None, spin: bool = True) -> Pipeline:
-    """Load a bundle written by `mmtrt compile`."""
-    return Pipeline(path, threads, spin)
+def load(path: str | Path, threads: int | None = None, spin: bool = True, prefix_cache_mib: float = 256) -> Pipeline:
+    """Load a bundle written by `mmtrt compile`. Under a kv_layout, image prefixes are kept for later questions in
+    an LRU of `prefix_cache_mib` MiB (0: none)."""
+    return Pipeline(path, threads, spin, prefix_cache_mib)

@@ -1,4 +1,5 @@
-"""The bundle decodes exactly what transformers' `generate` decodes, on the zoo model and on a saved checkpoint."""
+"""The bundle decodes exactly what transformers' `generate` decodes, on the zoo model and on a saved checkpoint,
+with the exporter's growing cache (hf), the static shared buffers and the paged block pool."""
 
 import numpy as np
 import pytest
@@ -43,11 +44,15 @@ def siglip_model(siglip_checkpoint):
             AutoProcessor.from_pretrained(siglip_checkpoint))
 
 
-@pytest.fixture(params=["tiny-llava", "siglip-checkpoint"])
-def case(request, tiny, tiny_bundle):
-    if request.param == "tiny-llava":
-        return tiny, load(tiny_bundle)
-    return request.getfixturevalue("siglip_model"), load(request.getfixturevalue("siglip_bundle"))
+BUNDLES = {("tiny-llava", "hf"): "tiny_bundle", ("tiny-llava", "static"): "tiny_static_bundle",
+           ("tiny-llava", "paged"): "tiny_paged_bundle",
+           ("siglip-checkpoint", "hf"): "siglip_bundle", ("siglip-checkpoint", "static"): "siglip_static_bundle"}
+
+
+@pytest.fixture(params=list(BUNDLES), ids=["-".join(k) for k in BUNDLES])
+def case(request, tiny):
+    model = tiny if request.param[0] == "tiny-llava" else request.getfixturevalue("siglip_model")
+    return model, load(request.getfixturevalue(BUNDLES[request.param]))
 
 
 def decided_steps(margins):

@@ -1,0 +1,148 @@
+"""Batched greedy decoding over a static KV cache: one row per sequence, continuous admission.
+
+Each admitted request is prefilled alone into a free row (its own length, logits of the last position only), then
+every active row decodes one token per step in one LLM call, each at its own position. A sequence leaves at its own
+EOS or token limit; the last active row moves into the freed one, so the active rows are always rows 0..n-1 and a
+step binds one run of rows. Waiting requests are admitted as rows free up.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from mmtrt.errors import UserError
+from mmtrt.runtime.kv import StaticCache
+
+
+@dataclass
+class Request:
+    image: Any
+    prompt: str
+    max_new_tokens: int | None = None
+    raw_prompt: bool = False
+
+
+@dataclass
+class Prepared:
+    """A request inside the envelope, with its image features computed."""
+
+    index: int
+    ids: list[int]
+    embeds: np.ndarray
+    limit: int
+    timings: dict[str, float]
+    prefix_key: str | None = None  # the image prefix's key when it may be reused (kv layouts only)
+    prefix_len: int = 0
+    prefix: list[np.ndarray] | None = None  # its stored KV when found at prepare time: embeds then start after it
+
+
+@dataclass
+class Sequence:
+    prep: Prepared
+    tokens: list[int] = field(default_factory=list)
+    decode_s: float = 0.0
+    margins: list[float] = field(default_factory=list)
+
+    def choose(self, logits: np.ndarray) -> None:
+        """Append the greedy token of one position's logits and its top-2 margin."""
+        top2 = np.partition(logits, -2)[-2:]
+        self.tokens.append(int(np.argmax(logits)))
+        self.margins.append(float(top2[1] - top2[0]))
+
+
+class StaticStepper:
+    """One LLM call over rows start..start+count of the shared buffers, through IOBinding."""
+
+    def __init__(self, session, cache: StaticCache):
+        self.session, self.cache = session, cache
+        self.embed_dtype = np.float16 if session.get_inputs()[0].type == "tensor(float16)" else np.float32
+
+    def reset(self, batch: int) -> None:
+        self.cache.lengths[:batch] = 0
+
+    def clear(self, row: int) -> None:
+        self.cache.lengths[row] = 0
+
+    def prefill(self, row: int, embeds: np.ndarray) -> np.ndarray:
+        return self.run(embeds, row, 1, last_only=True)
+
+    def load_prefix(self, row: int, arrays: list[np.ndarray]) -> None:
+        self.cache.load_row(row, arrays)
+
+    def save_prefix(self, row: int, tokens: int) -> list[np.ndarray]:
+        return self.cache.save_row(row, tokens)
+
+    def run_all(self, embeds: np.ndarray) -> np.ndarray:
+        """Rows 0..batch-1 from their lengths on; the logits of every position."""
+        return self.run(embeds, 0, embeds.shape[0], last_only=False)
+
+    def run(self, embeds: np.ndarray, start: int, count: int, last_only: bool) -> np.ndarray:
+        lengths = self.cache.lengths[start:start + count]
+        seq = embeds.shape[1]
+        if int(lengths.max()) + seq > self.cache.capacity:
+            raise UserError(f"the sequence would hold {int(lengths.max()) + seq} tokens; the bundle's KV capacity is "
+                            f"{self.cache.capacity}; recompile with a larger envelope")
+        io = self.session.io_binding()
+        io.bind_cpu_input("inputs_embeds", np.ascontiguousarray(embeds, self.embed_dtype))
+        io.bind_cpu_input("position_ids", lengths[:, None] + np.arange(seq, dtype=np.int64))
+        io.bind_cpu_input("seqlens_k", (lengths + seq - 1).astype(np.int32))
+        io.bind_cpu_input("total_sequence_length", np.array(int(lengths.max()) + seq, np.int32))
+        io.bind_cpu_input("logits_from", np.array([seq - 1 if last_only else 0], np.int64))
+        io.bind_output("logits")
+        self.cache.bind(io, start, count)
+        self.session.run_with_iobinding(io)
+        self.cache.lengths[start:start + count] += seq
+        return io.get_outputs()[0].numpy().astype(np.float32, copy=False)
+
+
+def decode_static(pipe, stepper: StaticStepper, prepared: list[Prepared]) -> dict[int, Sequence]:
+    """Greedy tokens for every prepared request; returns the finished sequences by request index."""
+    cache, eos = stepper.cache, set(pipe.model["eos_token_ids"])
+    waiting, active, done = deque(prepared), [], {}
+
+    def finished(seq: Sequence) -> bool:
+        return seq.tokens[-1] in eos or len(seq.tokens) == seq.prep.limit
+
+    while waiting or active:
+        while waiting and len(active) < cache.rows:
+            seq = Sequence(waiting.popleft())
+            t0 = time.perf_counter()
+            logits = pipe.prefill(stepper, len(active), seq.prep)
+            seq.choose(logits[0, -1])
+            seq.prep.timings["prefill_ms"] = 1e3 * (time.perf_counter() - t0)
+            if finished(seq):
+                done[seq.prep.index] = seq
+            else:
+                active.append(seq)
+        if not active:
+            continue
+        t0 = time.perf_counter()
+        embeds = pipe.embed(np.array([[s.tokens[-1]] for s in active], np.int64))
+        logits = stepper.run(embeds, 0, len(active), last_only=True)
+        spent = time.perf_counter() - t0
+        for seq, row_logits in zip(active, logits):
+            seq.choose(row_logits[-1])
+            seq.decode_s += spent
+        active = _retire(cache, active, done, finished)
+    return done
+
+
+def _retire(cache: StaticCache, active: list[Sequence], done: dict, finished) -> list[Sequence]:
+    """Drop finished rows; the last active row fills each hole, so rows 0..n-1 stay the active ones."""
+    row = 0
+    while row < len(active):
+        if not finished(active[row]):
+            row += 1
+            continue
+        done[active[row].prep.index] = active[row]
+        last = len(active) - 1
+        if row != last:
+            cache.copy_row(last, row)
+        active[row] = active[last]
+        active.pop()
+    return active

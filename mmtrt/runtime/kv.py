@@ -1,0 +1,79 @@
+"""KV cache managers: where the LLM's cache lives between calls, per layout the bundle's `kv_layout` pass chose.
+
+`static`: one buffer per layer and kind `[rows, H_kv, capacity, D]`, allocated once per load on the device the LLM
+session runs on (ONNX Runtime's CUDA EP on a GPU host, host memory otherwise) and bound through IOBinding as both
+`past` and `present`, so the graph writes the new rows in place and no cache tensor is allocated or copied per
+step. A sequence owns one row; a call binds a run of consecutive rows by address. `lengths[r]` counts the tokens
+row r holds.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+DTYPES = {"float32": np.float32, "float16": np.float16}
+
+
+class StaticCache:
+    """The shared buffers of one loaded bundle; rows are handed to sequences by the scheduler."""
+
+    def __init__(self, kv: dict[str, Any], llm: dict[str, Any], rows: int, capacity: int, device: str = "cpu"):
+        self.rows, self.capacity = rows, capacity
+        self.dtype = DTYPES[kv["dtype"]]
+        self.row_shape = (llm["num_kv_heads"], capacity, llm["head_dim"])
+        self.names = [(kv["past"].format(layer=i, kind=k), kv["present"].format(layer=i, kind=k))
+                      for i in range(llm["num_layers"]) for k in kv["kinds"]]
+        self.device = device
+        shape = (rows, *self.row_shape)
+        if device == "cpu":  # numpy owns the memory and ONNX Runtime reads and writes it in place
+            self.host = {past: np.zeros(shape, self.dtype) for past, _ in self.names}
+            self.ptrs = {past: a.ctypes.data for past, a in self.host.items()}
+        else:
+            self.values = {past: ort.OrtValue.ortvalue_from_shape_and_type(shape, self.dtype, device, 0)
+                           for past, _ in self.names}
+            self.ptrs = {past: v.data_ptr() for past, v in self.values.items()}
+        self.row_bytes = int(np.prod(self.row_shape)) * np.dtype(self.dtype).itemsize
+        self.lengths = np.zeros(rows, np.int64)
+
+    @property
+    def nbytes(self) -> int:
+        return self.row_bytes * self.rows * len(self.names)
+
+    def host_view(self, past: str) -> np.ndarray:
+        """The buffer as numpy (host memory only): ONNX Runtime and numpy share it."""
+        if self.device != "cpu":
+            raise RuntimeError("row copies need the cache in host memory; on a GPU host they are not implemented")
+        return self.host[past]
+
+    def bind(self, io: ort.IOBinding, start: int, count: int) -> None:
+        """Bind rows start..start+count as both past and present of every layer."""
+        shape = (count, *self.row_shape)
+        for past, present in self.names:
+            ptr = self.ptrs[past] + start * self.row_bytes
+            io.bind_input(past, self.device, 0, self.dtype, shape, ptr)
+            io.bind_output(present, self.device, 0, self.dtype, shape, ptr)
+
+    def copy_row(self, src: int, dst: int, tokens: int | None = None) -> None:
+        """Row dst takes row src's first `tokens` positions (all it holds by default)."""
+        tokens = int(self.lengths[src]) if tokens is None else tokens
+        for past, _ in self.names:
+            view = self.host_view(past)
+            view[dst, :, :tokens] = view[src, :, :tokens]
+        self.lengths[dst] = tokens
+
+    def load_row(self, row: int, prefix: list[np.ndarray]) -> None:
+        """Write a stored prefix (one [H_kv, n, D] array per buffer) into the start of `row`."""
+        for (past, _), rows in zip(self.names, prefix):
+            self.host_view(past)[row, :, :rows.shape[1]] = rows
+        self.lengths[row] = prefix[0].shape[1]
+
+    def save_row(self, row: int, tokens: int) -> list[np.ndarray]:
+        return [self.host_view(past)[row, :, :tokens].copy() for past, _ in self.names]
+
+
+def cache_device(providers: list[str]) -> str:
+    """Where the buffers go: the device of the LLM session's first provider."""
+    return "cuda" if providers and providers[0] == "CUDAExecutionProvider" else "cpu"

@@ -1,0 +1,179 @@
+"""The paged KV cache: one pool of blocks per layer and kind, a block table per sequence, continuous batching.
+
+The pools `[num_slots, H_kv, D]` are allocated once per load and bound as both past and present (IOBinding), so
+the graph writes each new token at its slot in place. Blocks are taken as a sequence grows. A request is admitted
+when a batch place is free and the pool can hold its worst case (prompt + max new tokens) on top of what the
+running ones may still take, so a running sequence never finds the pool empty; the others wait for blocks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Any
+
+import numpy as np
+import onnxruntime as ort
+
+from mmtrt.errors import UserError
+from mmtrt.runtime.batch import Prepared, Sequence
+from mmtrt.runtime.blocks import BlockAllocator
+from mmtrt.runtime.kv import DTYPES
+
+
+class PagedCache:
+    def __init__(self, kv: dict[str, Any], llm: dict[str, Any], dims: dict[str, Any]):
+        self.block_tokens = kv["block_tokens"]
+        self.dtype = DTYPES[kv["dtype"]]
+        self.shape = (dims["num_slots"]["max"], llm["num_kv_heads"], llm["head_dim"])
+        self.names = [(kv["past"].format(layer=i, kind=k), kv["present"].format(layer=i, kind=k))
+                      for i in range(llm["num_layers"]) for k in kv["kinds"]]
+        self.host = {past: np.zeros(self.shape, self.dtype) for past, _ in self.names}
+        self.allocator = BlockAllocator(dims["pool_blocks"]["max"])
+        self.tables: dict[int, list[int]] = {}
+        self.lengths: dict[int, int] = {}
+        self.promised: dict[int, int] = {}  # blocks each live sequence may still take, at most
+
+    def blocks_for(self, tokens: int) -> int:
+        return -(-tokens // self.block_tokens)
+
+    def can_open(self, worst_tokens: int) -> bool:
+        return self.blocks_for(worst_tokens) <= self.allocator.available - sum(self.promised.values())
+
+    def open(self, seq: int, worst_tokens: int) -> None:
+        self.tables[seq], self.lengths[seq] = [], 0
+        self.promised[seq] = self.blocks_for(worst_tokens)
+
+    def grow(self, seq: int, tokens: int) -> None:
+        """Blocks for `tokens` positions of `seq`, taken from what was promised to it."""
+        missing = self.blocks_for(tokens) - len(self.tables[seq])
+        if missing > 0:
+            self.tables[seq] += self.allocator.allocate(missing)
+            self.promised[seq] = max(self.promised[seq] - missing, 0)
+
+    def fork(self, src: int, dst: int, tokens: int) -> None:
+        """dst starts with src's first `tokens` positions: full blocks shared (counted), a partial last block copied
+        into a block of dst's own (copy on write), since dst will write the rest of it."""
+        full, rest = divmod(tokens, self.block_tokens)
+        shared = self.tables[src][:full]
+        for block in shared:
+            self.allocator.share(block)
+        self.tables[dst] = list(shared)
+        if rest:
+            self.grow(dst, tokens)
+            old, new = self.tables[src][full] * self.block_tokens, self.tables[dst][full] * self.block_tokens
+            for pool in self.host.values():
+                pool[new:new + rest] = pool[old:old + rest]
+        self.lengths[dst] = tokens
+
+    def close(self, seq: int) -> None:
+        for block in self.tables.pop(seq):
+            self.allocator.release(block)
+        del self.lengths[seq], self.promised[seq]
+
+    def slots(self, seq: int, start: int, count: int) -> list[int]:
+        table, bt = self.tables[seq], self.block_tokens
+        return [table[p // bt] * bt + p % bt for p in range(start, start + count)]
+
+    def bind(self, io: ort.IOBinding) -> None:
+        for past, present in self.names:
+            ptr = self.host[past].ctypes.data
+            io.bind_input(past, "cpu", 0, self.dtype, self.shape, ptr)
+            io.bind_output(present, "cpu", 0, self.dtype, self.shape, ptr)
+
+
+class PagedStepper:
+    def __init__(self, session, cache: PagedCache, batch_max: int):
+        self.session, self.cache, self.batch_max = session, cache, batch_max
+        self.embed_dtype = np.float16 if session.get_inputs()[0].type == "tensor(float16)" else np.float32
+
+    def reset(self, batch: int) -> None:
+        """Sequences -1..-batch (outside request indices) restart empty, for `Pipeline.step` callers."""
+        for seq in range(-1, -batch - 1, -1):
+            if seq in self.cache.tables:
+                self.cache.close(seq)
+            self.cache.open(seq, 0)
+        self.direct = list(range(-1, -batch - 1, -1))
+
+    def clear(self, seq: int) -> None:
+        """A sequence is opened empty."""
+
+    def prefill(self, seq: int, embeds: np.ndarray) -> np.ndarray:
+        return self.run(embeds, [seq], last_only=True)
+
+    def load_prefix(self, seq: int, arrays: list[np.ndarray]) -> None:
+        tokens = arrays[0].shape[0]
+        self.cache.grow(seq, tokens)
+        slots = self.cache.slots(seq, 0, tokens)
+        for (past, _), rows in zip(self.cache.names, arrays):
+            self.cache.host[past][slots] = rows
+        self.cache.lengths[seq] = tokens
+
+    def save_prefix(self, seq: int, tokens: int) -> list[np.ndarray]:
+        slots = self.cache.slots(seq, 0, tokens)
+        return [self.cache.host[past][slots] for past, _ in self.cache.names]
+
+    def run_all(self, embeds: np.ndarray) -> np.ndarray:
+        return self.run(embeds, self.direct[:embeds.shape[0]], last_only=False)
+
+    def run(self, embeds: np.ndarray, seqs: list[int], last_only: bool) -> np.ndarray:
+        cache, seq_len = self.cache, embeds.shape[1]
+        lengths = np.array([cache.lengths[s] for s in seqs], np.int64)
+        for s, n in zip(seqs, lengths):
+            cache.grow(s, int(n) + seq_len)
+        width = max(len(cache.tables[s]) for s in seqs)
+        table = np.array([cache.tables[s] + [0] * (width - len(cache.tables[s])) for s in seqs], np.int64)
+        slots = [slot for s, n in zip(seqs, lengths) for slot in cache.slots(s, int(n), seq_len)]
+        io = self.session.io_binding()
+        io.bind_cpu_input("inputs_embeds", np.ascontiguousarray(embeds, self.embed_dtype))
+        io.bind_cpu_input("position_ids", lengths[:, None] + np.arange(seq_len, dtype=np.int64))
+        io.bind_cpu_input("slot_mapping", np.array(slots, np.int64)[:, None])
+        io.bind_cpu_input("block_table", table)
+        io.bind_cpu_input("logits_from", np.array([seq_len - 1 if last_only else 0], np.int64))
+        io.bind_output("logits")
+        cache.bind(io)
+        self.session.run_with_iobinding(io)
+        for s in seqs:
+            cache.lengths[s] += seq_len
+        return io.get_outputs()[0].numpy().astype(np.float32, copy=False)
+
+    def check(self, prep: Prepared) -> None:
+        need = self.cache.blocks_for(len(prep.ids) + prep.limit)
+        if need > self.cache.allocator.total:
+            raise UserError(f"the request needs {need} KV blocks, the bundle's pool holds "
+                            f"{self.cache.allocator.total}; recompile with a larger kv_layout.pool_blocks")
+
+
+def decode_paged(pipe, stepper: PagedStepper, prepared: list[Prepared]) -> dict[int, Sequence]:
+    """Greedy tokens for every request; waiting ones are admitted as places and blocks free up."""
+    cache, eos = stepper.cache, set(pipe.model["eos_token_ids"])
+    waiting, active, done = deque(prepared), [], {}
+
+    def finish_or_keep(seq: Sequence) -> bool:
+        if seq.tokens[-1] in eos or len(seq.tokens) == seq.prep.limit:
+            cache.close(seq.prep.index)
+            done[seq.prep.index] = seq
+            return False
+        return True
+
+    while waiting or active:
+        while (waiting and len(active) < stepper.batch_max
+               and cache.can_open(len(waiting[0].ids) + waiting[0].limit)):
+            seq = Sequence(waiting.popleft())
+            cache.open(seq.prep.index, len(seq.prep.ids) + seq.prep.limit)
+            t0 = time.perf_counter()
+            seq.choose(pipe.prefill(stepper, seq.prep.index, seq.prep)[0, -1])
+            seq.prep.timings["prefill_ms"] = 1e3 * (time.perf_counter() - t0)
+            if finish_or_keep(seq):
+                active.append(seq)
+        if not active:
+            continue
+        t0 = time.perf_counter()
+        embeds = pipe.embed(np.array([[s.tokens[-1]] for s in active], np.int64))
+        logits = stepper.run(embeds, [s.prep.index for s in active], last_only=True)
+        spent = time.perf_counter() - t0
+        for seq, row in zip(active, logits):
+            seq.choose(row[-1])
+            seq.decode_s += spent
+        active = [s for s in active if finish_or_keep(s)]
+    return done

@@ -1,0 +1,54 @@
+"""Reuse of an image's KV across questions: the prefix (chat template text before the image, then the image's
+tokens) is computed once and kept, keyed by the pixels and the prefix token ids, in an LRU bounded in MiB.
+
+A later request with the same key skips the vision encoder and the prefix's prefill: its rows are copied into the
+request's cache row (static) or slots (paged), and only the question after the image is prefilled.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from collections import OrderedDict
+
+import numpy as np
+
+
+def prefix_length(ids: list[int], image_token_id: int) -> int:
+    """Tokens up to and including the last image token (0 when the image is the last thing in the prompt)."""
+    last = max(i for i, t in enumerate(ids) if t == image_token_id)
+    return last + 1 if last + 1 < len(ids) else 0
+
+
+def prefix_key(pixels: np.ndarray, ids: list[int], length: int) -> str:
+    h = hashlib.sha256(np.ascontiguousarray(pixels).tobytes())
+    h.update(np.asarray(ids[:length], np.int64).tobytes())
+    return h.hexdigest()
+
+
+class PrefixCache:
+    """Stored prefixes (one array per cache buffer), least recently used evicted beyond `mib`."""
+
+    def __init__(self, mib: float):
+        self.limit = int(mib * 2**20)
+        self.entries: OrderedDict[str, list[np.ndarray]] = OrderedDict()
+        self.nbytes = 0
+        self.hits = self.misses = 0
+
+    def get(self, key: str) -> list[np.ndarray] | None:
+        entry = self.entries.get(key)
+        if entry is None:
+            self.misses += 1
+            return None
+        self.hits += 1
+        self.entries.move_to_end(key)
+        return entry
+
+    def put(self, key: str, arrays: list[np.ndarray]) -> None:
+        size = sum(a.nbytes for a in arrays)
+        if key in self.entries or size > self.limit:
+            return
+        while self.nbytes + size > self.limit:
+            _, old = self.entries.popitem(last=False)
+            self.nbytes -= sum(a.nbytes for a in old)
+        self.entries[key] = arrays
+        self.nbytes += size

@@ -1,0 +1,1 @@
+"""Passes that choose how the LLM stores its KV cache."""

@@ -1,0 +1,255 @@
+"""kv_layout: rewrite the LLM's KV cache from a copy that grows every step into one buffer per layer written in place.
+
+The exporter's graph concatenates `past.N.key` with the new keys and returns the grown copy, so every decode step
+copies the whole cache (and on a GPU host, the runtime ships it over PCIe). `static` turns each layer's attention
+into `com.microsoft.GroupQueryAttention` over a buffer `[batch, H_kv, capacity, D]` that the runtime binds as both
+`past` and `present` (IOBinding): the new rows are written in place at each sequence's own length (`seqlens_k`),
+attention is causal up to that length, and nothing is copied. The rotary embedding stays the graph's own ONNX
+`RotaryEmbedding`, applied to the 3-D projections, so positions come from `position_ids` exactly as before.
+
+The lm_head runs on the positions from `logits_from` on (the runtime asks for the last one in prefill and for all
+of them where perplexity or parity needs them). The manifest's `model.kv_cache` says how to drive the graph.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+import onnx
+from onnx import TensorProto, helper
+from pydantic import Field, model_validator
+
+from mmtrt.errors import UserError
+from mmtrt.ir.graph import ModelIR, graph_io
+from mmtrt.ir.rewrite import attr, cleanup, producers
+from mmtrt.pipeline.pass_base import Pass, PassConfig
+from passes.kv.paged import MAX_BLOCKS, NUM_SLOTS, SLOTS, TABLE, TOKENS, rewrite_paged
+
+CAPACITY = "capacity"
+CACHE_TYPES = {"fp32": (TensorProto.FLOAT, "float32"), "fp16": (TensorProto.FLOAT16, "float16")}
+SEQLENS, TOTAL, LOGITS_FROM = "seqlens_k", "total_sequence_length", "logits_from"
+
+
+class KvLayoutConfig(PassConfig):
+    layout: Literal["static", "paged"] = Field("static", description="`static`: one buffer per layer `[batch, H_kv, capacity, D]` (capacity = prompt + image tokens + max new tokens), past and present bound to the same memory and written in place. `paged`: one pool of blocks per layer `[num_slots, H_kv, D]` and a block table per sequence (vLLM, TensorRT-LLM), so a sequence holds only the blocks it fills.")
+    block_tokens: int = Field(16, ge=1, le=1024, description="`paged` only: tokens per block, a power of two (TensorRT-LLM's XQA kernels take 64 or 128).")
+    cache_dtype: Literal["fp32", "fp16"] = Field("fp32", description="The type the cache is stored in. `fp16` halves KV memory; the graph casts the new keys and values on the way in (static: attention itself runs in fp16; paged: the gathered context is cast back for attention).")
+    pool_blocks: int | None = Field(None, ge=1, description="`paged` only: blocks in the pool. Default: enough for the envelope's batch maximum at full capacity; fewer make requests wait for blocks.")
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "KvLayoutConfig":
+        if self.block_tokens & (self.block_tokens - 1):
+            raise ValueError(f"block_tokens {self.block_tokens} is not a power of two; use 16, 32, 64 or 128")
+        return self
+
+
+class KvLayout(Pass):
+    name = "kv_layout"
+    Config = KvLayoutConfig
+    components = ("llm",)
+    provides = frozenset({"kv_layout"})
+
+    def plan_facts(self, facts: dict[str, Any]) -> dict[str, Any]:
+        return {**facts, "kv_cache": kv_facts(self.config, CACHE_TYPES[self.config.cache_dtype][1])}
+
+    def run(self, ir: ModelIR) -> dict:
+        comp = ir.components["llm"]
+        model = comp.onnx
+        rewrite = rewrite_attention if self.config.layout == "static" else self._paged
+        layers = rewrite(model.graph, ir.config["llm"])
+        if not any(o.domain == "com.microsoft" for o in model.opset_import):
+            model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+        head = slice_logits(model.graph)
+        if self.config.cache_dtype == "fp16":
+            _cache_in_fp16(model.graph, self.config.layout)
+        comp.onnx = cleanup(model)
+        _drop_unused_inputs(comp.onnx.graph)
+        _name_cache_dims(comp.onnx.graph, self.config.layout, ir.config["llm"])
+        comp.inputs, comp.outputs = graph_io(comp.onnx, "inputs"), graph_io(comp.onnx, "outputs")
+        dtype = next(s.dtype for s in comp.inputs if s.name.startswith("past."))
+        ir.config["kv_cache"] = kv_facts(self.config, dtype)
+        return {"llm": {**self.config.model_dump(), "attention_rewritten": layers, "logits_sliced_after": head,
+                        "cache_dtype": dtype}}
+
+
+    def _paged(self, graph: onnx.GraphProto, llm: dict[str, Any]) -> int:
+        prods = producers(graph)
+        attentions = _attentions(graph, llm)
+        concats = [(_present_concat(graph, prods, i, "key"), _present_concat(graph, prods, i, "value"))
+                   for i in range(len(attentions))]
+        rewrite_paged(graph, llm, concats, attentions, self.config.block_tokens)
+        return len(attentions)
+
+
+def kv_facts(config: KvLayoutConfig, dtype: str) -> dict[str, Any]:
+    """What a runtime needs to drive the rewritten graph; sizes are the plan's `capacity` (and pool) dimensions."""
+    if config.layout == "paged":
+        return {
+            "layout": "paged", "dtype": dtype, "block_tokens": config.block_tokens, "pool_blocks": config.pool_blocks,
+            "capacity_dim": CAPACITY, "pool_shape": [NUM_SLOTS, "num_kv_heads", "head_dim"],
+            "past": "past.{layer}.{kind}", "present": "present.{layer}.{kind}", "kinds": ["key", "value"],
+            "past_present_share_buffer": True,
+            "slot_mapping": f"{SLOTS}: int64 [{TOKENS}, 1], pool slot of each new token (block * block_tokens + i)",
+            "block_table": f"{TABLE}: int64 [batch, {MAX_BLOCKS}], each sequence's blocks in order (pad: any block)",
+            "logits_from": f"{LOGITS_FROM}: int64 [1], first position whose logits are returned (seq - 1: last only)",
+        }
+    return {
+        "layout": "static",
+        "dtype": dtype,
+        "capacity_dim": CAPACITY,
+        "buffer_shape": ["batch", "num_kv_heads", CAPACITY, "head_dim"],
+        "past": "past.{layer}.{kind}",
+        "present": "present.{layer}.{kind}",
+        "kinds": ["key", "value"],
+        "past_present_share_buffer": True,
+        "seqlens_k": f"{SEQLENS}: int32 [batch], tokens held per sequence after this call, minus 1",
+        "total_sequence_length": f"{TOTAL}: int32 scalar, the largest past + new length in the batch",
+        "logits_from": f"{LOGITS_FROM}: int64 [1], first position whose logits are returned (seq - 1: last only)",
+    }
+
+
+def _producer_through(prods, name: str, op: str) -> onnx.NodeProto:
+    node = prods.get(name)
+    if node is None or node.op_type != op:
+        raise UserError(f"kv_layout: expected {name} to come from {op}, found "
+                        f"{node.op_type if node else 'a graph input'}; this LLM graph is not the exporter's layout")
+    return node
+
+
+def _projection(prods, bnsh: str) -> str:
+    """The [B, S, H*D] tensor a BNSH view was made from (Transpose of a Reshape of the projection)."""
+    transpose = _producer_through(prods, bnsh, "Transpose")
+    return _producer_through(prods, transpose.input[0], "Reshape").input[0]
+
+
+def _rotary_3d(rotary: onnx.NodeProto, source: str, out: str) -> onnx.NodeProto:
+    node = helper.make_node("RotaryEmbedding", [source, *rotary.input[1:]], [out], name=out)
+    node.attribute.extend(rotary.attribute)
+    return node
+
+
+def rewrite_attention(graph: onnx.GraphProto, llm: dict[str, Any]) -> int:
+    """Replace each layer's Concat + repeat_kv + Attention by one GroupQueryAttention on the shared buffers."""
+    prods = producers(graph)
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    attentions = _attentions(graph, llm)
+    for layer, att in enumerate(attentions):
+        q_rot = _producer_through(prods, att.input[0], "RotaryEmbedding")
+        concat_k = _present_concat(graph, prods, layer, "key")
+        concat_v = _present_concat(graph, prods, layer, "value")
+        k_rot = _producer_through(prods, concat_k.input[1], "RotaryEmbedding")
+        q3, k3 = f"kv_layout.{layer}.query", f"kv_layout.{layer}.key"
+        out_t = _single(consumers, att.output[0], "Transpose")
+        out = _single(consumers, out_t.output[0], "Reshape")
+        gqa = helper.make_node(
+            "GroupQueryAttention",
+            [q3, k3, _projection(prods, concat_v.input[1]), f"past.{layer}.key", f"past.{layer}.value", SEQLENS, TOTAL],
+            [out.output[0], f"present.{layer}.key", f"present.{layer}.value"],
+            name=f"kv_layout.{layer}.gqa", domain="com.microsoft",
+            num_heads=llm["num_heads"], kv_num_heads=llm["num_kv_heads"], scale=attr(att, "scale"))
+        if attr(att, "softcap", 0.0):
+            gqa.attribute.append(helper.make_attribute("softcap", attr(att, "softcap")))
+        for old in (att, out_t, out, concat_k, concat_v):
+            graph.node.remove(old)
+        graph.node.extend([_rotary_3d(q_rot, _projection(prods, q_rot.input[0]), q3),
+                           _rotary_3d(k_rot, _projection(prods, k_rot.input[0]), k3), gqa])
+    graph.input.extend([helper.make_tensor_value_info(SEQLENS, TensorProto.INT32, ["batch"]),
+                        helper.make_tensor_value_info(TOTAL, TensorProto.INT32, [])])
+    return len(attentions)
+
+
+def _attentions(graph: onnx.GraphProto, llm: dict[str, Any]) -> list[onnx.NodeProto]:
+    attentions = [n for n in graph.node if n.op_type == "Attention"]
+    if len(attentions) != llm["num_layers"]:
+        raise UserError(f"kv_layout: found {len(attentions)} Attention nodes for {llm['num_layers']} layers; "
+                        "run kv_layout on the exporter's LLM graph (before passes that restructure attention)")
+    return attentions
+
+
+def _present_concat(graph, prods, layer: int, kind: str) -> onnx.NodeProto:
+    concat = _producer_through(prods, f"present.{layer}.{kind}", "Concat")
+    if concat.input[0] != f"past.{layer}.{kind}":
+        raise UserError(f"kv_layout: present.{layer}.{kind} does not extend past.{layer}.{kind}")
+    return concat
+
+
+def _single(consumers, name: str, op: str) -> onnx.NodeProto:
+    users = consumers.get(name, [])
+    if len(users) != 1 or users[0].op_type != op:
+        raise UserError(f"kv_layout: {name} should feed one {op}; found {[u.op_type for u in users]}")
+    return users[0]
+
+
+def slice_logits(graph: onnx.GraphProto) -> str:
+    """Run the lm_head on positions logits_from.. only: Slice its input on the sequence axis."""
+    prods = producers(graph)
+    head = prods["logits"]
+    while head.op_type == "Cast":
+        head = prods[head.input[0]]
+    hidden = head.input[0]
+    sliced = f"{hidden}.from"
+    graph.node.extend([
+        helper.make_node("Constant", [], ["kv_layout.logits_end"], value=helper.make_tensor(
+            "end", TensorProto.INT64, [1], [2**62])),
+        helper.make_node("Constant", [], ["kv_layout.seq_axis"], value=helper.make_tensor(
+            "axis", TensorProto.INT64, [1], [1])),
+        helper.make_node("Slice", [hidden, LOGITS_FROM, "kv_layout.logits_end", "kv_layout.seq_axis"], [sliced],
+                         name="kv_layout.logits_from"),
+    ])
+    head.input[0] = sliced
+    graph.input.append(helper.make_tensor_value_info(LOGITS_FROM, TensorProto.INT64, [1]))
+    _set_dim(next(o for o in graph.output if o.name == "logits"), 1, "logits_seq")
+    return head.name or head.op_type
+
+
+def _cast(graph: onnx.GraphProto, node: onnx.NodeProto, index: int, to: int) -> None:
+    name = f"{node.input[index]}.as{to}.{node.name}"
+    graph.node.append(helper.make_node("Cast", [node.input[index]], [name], to=to, name=name))
+    node.input[index] = name
+
+
+def _cache_in_fp16(graph: onnx.GraphProto, layout: str) -> None:
+    """Store past/present in fp16: cast what is written into the cache, and what attention returns or reads."""
+    half, full = TensorProto.FLOAT16, TensorProto.FLOAT
+    for node in list(graph.node):
+        if layout == "static" and node.op_type == "GroupQueryAttention":
+            for index in (0, 1, 2):
+                _cast(graph, node, index, half)
+            out = node.output[0]
+            node.output[0] = f"{out}.fp16"
+            graph.node.append(helper.make_node("Cast", [node.output[0]], [out], to=full, name=f"{out}.fp32"))
+        elif layout == "paged" and node.op_type == "ScatterND":
+            _cast(graph, node, 2, half)
+        elif layout == "paged" and node.op_type == "Attention":
+            for index in (1, 2):
+                _cast(graph, node, index, full)
+    for value in [*graph.input, *graph.output]:
+        if value.name.startswith(("past.", "present.")):
+            value.type.tensor_type.elem_type = half
+
+
+def _drop_unused_inputs(graph: onnx.GraphProto) -> None:
+    used = {name for node in graph.node for name in node.input}
+    for value in list(graph.input):
+        if value.name not in used:
+            graph.input.remove(value)
+
+
+def _set_dim(value: onnx.ValueInfoProto, axis: int, name: str) -> None:
+    dim = value.type.tensor_type.shape.dim[axis]
+    dim.Clear()
+    dim.dim_param = name
+
+
+def _name_cache_dims(graph: onnx.GraphProto, layout: str, llm: dict[str, Any]) -> None:
+    for value in [*graph.input, *graph.output]:
+        if not value.name.startswith(("past.", "present.")):
+            continue
+        if layout == "static":
+            _set_dim(value, 2, CAPACITY)
+            continue
+        elem = value.type.tensor_type.elem_type
+        value.type.CopyFrom(helper.make_tensor_type_proto(elem, [NUM_SLOTS, llm["num_kv_heads"], llm["head_dim"]]))

@@ -1,0 +1,51 @@
+"""An image's KV prefix is computed once and reused: later questions on it get the tokens of a fresh run."""
+
+import numpy as np
+import pytest
+
+from builders import random_image
+from mmtrt.runtime import load
+from mmtrt.runtime.batch import Request
+from mmtrt.runtime.prefix import PrefixCache, prefix_length
+
+QUESTIONS = ["What is it?", "Describe the colours in detail, from left to right.", "Where?"]
+
+
+@pytest.fixture(scope="module", params=["static", "paged"])
+def bundle(request):
+    return request.getfixturevalue(f"tiny_{request.param}_bundle")
+
+
+def test_later_questions_on_an_image_equal_fresh_runs(bundle, rng):
+    pipe, fresh = load(bundle), load(bundle, prefix_cache_mib=0)
+    image, other = random_image(rng, 70, 90), random_image(rng, 70, 90)
+    ours = [pipe.generate(image, q, 12) for q in QUESTIONS] + [pipe.generate(other, QUESTIONS[0], 12)]
+    ref = [fresh.generate(image, q, 12) for q in QUESTIONS] + [fresh.generate(other, QUESTIONS[0], 12)]
+    assert [g.token_ids for g in ours] == [g.token_ids for g in ref]
+    assert (pipe.prefixes.hits, pipe.prefixes.misses) == (2, 2)  # other pixels are another prefix
+    assert fresh.prefixes.hits == 0 and not fresh.prefixes.entries
+
+
+def test_a_batch_of_questions_on_one_image_reuses_it_within_the_batch(bundle, rng):
+    pipe, fresh = load(bundle), load(bundle, prefix_cache_mib=0)
+    image = random_image(rng, 64, 64)
+    batch = pipe.generate_batch([Request(image, q, 10) for q in QUESTIONS])
+    assert [g.token_ids for g in batch] == [fresh.generate(image, q, 10).token_ids for q in QUESTIONS]
+    assert len(pipe.prefixes.entries) == 1
+
+
+def test_the_prefix_ends_at_the_last_image_token():
+    assert prefix_length([1, 2, 9, 9, 9, 5, 6], image_token_id=9) == 5
+    assert prefix_length([1, 9, 9], image_token_id=9) == 0  # nothing after the image: nothing to reuse
+
+
+def test_the_lru_stays_within_its_bound_and_evicts_the_least_recent():
+    cache = PrefixCache(mib=1)
+    block = [np.zeros(2**17, np.float32)]  # 0.5 MiB
+    cache.put("a", block)
+    cache.put("b", list(block))
+    assert cache.get("a") is not None  # a is now the most recent
+    cache.put("c", list(block))
+    assert set(cache.entries) == {"a", "c"} and cache.nbytes <= 2**20
+    cache.put("huge", [np.zeros(2**19, np.float32)])  # 2 MiB never fits
+    assert "huge" not in cache.entries and set(cache.entries) == {"a", "c"}
