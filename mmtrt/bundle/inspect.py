@@ -45,7 +45,8 @@ def describe(bundle: str | Path) -> str:
         lines.append(f"  {'':<10} this host: {host[name]}")
     if m.get("polygraphy"):
         lines += ["", "polygraphy (run in the bundle folder; consistent inputs: a prefill, then a decode step):"]
-        lines += [f"  {p['command']}" for p in m["polygraphy"].values()]
+        lines += [f"  {p['command']}" if p["data_loader"] else f"  {name}: no loader ({p['why']})"
+                  for name, p in m["polygraphy"].items()]
     lines += ["", "profiles (min / opt / max):"]
     for comp, inputs in m["profiles"].items():
         for name, prof in inputs.items():

@@ -56,6 +56,16 @@ def iterations(component: str, dims: dict[str, dict[str, int]], typical_prompt: 
     return [{"batch": 1, "seq": prompt, "past": 0}, {"batch": 1, "seq": 1, "past": prompt}]
 
 
+def _runs(name: str, comp: dict[str, Any], dims: dict, typical_prompt: int) -> list:
+    runs = []
+    for sizes in iterations(name, dims, typical_prompt):
+        point = {k: {"at": v} for k, v in sizes.items()}
+        point["total"] = point["past + seq"] = {"at": sizes.get("past", 0) + sizes.get("seq", 0)}
+        shapes = {s["name"]: [dim_at(d, point, "at") for d in s["shape"]] for s in comp["inputs"]}
+        runs.append((sizes, shapes))
+    return runs
+
+
 def write_loaders(manifest_components: dict[str, Any], dims: dict, typical_prompt: int, vocab: int,
                   folder: Path) -> dict[str, dict[str, str]]:
     """Write `polygraphy/<component>.py` for every ONNX component; returns per component the script and the
@@ -65,12 +75,12 @@ def write_loaders(manifest_components: dict[str, Any], dims: dict, typical_promp
     for name, comp in manifest_components.items():
         if not comp["artifact"].endswith(".onnx"):
             continue
-        runs = []
-        for sizes in iterations(name, dims, typical_prompt):
-            point = {k: {"at": v} for k, v in sizes.items()}
-            point["total"] = point["past + seq"] = {"at": sizes.get("past", 0) + sizes.get("seq", 0)}
-            shapes = {s["name"]: [dim_at(d, point, "at") for d in s["shape"]] for s in comp["inputs"]}
-            runs.append((sizes, shapes))
+        try:
+            runs = _runs(name, comp, dims, typical_prompt)
+        except KeyError as exc:
+            section[name] = {"data_loader": None, "why": f"input dimension {exc.args[0]} is the runtime's "
+                             "bookkeeping (a kv_layout cache), not a size a generic loader can draw"}
+            continue
         script = f"{FOLDER}/{name}.py"
         what = "a prefill, then one decode step after it" if name == "llm" else "one"
         text = SCRIPT.format(onnx=comp["artifact"], script=script, what=what, vocab=vocab,

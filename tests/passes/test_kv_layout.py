@@ -57,6 +57,12 @@ def test_manifest_records_the_layout_and_the_capacity_of_the_envelope(static_bun
     assert manifest["profiles"]["llm"]["past.0.key"]["max"][2] == capacity
 
 
+def test_polygraphy_gets_no_generic_loader_for_a_layout_cache_and_says_why(static_bundle):
+    loaders = json.loads((static_bundle / "manifest.json").read_text())["polygraphy"]
+    assert loaders["llm"]["data_loader"] is None and "capacity" in loaders["llm"]["why"]
+    assert (static_bundle / loaders["vision"]["data_loader"]).is_file()
+
+
 def _hf_call(sess, embeds, past_len, past):
     batch, seq = embeds.shape[:2]
     feeds = {"inputs_embeds": embeds, "attention_mask": np.ones((batch, past_len + seq), np.int64),
