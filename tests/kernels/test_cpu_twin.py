@@ -59,6 +59,7 @@ def test_token_select_ties_keep_the_lower_index():
     """Equal keys give exactly equal scores; TopK then keeps the lower patch index, as ONNX orders ties."""
     rng = np.random.default_rng()
     q, k, feats = inputs(rng, 2, 4, 40, 1, 8, 8, np.float32)
+    k[:, :, 1 + 5] *= 10  # long enough that no random key outscores it
     k[:, :, 1 + 20] = k[:, :, 1 + 5]  # patches 5 and 20 share a key
     k[:, :, 1 + 30] = k[:, :, 1 + 5]
     q[:, :, 0] = k[:, :, 1 + 5] * 4  # and [CLS] attends to it most

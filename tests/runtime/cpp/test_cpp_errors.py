@@ -114,10 +114,25 @@ def test_unreadable_image(tiny_bundle, pipe, tmp_path, rng, kind):
         assert message.startswith(f"cannot read image {path} (") and message.endswith("); pass a PNG or JPEG file")
 
 
-def test_image_outside_the_envelope(tiny_bundle, pipe, tmp_path, rng):
+def test_an_image_whose_resize_would_be_a_decompression_bomb(tiny_bundle, pipe, tmp_path, rng):
+    path = tmp_path / "strip.png"
+    random_image(rng, 1, 40000).save(path)
+    theirs = python_message(lambda: pipe.pixel_values(path))
+    assert "decompression-bomb" in theirs
+    assert one_line_error(run_cpp(tiny_bundle, path, "hi")) == theirs
+
+
+def test_image_outside_the_recipe_s_bounds(tiny_bundle, tmp_path, rng):
+    """envelope.image.min_side / max_side bound the user's file only where the recipe sets them."""
+    bounded = shutil.copytree(tiny_bundle, tmp_path / "bounded.bundle")
+    manifest = json.loads((bounded / "manifest.json").read_text())
+    manifest["envelope"]["image"].update(min_side=16, max_side=64)
+    (bounded / "manifest.json").write_text(json.dumps(manifest))
     path = tmp_path / "small.png"
     random_image(rng, 8, 30).save(path)
-    assert one_line_error(run_cpp(tiny_bundle, path, "hi")) == python_message(lambda: pipe.pixel_values(path))
+    theirs = python_message(lambda: load(bounded).pixel_values(path))
+    assert "accepts sides from 16 to 64" in theirs
+    assert one_line_error(run_cpp(bounded, path, "hi")) == theirs
 
 
 @pytest.mark.parametrize("prompt, extra", [("a" * 300, ()), ("no placeholder", ("--raw-prompt",)),

@@ -1,6 +1,7 @@
 #include "preprocess.hpp"
 
 #include <algorithm>
+#include <cmath>
 
 #include "mmtrt/bundle.hpp"
 
@@ -80,11 +81,16 @@ std::vector<float> Preprocessor::run(const RgbImage& image) const {
     int out_height = 0, out_width = 0;
     resized_size(height, width, out_height, out_width);
     constexpr int64_t kPixelLimit = 89478485;  // PIL's Image.MAX_IMAGE_PIXELS, the Python runtime's guard
-    if (static_cast<int64_t>(out_height) * out_width > kPixelLimit)
+    if (resize_->size.size() == 1 && static_cast<int64_t>(out_height) * out_width > kPixelLimit) {
+      const double scale = static_cast<double>(resize_->size[0]) / std::min(width, height);
       throw Error(ErrorKind::BadInput, "image is " + std::to_string(width) + "x" + std::to_string(height) +
-                                           "; preprocessing resizes it to " + std::to_string(out_width) + "x" +
-                                           std::to_string(out_height) + " pixels, more than the decompression-bomb "
-                                           "limit of " + std::to_string(kPixelLimit) + "; crop it closer to square");
+                                           "; preprocessing resizes its short side to " +
+                                           std::to_string(resize_->size[0]) + ", giving " +
+                                           std::to_string(std::llround(width * scale)) + "x" +
+                                           std::to_string(std::llround(height * scale)) + " pixels, more than the "
+                                           "decompression-bomb limit of " + std::to_string(kPixelLimit) +
+                                           "; crop it closer to square");
+    }
     if (out_height != height || out_width != width)
       pixels = resize_u8(pixels, height, width, 3, out_height, out_width, resize_->mode, resize_->antialias);
     height = out_height;
