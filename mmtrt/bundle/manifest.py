@@ -18,14 +18,19 @@ REQUIRED = {"artifacts": dict, "components": dict, "model": dict, "dims": dict, 
 TOOLCHAIN = ("torch", "torchvision", "transformers", "onnx", "onnxruntime-gpu", "onnx-graphsurgeon", "tokenizers")
 
 
-def toolchain_versions() -> dict[str, str]:
-    found = {"python": platform.python_version()}
-    for pkg in TOOLCHAIN:
+def package_versions(packages) -> dict[str, str]:
+    """Installed version per package, "absent" where it is not installed."""
+    found = {}
+    for pkg in packages:
         try:
             found[pkg] = version(pkg)
         except PackageNotFoundError:
             found[pkg] = "absent"
     return found
+
+
+def toolchain_versions() -> dict[str, str]:
+    return {"python": platform.python_version(), **package_versions(TOOLCHAIN)}
 
 
 def sha256_file(path: Path) -> str:

@@ -6,7 +6,6 @@ from __future__ import annotations
 import hashlib
 import inspect
 import json
-from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -14,7 +13,7 @@ import yaml
 from pydantic import ValidationError
 
 import mmtrt
-from mmtrt.bundle.manifest import sha256_file, toolchain_versions
+from mmtrt.bundle.manifest import package_versions, sha256_file, toolchain_versions
 from mmtrt.errors import UserError
 from mmtrt.nightly.config import RecipeEntry
 from mmtrt.pipeline.registry import get_pass
@@ -56,16 +55,6 @@ def _files_digest(files: list[Path], root: Path) -> str:
     return _digest({p.relative_to(root).as_posix(): sha256_file(p) for p in sorted(files)})
 
 
-def _versions(packages) -> dict[str, str]:
-    found = {}
-    for pkg in packages:
-        try:
-            found[pkg] = version(pkg)
-        except PackageNotFoundError:
-            found[pkg] = "absent"
-    return found
-
-
 def model_inputs(recipe: Recipe, recipe_dir: Path) -> str:
     """The source model's files: a checkpoint folder, or the zoo code, committed weights and weight packages."""
     if recipe.model.source == "hf":
@@ -78,7 +67,7 @@ def model_inputs(recipe: Recipe, recipe_dir: Path) -> str:
     files = [zoo / "__init__.py", *(zoo / f for f in ZOO_FILES[family])]
     if family == "dino-smollm":
         files += [p for p in (zoo / "weights").iterdir() if p.is_file()]
-    return _digest({"files": _files_digest(files, zoo), "packages": _versions(ZOO_PACKAGES.get(family, []))})
+    return _digest({"files": _files_digest(files, zoo), "packages": package_versions(ZOO_PACKAGES.get(family, []))})
 
 
 def compiler_digest() -> str:
@@ -101,7 +90,7 @@ def build_inputs(recipe: Recipe, recipe_dir: Path) -> dict[str, Any]:
         "recipe": _digest(described),
         "model": model_inputs(recipe, recipe_dir),
         "mmtrt": compiler_digest(),
-        "toolchain": {**toolchain_versions(), **_versions(EXTRA_TOOLS)},
+        "toolchain": {**toolchain_versions(), **package_versions(EXTRA_TOOLS)},
     }
     for name in sorted({name for name, _ in recipe.pass_list()}):
         inputs[f"pass:{name}"] = pass_digest(name)
