@@ -79,8 +79,19 @@ def sweep_stale(parent: Path) -> list[Path]:
     return swept
 
 
+_terminated = threading.Event()
+
+
 def _raise_terminated(signum, frame):
+    _terminated.set()
     raise Terminated("SIGTERM")
+
+
+def raise_if_terminated() -> None:
+    """Raise Terminated if SIGTERM came: its exception can be swallowed when the handler runs inside a finalizer
+    (Python ignores exceptions raised in __del__ and GC callbacks), so commits check this flag as well."""
+    if _terminated.is_set():
+        raise Terminated("SIGTERM")
 
 
 @contextlib.contextmanager
@@ -91,6 +102,8 @@ def sigterm_as_interrupt():
         yield
         return
     previous = signal.signal(signal.SIGTERM, _raise_terminated)
+    if previous is not _raise_terminated:
+        _terminated.clear()
     try:
         yield
     finally:

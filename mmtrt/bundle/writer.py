@@ -14,7 +14,8 @@ import onnx
 
 from mmtrt.backends.tensorrt.engines import ENGINE_DIR
 from mmtrt.bundle.manifest import BUILD_REPORT, MANIFEST, dumps, is_bundle, sha256_file
-from mmtrt.bundle.staging import OWNER, claim, signals_deferred, sigterm_as_interrupt, sweep_stale
+from mmtrt.bundle.staging import (OWNER, claim, raise_if_terminated, signals_deferred, sigterm_as_interrupt,
+                                  sweep_stale)
 from mmtrt.errors import UserError
 from mmtrt.ir.graph import ModelIR
 
@@ -36,6 +37,7 @@ def staging_folder(out: Path, force: bool):
             claim(tmp)
             yield tmp
             (tmp / OWNER).unlink()
+            raise_if_terminated()
             with signals_deferred():
                 _swap_into_place(tmp, out)
         except BaseException:

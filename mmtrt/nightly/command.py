@@ -4,10 +4,10 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import sys
 from pathlib import Path
 
+from mmtrt.bundle.staging import sigterm_as_interrupt
 from mmtrt.errors import UserError
 from mmtrt.nightly.config import parse_shard
 
@@ -15,31 +15,21 @@ EXIT_INTERRUPTED = 143
 HISTORY_ENV = "MMTRT_NIGHTLY_HISTORY"
 
 
-class Interrupted(BaseException):
-    """SIGTERM (a CI runner cancelling the job) unwinds like Ctrl-C: staging folders go, no transaction commits."""
-
-
-def _on_term(signum, frame):
-    raise Interrupted()
-
-
 def main(args) -> int:
     from mmtrt.nightly import night
 
-    previous = signal.signal(signal.SIGTERM, _on_term)
     history = args.history or os.environ.get(HISTORY_ENV)
     try:
-        if args.merge:
-            if args.shard:
-                raise UserError("--merge combines finished shards; give it without --shard")
-            data = night.merge(Path(args.config), args.merge, args.output, history)
-        else:
-            data = night.run(Path(args.config), args.output, parse_shard(args.shard), history, args.label)
-    except (Interrupted, KeyboardInterrupt):
+        with sigterm_as_interrupt():  # a CI runner cancelling the job unwinds like Ctrl-C: no transaction commits
+            if args.merge:
+                if args.shard:
+                    raise UserError("--merge combines finished shards; give it without --shard")
+                data = night.merge(Path(args.config), args.merge, args.output, history)
+            else:
+                data = night.run(Path(args.config), args.output, parse_shard(args.shard), history, args.label)
+    except KeyboardInterrupt:
         print("mmtrt: nightly interrupted; the history and the cache are as they were", file=sys.stderr)
         return EXIT_INTERRUPTED
-    finally:
-        signal.signal(signal.SIGTERM, previous)
     print(json.dumps(data) if args.json else describe(data, args.output))
     return data["exit_code"]
 

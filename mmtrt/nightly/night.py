@@ -16,6 +16,7 @@ from sqlalchemy.engine import make_url
 
 import mmtrt
 from mmtrt.bundle.manifest import bundle_hash
+from mmtrt.bundle.staging import raise_if_terminated
 from mmtrt.errors import UserError
 from mmtrt.nightly import measure, report
 from mmtrt.nightly.cache import SCRATCH, BuildCache, compile_into
@@ -161,6 +162,7 @@ def finish(config, history: History, night: dict, results: list[dict], out: Path
     fired = [{"recipe": r["recipe"], **f} for r in results for f in r["fired"]]
     night["regressions"] = len(fired)
     row = {k: v for k, v in night.items() if k not in ("wall_s", "shard")}
+    raise_if_terminated()
     night["id"] = history.record(row, results) if record else None
     data = {"night": night, "recorded": record, "history": make_url(history.url).render_as_string(hide_password=True),
             "results": results, "regressions": fired, "exit_code": 1 if fired else 0}

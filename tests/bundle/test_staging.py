@@ -19,7 +19,7 @@ from mmtrt.bundle.staging import OWNER, claim, sweep_stale
 from mmtrt.bundle.writer import staging_folder
 from mmtrt.cli import main
 from mmtrt.compiler import compile_recipe
-from mmtrt.errors import UserError
+from mmtrt.errors import Terminated, UserError
 from mmtrt.runtime import load
 
 TINY = ROOT / "recipes" / "tiny-llava.yaml"
@@ -118,6 +118,24 @@ def test_a_signal_during_compile_cleans_up_with_one_line(tmp_path, sig, code, wo
     err = proc.communicate(timeout=60)[1].strip()
     assert proc.returncode == code, err
     assert len(err.splitlines()) == 1 and word in err and "Traceback" not in err, err
+    assert list(tmp_path.iterdir()) == []
+
+
+class SignalsInFinalizer:
+    """Sends SIGTERM from __del__: the handler's exception is raised inside the finalizer, where Python ignores it."""
+
+    def __del__(self):
+        os.kill(os.getpid(), signal.SIGTERM)
+        sum(range(1000))  # bytecode after the kill: the handler runs here
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+def test_a_sigterm_whose_exception_a_finalizer_swallowed_still_stops_the_swap(tmp_path):
+    with pytest.raises(Terminated):
+        with staging_folder(tmp_path / "out", force=False) as tmp:
+            (tmp / "a").write_text("a")
+            SignalsInFinalizer()
+            (tmp / "b").write_text("the block went on: the exception was swallowed")
     assert list(tmp_path.iterdir()) == []
 
 
