@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import ctypes
 import importlib
+import sys
 
 
 def _import_error(module: str) -> str | None:
@@ -25,8 +27,11 @@ def unavailable_reason(backend: str) -> str | None:
 
 
 def _has_cuda_gpu() -> bool:
+    """Asks the CUDA driver itself (libcuda's cuInit and cuDeviceGetCount), as torch.cuda.is_available() does,
+    without importing torch: the runtime path stays free of it."""
     try:
-        import torch
-    except ImportError:
+        driver = ctypes.CDLL("libcuda.so.1" if sys.platform != "win32" else "nvcuda.dll")
+    except OSError:
         return False
-    return torch.cuda.is_available()
+    count = ctypes.c_int(0)
+    return driver.cuInit(0) == 0 and driver.cuDeviceGetCount(ctypes.byref(count)) == 0 and count.value > 0

@@ -15,17 +15,9 @@ from PIL import Image
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as tvF
 
-SPEC_VERSION = 1
-OP_ORDER = ("convert_rgb", "resize", "center_crop", "rescale", "normalize")
+from mmtrt.backends.numpy_preprocess import SPEC_VERSION, convert_rgb, ops_by_name
 
-
-def convert_rgb(image: Image.Image) -> Image.Image:
-    """Composite transparency onto white as transformers' convert_to_rgb does; a plain convert just drops alpha."""
-    if "A" not in image.getbands() and image.info.get("transparency") is None:
-        return image.convert("RGB")
-    image = image.convert("RGBA")
-    background = Image.new("RGBA", image.size, (255, 255, 255, 255))
-    return Image.alpha_composite(background, image).convert("RGB")
+__all__ = ["SPEC_VERSION", "build_transform", "convert_rgb", "preprocess"]
 
 
 class CenterCrop(v2.Transform):
@@ -65,19 +57,9 @@ def _normalize(op: dict[str, Any], rescale: float) -> v2.Normalize:
     return v2.Normalize(mean.tolist(), std.tolist())
 
 
-def _ops_by_name(spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
-    """The pipeline below has one fixed order; refuse a spec written for another version or order."""
-    if spec.get("version") != SPEC_VERSION:
-        raise ValueError(f"preprocessing spec version {spec.get('version')!r}, expected {SPEC_VERSION}")
-    names = [op["op"] for op in spec["ops"]]
-    if any(n not in OP_ORDER for n in names) or names != sorted(set(names), key=OP_ORDER.index):
-        raise ValueError(f"preprocessing ops {names} are not a subsequence of {list(OP_ORDER)}")
-    return {op["op"]: op for op in spec["ops"]}
-
-
 def build_transform(spec: dict[str, Any]) -> v2.Compose:
     """PIL image in, float32 [3, H, W] tensor out. Geometry runs on uint8, as in the processor."""
-    ops = _ops_by_name(spec)
+    ops = ops_by_name(spec)
     steps: list[v2.Transform] = []
     if "convert_rgb" in ops:
         steps.append(v2.Lambda(convert_rgb, Image.Image))

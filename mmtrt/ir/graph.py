@@ -13,19 +13,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-
-@dataclass(frozen=True)
-class TensorSpec:
-    name: str
-    dtype: str
-    shape: tuple[int | str, ...]
-
-    def to_json(self) -> dict[str, Any]:
-        return {"name": self.name, "dtype": self.dtype, "shape": list(self.shape)}
-
-    @classmethod
-    def from_json(cls, d: dict[str, Any]) -> "TensorSpec":
-        return cls(d["name"], d["dtype"], tuple(d["shape"]))
+from mmtrt.ir.spec import TensorSpec  # noqa: F401 (the IR's users import it from here)
 
 
 @dataclass

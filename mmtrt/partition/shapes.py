@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mmtrt.errors import UserError
-from mmtrt.ir.graph import ModelIR, TensorSpec
+from mmtrt.ir.spec import TensorSpec
 from mmtrt.recipe import Envelope
+
+if TYPE_CHECKING:  # the runtime checks shapes without importing onnx
+    from mmtrt.ir.graph import ModelIR
 
 # The recipe key that widens each dimension, for error messages.
 DIM_SOURCES = {

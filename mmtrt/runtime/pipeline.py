@@ -12,11 +12,11 @@ from typing import Any
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
-from mmtrt.backends.torchvision_backend import build_transform
+from mmtrt.backends.numpy_preprocess import build_transform, covers
 from mmtrt.bundle.manifest import bundle_hash, read_manifest
 from mmtrt.bundle.verify import verify_bundle
 from mmtrt.errors import UserError
-from mmtrt.ir.graph import TensorSpec
+from mmtrt.ir.spec import TensorSpec
 from mmtrt.partition.shapes import check_shape
 from mmtrt.runtime.batch import Prepared, Request, Sequence, StaticStepper, decode_static
 from mmtrt.runtime.executors import component_runner, engine_choices
@@ -25,6 +25,7 @@ from mmtrt.runtime.kv import StaticCache, cache_device
 from mmtrt.runtime.paged import PagedCache, PagedStepper, decode_paged
 from mmtrt.runtime.prefix import PrefixCache, prefix_key, prefix_length
 from mmtrt.runtime.prompt import format_prompt, tokenize
+from mmtrt.runtime.tokenizer import BundleTokenizer
 
 log = logging.getLogger("mmtrt.runtime")
 STATIC_ON_ORT = ("the static KV cache is bound into one ONNX Runtime session of the whole LLM "
@@ -77,8 +78,6 @@ class Pipeline:
     """A loaded bundle. `generate` takes one image and one prompt, `generate_batch` a list of `Request`s."""
 
     def __init__(self, path: str | Path, threads: int | None = None, spin: bool = True, prefix_cache_mib: float = 256):
-        from transformers import AutoTokenizer
-
         self.path = Path(path)
         self.manifest = read_manifest(self.path)
         verify_bundle(self.path, self.manifest)
@@ -99,9 +98,9 @@ class Pipeline:
         _log_fallbacks(self.fallbacks)
         self.runners = {name: component_runner(self.path, self.manifest, name, choices, threads, spin)
                         for name in ("vision", "embed", "llm")}
-        self.tokenizer = AutoTokenizer.from_pretrained(self.path / "tokenizer")
+        self.tokenizer = BundleTokenizer(self.path / "tokenizer")
         self.backends = {name: "+".join(r.providers) for name, r in self.runners.items()}
-        self.backends["preprocess"] = "torchvision"
+        self.backends["preprocess"] = "numpy" if covers(self.preprocess_spec) else "torchvision"
         self.stepper = self._static_stepper() if self.kv else None
         self.prefixes = PrefixCache(prefix_cache_mib)
 
@@ -133,7 +132,7 @@ class Pipeline:
     def pixel_values(self, image) -> np.ndarray:
         img = open_image(image)
         check_image(img, self.manifest["envelope"]["image"], self.preprocess_spec)
-        return self.transform(img)[None].numpy()
+        return self.transform(img)[None]
 
     def image_features(self, pixels: np.ndarray) -> np.ndarray:
         return self._run("vision", {"pixel_values": pixels})["image_features"]

@@ -1,4 +1,6 @@
-"""Prompt formatting as transformers users get it: chat template, then the image placeholder expanded."""
+"""Prompt formatting as transformers users get it: chat template, then the image placeholder expanded.
+
+The tokenizer is the runtime's BundleTokenizer or, at compile time, a transformers one: both take these calls."""
 
 from __future__ import annotations
 
