@@ -10,14 +10,20 @@
 - Waste: for those 8 requests, KV positions reserved against held: contiguous rows at the envelope's capacity
   against paged blocks.
 - TTFT: questions 2-4 on one image against question 1, on the static bundle (prefix reuse) of the given recipe.
+- genai: onnxruntime-genai beside the INT4 bundle on the same SmolLM2-135M weights (its builder's INT4 from the
+  zoo's GGUF, dequantized), both prefilling the same 101 token ids and decoding 64; each run a fresh process
+  (scripts/bench_genai_worker.py) so peak RSS is the engine's alone. onnxruntime-genai lives in a virtual
+  environment of its own (build/genai-venv: it requires the CPU `onnxruntime` package, which must not replace ours).
 1 thread, spinning off (OMP_WAIT_POLICY=PASSIVE, allow_spinning=0): the machine is shared, so read the ratios.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -42,6 +48,10 @@ from passes.kv.kv_layout import KvLayout  # noqa: E402
 ROOT = Path(__file__).resolve().parents[1]
 CONTEXTS = (64, 256, 1024, 2048)
 BLOCK = 16
+BUILD = ROOT / "build"
+WORKER = ROOT / "scripts" / "bench_genai_worker.py"
+PROMPT = ("Write a long story about a lighthouse keeper who finds an old map in the wall of the tower, "
+          "and tell where it leads. ") * 8
 
 
 def derived_graph(bundle: Path, layout: str, out: Path) -> Path:
@@ -190,6 +200,91 @@ def ttft(pipe, image, rounds: int) -> dict:
     return row
 
 
+def genai_python() -> Path:
+    """build/genai-venv's python, created with onnxruntime-genai (from PyPI) on first use."""
+    python = BUILD / "genai-venv" / "bin" / "python"
+    if not python.exists():
+        subprocess.run([sys.executable, "-m", "venv", "--clear", str(python.parents[1])], check=True)
+        subprocess.run([str(python), "-m", "pip", "install", "--quiet", "onnxruntime-genai"], check=True)
+    return python
+
+
+def genai_model(python: Path) -> Path:
+    """onnxruntime-genai's INT4 CPU model of SmolLM2-135M, built by its model builder from the zoo's weights; the
+    builder runs under our python (it needs torch and transformers), from the genai venv's copy of its source."""
+    out, hf = BUILD / "genai-int4", BUILD / "smollm2-hf"
+    if not (hf / "config.json").exists():
+        subprocess.run([sys.executable, "-c", SAVE_HF, str(hf)], check=True)
+    if not (out / "genai_config.json").exists():
+        site = subprocess.run([str(python), "-c", "import onnxruntime_genai, os; print(os.path.dirname("
+                               "onnxruntime_genai.__file__))"], capture_output=True, text=True, check=True)
+        builder = Path(site.stdout.strip()) / "models" / "builder.py"
+        subprocess.run([sys.executable, str(builder), "-i", str(hf), "-o", str(out), "-p", "int4", "-e", "cpu",
+                        "-c", str(BUILD / "genai-cache")], check=True, capture_output=True)
+    config = json.loads((out / "genai_config.json").read_text())
+    config["model"]["decoder"]["session_options"].update(intra_op_num_threads=1, inter_op_num_threads=1)
+    (out / "genai_config.json").write_text(json.dumps(config, indent=4))
+    return out
+
+
+# The zoo's SmolLM2 comes from a GGUF, which transformers will not save; the dequantized weights are copied into a
+# plain LlamaForCausalLM first.
+SAVE_HF = """
+import sys
+from transformers import LlamaForCausalLM
+from mmtrt.zoo.pretrained import smollm2_from_gguf
+model, tokenizer = smollm2_from_gguf()
+config = model.config
+config.__dict__.pop("quantization_config", None)
+plain = LlamaForCausalLM(config).float().eval()
+plain.load_state_dict(model.state_dict())
+plain.save_pretrained(sys.argv[1])
+tokenizer.save_pretrained(sys.argv[1])
+"""
+
+
+def prompt_ids(bundle: Path, n: int = 101) -> list[int]:
+    """A whole chat-templated request of exactly n tokens (a cut one makes the model stop at once)."""
+    from mmtrt.runtime.tokenizer import BundleTokenizer
+
+    tok = BundleTokenizer(bundle / "tokenizer")
+    template = (bundle / "tokenizer" / "chat_template.jinja").read_text()
+    words = PROMPT.split()
+    for count in range(len(words), 0, -1):
+        text = tok.apply_chat_template([{"role": "user", "content": " ".join(words[:count])}], template,
+                                       add_generation_prompt=True)
+        ids = tok(text, add_special_tokens=False)["input_ids"]
+        if len(ids) == n:
+            return ids
+    raise SystemExit(f"no prefix of the benchmark prompt templates to {n} tokens; change PROMPT")
+
+
+def versus_genai(bundles: list[Path], rounds: int, new: int = 64) -> list[dict]:
+    """Alternating fresh processes (genai, then each bundle), medians; ratios against genai."""
+    python = genai_python()
+    engines = {"onnxruntime-genai": [str(python), str(WORKER), "genai", str(genai_model(python))]}
+    engines.update({b.name: [sys.executable, str(WORKER), "mmtrt", str(b)] for b in bundles})
+    ids = json.dumps(prompt_ids(bundles[0]))
+    runs = {name: [] for name in engines}
+    for _ in range(rounds):
+        for name, cmd in engines.items():
+            out = subprocess.run(cmd + [ids, str(new)], capture_output=True, text=True, check=True).stdout
+            runs[name].append(json.loads(out.strip().splitlines()[-1]))
+    rows = []
+    for name, results in runs.items():
+        row = {"engine": name, "layout": results[0]["layout"]}
+        row.update({k: round(statistics.median(r[k] for r in results), 1)
+                    for k in ("prefill_tok_s", "decode_tok_s", "peak_rss_mib")})
+        rows.append(row)
+    base = rows[0]
+    for row in rows:
+        row.update({"prefill_vs_genai": round(row["prefill_tok_s"] / base["prefill_tok_s"], 2),
+                    "decode_vs_genai": round(row["decode_tok_s"] / base["decode_tok_s"], 2),
+                    "rss_vs_genai": round(row["peak_rss_mib"] / base["peak_rss_mib"], 2)})
+        print(row, flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--bundles", type=Path, nargs="+", default=[Path("/work/bundles/dino-smollm.bundle")],
@@ -198,7 +293,9 @@ def main() -> None:
     ap.add_argument("--ttft-recipe", type=Path, default=ROOT / "recipes" / "dino-smollm-page.yaml")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--skip", nargs="*", default=[], choices=["steps", "batch", "ttft"])
+    ap.add_argument("--genai-bundles", type=Path, nargs="+", default=[Path("/work/bundles/dino-smollm-int4.bundle")],
+                    help="INT4 bundles run beside onnxruntime-genai (a static-layout one where available)")
+    ap.add_argument("--skip", nargs="*", default=[], choices=["steps", "batch", "ttft", "genai"])
     args = ap.parse_args()
     from PIL import Image
 
@@ -222,6 +319,8 @@ def main() -> None:
                                 ("llm",))[0]
             del ir
             ttft(load(path, threads=1, spin=False), image, args.rounds)
+    if "genai" not in args.skip:
+        versus_genai(args.genai_bundles, args.rounds)
 
 
 if __name__ == "__main__":

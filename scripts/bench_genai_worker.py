@@ -1,0 +1,68 @@
+"""One measurement in a fresh process, for scripts/bench_kv.py's onnxruntime-genai comparison.
+
+`mmtrt BUNDLE IDS_JSON NEW` runs in our venv (the mmtrt runtime), `genai MODEL_DIR IDS_JSON NEW` in the genai venv
+(which cannot import mmtrt); each prefills the same token ids, decodes greedily, and prints one JSON line with
+prefill and decode tokens/s and the process's peak RSS (ru_maxrss, which counts everything the engine loaded).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import sys
+import time
+
+os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+def run_mmtrt(bundle: str, ids: list[int], new: int) -> dict:
+    import numpy as np
+
+    from mmtrt.runtime import load
+    from mmtrt.runtime.batch import Prepared, decode_static
+    from mmtrt.runtime.paged import PagedStepper, decode_paged
+
+    pipe = load(bundle, threads=1, spin=False, prefix_cache_mib=0)
+    prep = Prepared(0, ids, pipe.embed(np.array([ids], np.int64)), new, {})
+    if isinstance(pipe.stepper, PagedStepper):
+        seq = decode_paged(pipe, pipe.stepper, [prep])[0]
+    elif pipe.stepper:
+        seq = decode_static(pipe, pipe.stepper, [prep])[0]
+    else:
+        seq = pipe._decode_each([prep])[0]
+    timings = pipe._generation(seq).timings
+    return {"layout": (pipe.kv or {}).get("layout", "hf"), "tokens": len(seq.tokens),
+            "prefill_tok_s": len(ids) / (timings["prefill_ms"] / 1e3),
+            "decode_tok_s": 1e3 / timings["decode_ms_per_token"]}
+
+
+def run_genai(folder: str, ids: list[int], new: int) -> dict:
+    import onnxruntime_genai as og
+
+    model = og.Model(folder)
+    params = og.GeneratorParams(model)
+    params.set_search_options(do_sample=False, max_length=len(ids) + new)
+    generator = og.Generator(model, params)
+    t0 = time.perf_counter()
+    generator.append_tokens(ids)  # the prefill: logits of the prompt's last position
+    prefill_s = time.perf_counter() - t0
+    generator.generate_next_token()  # picks the first token from the prefill's logits
+    t0, steps = time.perf_counter(), 0
+    while not generator.is_done():
+        generator.generate_next_token()  # one decode step, then the next pick
+        steps += 1
+    decode_s = time.perf_counter() - t0
+    return {"layout": "genai", "tokens": steps + 1, "prefill_tok_s": len(ids) / prefill_s,
+            "decode_tok_s": steps / decode_s}
+
+
+def main() -> None:
+    engine, path, ids, new = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4])
+    row = (run_mmtrt if engine == "mmtrt" else run_genai)(path, ids, new)
+    row["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps(row))
+
+
+if __name__ == "__main__":
+    main()
