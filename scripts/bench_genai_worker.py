@@ -2,14 +2,14 @@
 
 `mmtrt BUNDLE IDS_JSON NEW` runs in our venv (the mmtrt runtime), `genai MODEL_DIR IDS_JSON NEW` in the genai venv
 (which cannot import mmtrt); each prefills the same token ids, decodes greedily, and prints one JSON line with
-prefill and decode tokens/s and the process's peak RSS (ru_maxrss, which counts everything the engine loaded).
+prefill and decode tokens/s and the process's peak RSS (VmHWM: ru_maxrss would carry over the parent's peak
+across exec on Linux).
 """
 
 from __future__ import annotations
 
 import json
 import os
-import resource
 import sys
 import time
 
@@ -57,10 +57,15 @@ def run_genai(folder: str, ids: list[int], new: int) -> dict:
             "decode_tok_s": steps / decode_s}
 
 
+def peak_rss_kib() -> int:
+    with open("/proc/self/status") as status:
+        return next(int(line.split()[1]) for line in status if line.startswith("VmHWM:"))
+
+
 def main() -> None:
     engine, path, ids, new = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4])
     row = (run_mmtrt if engine == "mmtrt" else run_genai)(path, ids, new)
-    row["peak_rss_mib"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    row["peak_rss_mib"] = peak_rss_kib() / 1024
     print(json.dumps(row))
 
 

@@ -250,8 +250,8 @@ def prompt_ids(bundle: Path, n: int = 101) -> list[int]:
     tok = BundleTokenizer(bundle / "tokenizer")
     template = (bundle / "tokenizer" / "chat_template.jinja").read_text()
     words = PROMPT.split()
-    for count in range(len(words), 0, -1):
-        text = tok.apply_chat_template([{"role": "user", "content": " ".join(words[:count])}], template,
+    for lead, count in ((lead, count) for lead in ("", "Please: ") for count in range(len(words), 0, -1)):
+        text = tok.apply_chat_template([{"role": "user", "content": lead + " ".join(words[:count])}], template,
                                        add_generation_prompt=True)
         ids = tok(text, add_special_tokens=False)["input_ids"]
         if len(ids) == n:
