@@ -7,10 +7,12 @@ engines are built by `trtllm-build` and are not run by this runtime.
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Any
 
 from mmtrt.backends import unavailable_reason
+from mmtrt.backends.numpy_preprocess import covers
 from mmtrt.runtime.executors import engine_choices
 
 TRTLLM_NOT_RUN = "the mmtrt runtime does not run TensorRT-LLM engines (build them with the trtllm-build command)"
@@ -22,8 +24,7 @@ def host_backends(bundle: Path, manifest: dict[str, Any], choices: dict | None =
     report = {}
     for comp, partition in manifest["partitions"].items():
         if comp == "preprocess":
-            why = unavailable_reason("torchvision")
-            report[comp] = "torchvision" if why is None else f"none: {why}"
+            report[comp] = _preprocess_backend(Path(bundle), manifest)
             continue
         segments = [s["id"] for s in manifest.get("placement", {}).get(comp, {}).get("segments", [])]
         planned = {seg: choices[seg] for seg in segments if seg in choices}
@@ -38,3 +39,11 @@ def host_backends(bundle: Path, manifest: dict[str, Any], choices: dict | None =
         else:
             report[comp] = "onnxruntime" + (f" ({'; '.join(reasons)})" if reasons else "")
     return report
+
+
+def _preprocess_backend(bundle: Path, manifest: dict[str, Any]) -> str:
+    """numpy runs every spec the compiler writes today; TorchVision (imported only then) any other."""
+    if covers(json.loads((bundle / manifest["components"]["preprocess"]["artifact"]).read_text())):
+        return "numpy"
+    why = unavailable_reason("torchvision")
+    return "torchvision" if why is None else f"none: {why}"
