@@ -204,7 +204,7 @@ class Pipeline:
         t0 = time.perf_counter()
         pixels = self.pixel_values(req.image)
         t1 = time.perf_counter()
-        n = prefix_length(ids, self.model["image_token_id"]) if self.stepper and self.prefixes.limit else 0
+        n = prefix_length(ids, self.model["image_token_id"]) if self.stepper else 0
         key = prefix_key(pixels, ids, n) if n else None
         stored = self.prefixes.get(key) if key else None
         if stored is not None:
@@ -225,10 +225,10 @@ class Pipeline:
             self.prefixes.entries.get(prep.prefix_key) if prep.prefix_key else None)
         if arrays is not None:
             stepper.load_prefix(handle, arrays)
-            return stepper.prefill(handle, prep.embeds if prep.prefix is not None else prep.embeds[:, prep.prefix_len:])
+            return stepper.prefill(handle, prep.after_prefix())
         stepper.clear(handle)
         logits = stepper.prefill(handle, prep.embeds)
-        if prep.prefix_key:
+        if prep.prefix_key and self.prefixes.limit:
             self.prefixes.put(prep.prefix_key, stepper.save_prefix(handle, prep.prefix_len))
         return logits
 
