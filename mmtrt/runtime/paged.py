@@ -22,13 +22,13 @@ import onnxruntime as ort
 from mmtrt.errors import UserError
 from mmtrt.runtime.batch import Prepared, Sequence
 from mmtrt.runtime.blocks import BlockAllocator
-from mmtrt.runtime.kv import DTYPES
+from mmtrt.runtime.kv import cache_dtype
 
 
 class PagedCache:
     def __init__(self, kv: dict[str, Any], llm: dict[str, Any], dims: dict[str, Any]):
         self.block_tokens = kv["block_tokens"]
-        self.dtype = DTYPES[kv["dtype"]]
+        self.dtype = cache_dtype(kv)
         self.shape = (dims["num_slots"]["max"], llm["num_kv_heads"], llm["head_dim"])
         self.names = [(kv["past"].format(layer=i, kind=k), kv["present"].format(layer=i, kind=k))
                       for i in range(llm["num_layers"]) for k in kv["kinds"]]

@@ -107,3 +107,10 @@ def test_a_free_block_can_be_neither_shared_nor_released():
         alloc.share(0)
     with pytest.raises(ValueError):
         alloc.release(1)
+
+
+def test_a_bfloat16_cache_is_refused_in_one_line():
+    from mmtrt.errors import UserError
+
+    with pytest.raises(UserError, match="KV cache is bfloat16; the runtime holds float32 and float16 caches"):
+        PagedCache({**KV, "dtype": "bfloat16"}, LLM, DIMS)
