@@ -148,7 +148,8 @@ def throughput(pipes: dict, image, rounds: int) -> list[dict]:
     """Every round runs every configuration once (alternating); tokens/s medians over the rounds."""
     reqs, speeds = mixed_requests(image), {}
     for pipe in pipes.values():
-        pipe.prefixes.limit = 0  # every request computes its own prefix: this measures batching alone
+        pipe.prefixes.limit = 0  # static: every request computes its own prefix (batching alone); paged requests
+        # of one batch still share the image prefix's blocks (a live holder's, not the cross-call cache)
         pipe.generate_batch(reqs[:1])
     configs = [(name, cap) for cap in (1, 2, 4, 8) for name in ("static", "paged")] + [("hf", 1)]
     for _ in range(rounds):

@@ -40,6 +40,10 @@ class Prepared:
     prefix_len: int = 0
     prefix: list[np.ndarray] | None = None  # its stored KV when found at prepare time: embeds then start after it
 
+    def after_prefix(self) -> np.ndarray:
+        """The embeddings of the positions after the image prefix."""
+        return self.embeds if self.prefix is not None else self.embeds[:, self.prefix_len:]
+
 
 @dataclass
 class Sequence:

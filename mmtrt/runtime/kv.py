@@ -14,7 +14,18 @@ from typing import Any
 import numpy as np
 import onnxruntime as ort
 
+from mmtrt.errors import UserError
+
 DTYPES = {"float32": np.float32, "float16": np.float16}
+
+
+def cache_dtype(kv: dict[str, Any]) -> type:
+    """The numpy type of the bundle's cache buffers; a bf16 cache (kv_layout after a bf16 cast_precision) is
+    refused: numpy and ONNX Runtime's CPU kernels have no bfloat16."""
+    if kv["dtype"] not in DTYPES:
+        raise UserError(f"this bundle's KV cache is {kv['dtype']}; the runtime holds float32 and float16 caches; "
+                        "recompile with cast_precision dtype fp16")
+    return DTYPES[kv["dtype"]]
 
 
 class StaticCache:
@@ -22,7 +33,7 @@ class StaticCache:
 
     def __init__(self, kv: dict[str, Any], llm: dict[str, Any], rows: int, capacity: int, device: str = "cpu"):
         self.rows, self.capacity = rows, capacity
-        self.dtype = DTYPES[kv["dtype"]]
+        self.dtype = cache_dtype(kv)
         self.row_shape = (llm["num_kv_heads"], capacity, llm["head_dim"])
         self.names = [(kv["past"].format(layer=i, kind=k), kv["present"].format(layer=i, kind=k))
                       for i in range(llm["num_layers"]) for k in kv["kinds"]]

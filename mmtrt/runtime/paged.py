@@ -4,6 +4,10 @@ The pools `[num_slots, H_kv, D]` are allocated once per load and bound as both p
 the graph writes each new token at its slot in place. Blocks are taken as a sequence grows. A request is admitted
 when a batch place is free and the pool can hold its worst case (prompt + max new tokens) on top of what the
 running ones may still take, so a running sequence never finds the pool empty; the others wait for blocks.
+
+Requests of one batch that share an image prefix (the template text before the image, then the image tokens of
+the same pixels) share its blocks: a later one forks a live holder's table (full blocks counted, the partly filled
+last one copied) and prefills only what follows the image.
 """
 
 from __future__ import annotations
@@ -18,13 +22,13 @@ import onnxruntime as ort
 from mmtrt.errors import UserError
 from mmtrt.runtime.batch import Prepared, Sequence
 from mmtrt.runtime.blocks import BlockAllocator
-from mmtrt.runtime.kv import DTYPES
+from mmtrt.runtime.kv import cache_dtype
 
 
 class PagedCache:
     def __init__(self, kv: dict[str, Any], llm: dict[str, Any], dims: dict[str, Any]):
         self.block_tokens = kv["block_tokens"]
-        self.dtype = DTYPES[kv["dtype"]]
+        self.dtype = cache_dtype(kv)
         self.shape = (dims["num_slots"]["max"], llm["num_kv_heads"], llm["head_dim"])
         self.names = [(kv["past"].format(layer=i, kind=k), kv["present"].format(layer=i, kind=k))
                       for i in range(llm["num_layers"]) for k in kv["kinds"]]
@@ -37,8 +41,10 @@ class PagedCache:
     def blocks_for(self, tokens: int) -> int:
         return -(-tokens // self.block_tokens)
 
-    def can_open(self, worst_tokens: int) -> bool:
-        return self.blocks_for(worst_tokens) <= self.allocator.available - sum(self.promised.values())
+    def can_open(self, worst_tokens: int, shared_tokens: int = 0) -> bool:
+        """Whether a sequence of at most `worst_tokens` fits, its first `shared_tokens` forked from another."""
+        need = self.blocks_for(worst_tokens) - shared_tokens // self.block_tokens
+        return need <= self.allocator.available - sum(self.promised.values())
 
     def open(self, seq: int, worst_tokens: int) -> None:
         self.tables[seq], self.lengths[seq] = [], 0
@@ -53,12 +59,13 @@ class PagedCache:
 
     def fork(self, src: int, dst: int, tokens: int) -> None:
         """dst starts with src's first `tokens` positions: full blocks shared (counted), a partial last block copied
-        into a block of dst's own (copy on write), since dst will write the rest of it."""
+        into a block of dst's own (copy on write), since dst will write the rest of it. dst was just opened."""
         full, rest = divmod(tokens, self.block_tokens)
         shared = self.tables[src][:full]
         for block in shared:
             self.allocator.share(block)
         self.tables[dst] = list(shared)
+        self.promised[dst] = max(self.promised[dst] - full, 0)
         if rest:
             self.grow(dst, tokens)
             old, new = self.tables[src][full] * self.block_tokens, self.tables[dst][full] * self.block_tokens
@@ -148,21 +155,27 @@ def decode_paged(pipe, stepper: PagedStepper, prepared: list[Prepared]) -> dict[
     """Greedy tokens for every request; waiting ones are admitted as places and blocks free up."""
     cache, eos = stepper.cache, set(pipe.model["eos_token_ids"])
     waiting, active, done = deque(prepared), [], {}
+    holders: dict[str, list[int]] = {}  # live sequences holding each image prefix, by its key
+
+    def shared_tokens(prep: Prepared) -> int:
+        return prep.prefix_len if holders.get(prep.prefix_key) else 0
 
     def finish_or_keep(seq: Sequence) -> bool:
         if seq.tokens[-1] in eos or len(seq.tokens) == seq.prep.limit:
             cache.close(seq.prep.index)
+            if seq.prep.prefix_key:
+                holders[seq.prep.prefix_key].remove(seq.prep.index)
             done[seq.prep.index] = seq
             return False
         return True
 
     while waiting or active:
         while (waiting and len(active) < stepper.batch_max
-               and cache.can_open(len(waiting[0].ids) + waiting[0].limit)):
+               and cache.can_open(len(waiting[0].ids) + waiting[0].limit, shared_tokens(waiting[0]))):
             seq = Sequence(waiting.popleft())
             cache.open(seq.prep.index, len(seq.prep.ids) + seq.prep.limit)
             t0 = time.perf_counter()
-            seq.choose(pipe.prefill(stepper, seq.prep.index, seq.prep)[0, -1])
+            seq.choose(_prefill_sharing(pipe, stepper, holders, seq.prep)[0, -1])
             seq.prep.timings["prefill_ms"] = 1e3 * (time.perf_counter() - t0)
             if finish_or_keep(seq):
                 active.append(seq)
@@ -177,3 +190,18 @@ def decode_paged(pipe, stepper: PagedStepper, prepared: list[Prepared]) -> dict[
             seq.decode_s += spent
         active = [s for s in active if finish_or_keep(s)]
     return done
+
+
+def _prefill_sharing(pipe, stepper: PagedStepper, holders: dict[str, list[int]], prep: Prepared) -> np.ndarray:
+    """Prefill an opened sequence: forked from a live holder of its image prefix when there is one (only the text
+    after the image runs), else as `Pipeline.prefill` does. It then holds the prefix for the requests after it."""
+    if not prep.prefix_key:
+        return pipe.prefill(stepper, prep.index, prep)
+    owners = holders.setdefault(prep.prefix_key, [])
+    if owners:
+        stepper.cache.fork(owners[0], prep.index, prep.prefix_len)
+        logits = stepper.prefill(prep.index, prep.after_prefix())
+    else:
+        logits = pipe.prefill(stepper, prep.index, prep)
+    owners.append(prep.index)
+    return logits

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+
 import json
 import logging
 import time
@@ -177,10 +179,10 @@ class Pipeline:
         """Greedy generation for every request, in input order; one outside the envelope is refused alone.
         Under a static KV layout the requests decode together (up to the envelope's batch); otherwise in turn."""
         results: list[Generation | Refused | None] = [None] * len(requests)
-        prepared = []
+        prepared, features = [], {}
         for i, req in enumerate(requests):
             try:
-                prepared.append(self.prepare(i, req))
+                prepared.append(self.prepare(i, req, features))
             except UserError as exc:
                 results[i] = Refused(i, str(exc))
         if isinstance(self.stepper, PagedStepper):
@@ -191,9 +193,9 @@ class Pipeline:
             results[index] = self._generation(seq)
         return results
 
-    def prepare(self, index: int, req: Request) -> Prepared:
+    def prepare(self, index: int, req: Request, features: dict[str, np.ndarray] | None = None) -> Prepared:
         """Check a request against the envelope and embed it; the vision encoder is skipped when the image's
-        prefix is stored."""
+        prefix is stored, or when `features` (by pixel digest, filled here) has the same pixels' already."""
         limit = self.manifest["envelope"]["max_new_tokens"]
         max_new = limit if req.max_new_tokens is None else req.max_new_tokens
         if not 1 <= max_new <= limit:
@@ -203,19 +205,27 @@ class Pipeline:
         t0 = time.perf_counter()
         pixels = self.pixel_values(req.image)
         t1 = time.perf_counter()
-        n = prefix_length(ids, self.model["image_token_id"]) if self.stepper and self.prefixes.limit else 0
+        n = prefix_length(ids, self.model["image_token_id"]) if self.stepper else 0
         key = prefix_key(pixels, ids, n) if n else None
         stored = self.prefixes.get(key) if key else None
         if stored is not None:
             embeds = self.embed(np.array([ids[n:]], np.int64))
         else:
-            embeds = self.embed(np.array([ids], np.int64), self.image_features(pixels))
+            embeds = self.embed(np.array([ids], np.int64), self._features(pixels, features))
         t2 = time.perf_counter()
         prep = Prepared(index, ids, embeds, max_new, {"preprocess_ms": 1e3 * (t1 - t0), "vision_ms": 1e3 * (t2 - t1)},
                         key, n, stored)
         if isinstance(self.stepper, PagedStepper):
             self.stepper.check(prep)
         return prep
+
+    def _features(self, pixels: np.ndarray, seen: dict[str, np.ndarray] | None) -> np.ndarray:
+        if seen is None:
+            return self.image_features(pixels)
+        digest = hashlib.sha256(np.ascontiguousarray(pixels).tobytes()).hexdigest()
+        if digest not in seen:
+            seen[digest] = self.image_features(pixels)
+        return seen[digest]
 
     def prefill(self, stepper, handle, prep: Prepared) -> np.ndarray:
         """Prefill one request into its row (static) or sequence (paged), from a stored image prefix when there is
@@ -224,10 +234,10 @@ class Pipeline:
             self.prefixes.entries.get(prep.prefix_key) if prep.prefix_key else None)
         if arrays is not None:
             stepper.load_prefix(handle, arrays)
-            return stepper.prefill(handle, prep.embeds if prep.prefix is not None else prep.embeds[:, prep.prefix_len:])
+            return stepper.prefill(handle, prep.after_prefix())
         stepper.clear(handle)
         logits = stepper.prefill(handle, prep.embeds)
-        if prep.prefix_key:
+        if prep.prefix_key and self.prefixes.limit:
             self.prefixes.put(prep.prefix_key, stepper.save_prefix(handle, prep.prefix_len))
         return logits
 

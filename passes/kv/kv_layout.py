@@ -23,17 +23,18 @@ from mmtrt.errors import UserError
 from mmtrt.ir.graph import ModelIR, graph_io
 from mmtrt.ir.rewrite import attr, cleanup, producers
 from mmtrt.pipeline.pass_base import Pass, PassConfig
+from passes.kv.cache_type import adopt_reduced_cache, cache_in_fp16
 from passes.kv.paged import MAX_BLOCKS, NUM_SLOTS, SLOTS, TABLE, TOKENS, rewrite_paged
 
 CAPACITY = "capacity"
-CACHE_TYPES = {"fp32": (TensorProto.FLOAT, "float32"), "fp16": (TensorProto.FLOAT16, "float16")}
+CACHE_TYPES = {"fp32": "float32", "fp16": "float16"}
 SEQLENS, TOTAL, LOGITS_FROM = "seqlens_k", "total_sequence_length", "logits_from"
 
 
 class KvLayoutConfig(PassConfig):
     layout: Literal["static", "paged"] = Field("static", description="`static`: one buffer per layer `[batch, H_kv, capacity, D]` (capacity = prompt + image tokens + max new tokens), past and present bound to the same memory and written in place. `paged`: one pool of blocks per layer `[num_slots, H_kv, D]` and a block table per sequence (vLLM, TensorRT-LLM), so a sequence holds only the blocks it fills.")
     block_tokens: int = Field(16, ge=1, le=1024, description="`paged` only: tokens per block, a power of two (TensorRT-LLM's XQA kernels take 64 or 128).")
-    cache_dtype: Literal["fp32", "fp16"] = Field("fp32", description="The type the cache is stored in. `fp16` halves KV memory; the graph casts the new keys and values on the way in (static: attention itself runs in fp16; paged: the gathered context is cast back for attention).")
+    cache_dtype: Literal["auto", "fp32", "fp16"] = Field("auto", description="The type the cache is stored in. `auto`: the type the LLM computes keys and values in (fp16 or bf16 when kv_layout follows cast_precision, whose casts at the cache I/O go; fp32 otherwise). `fp16` on an fp32 LLM halves KV memory; the graph casts the new keys and values on the way in (static: attention itself runs in fp16; paged: the gathered context is cast back for attention).")
     pool_blocks: int | None = Field(None, ge=1, description="`paged` only: blocks in the pool. Default: enough for the envelope's batch maximum at full capacity; fewer make requests wait for blocks.")
 
     @model_validator(mode="after")
@@ -50,18 +51,27 @@ class KvLayout(Pass):
     provides = frozenset({"kv_layout"})
 
     def plan_facts(self, facts: dict[str, Any]) -> dict[str, Any]:
-        return {**facts, "kv_cache": kv_facts(self.config, CACHE_TYPES[self.config.cache_dtype][1])}
+        wanted, lowered = self.config.cache_dtype, facts.get("float_type")
+        if wanted == "auto":
+            dtype = lowered or "float32"
+        elif lowered and CACHE_TYPES[wanted] != lowered:
+            raise UserError(f"cache_dtype {wanted} on an LLM that cast_precision lowered to {lowered}; drop "
+                            "cache_dtype (the cache takes the LLM's type) or put kv_layout before cast_precision")
+        else:
+            dtype = CACHE_TYPES[wanted]
+        return {**facts, "kv_cache": kv_facts(self.config, dtype)}
 
     def run(self, ir: ModelIR) -> dict:
         comp = ir.components["llm"]
         model = comp.onnx
+        reduced = adopt_reduced_cache(model.graph)  # plan_facts refused a cache_dtype other than this one
         rewrite = rewrite_attention if self.config.layout == "static" else self._paged
         layers = rewrite(model.graph, ir.config["llm"])
         if not any(o.domain == "com.microsoft" for o in model.opset_import):
             model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
         head = slice_logits(model.graph)
-        if self.config.cache_dtype == "fp16":
-            _cache_in_fp16(model.graph, self.config.layout)
+        if reduced is None and self.config.cache_dtype == "fp16":
+            cache_in_fp16(model.graph, self.config.layout)
         comp.onnx = cleanup(model)
         _drop_unused_inputs(comp.onnx.graph)
         _name_cache_dims(comp.onnx.graph, self.config.layout, ir.config["llm"])
@@ -203,32 +213,6 @@ def slice_logits(graph: onnx.GraphProto) -> str:
     graph.input.append(helper.make_tensor_value_info(LOGITS_FROM, TensorProto.INT64, [1]))
     _set_dim(next(o for o in graph.output if o.name == "logits"), 1, "logits_seq")
     return head.name or head.op_type
-
-
-def _cast(graph: onnx.GraphProto, node: onnx.NodeProto, index: int, to: int) -> None:
-    name = f"{node.input[index]}.as{to}.{node.name}"
-    graph.node.append(helper.make_node("Cast", [node.input[index]], [name], to=to, name=name))
-    node.input[index] = name
-
-
-def _cache_in_fp16(graph: onnx.GraphProto, layout: str) -> None:
-    """Store past/present in fp16: cast what is written into the cache, and what attention returns or reads."""
-    half, full = TensorProto.FLOAT16, TensorProto.FLOAT
-    for node in list(graph.node):
-        if layout == "static" and node.op_type == "GroupQueryAttention":
-            for index in (0, 1, 2):
-                _cast(graph, node, index, half)
-            out = node.output[0]
-            node.output[0] = f"{out}.fp16"
-            graph.node.append(helper.make_node("Cast", [node.output[0]], [out], to=full, name=f"{out}.fp32"))
-        elif layout == "paged" and node.op_type == "ScatterND":
-            _cast(graph, node, 2, half)
-        elif layout == "paged" and node.op_type == "Attention":
-            for index in (1, 2):
-                _cast(graph, node, index, full)
-    for value in [*graph.input, *graph.output]:
-        if value.name.startswith(("past.", "present.")):
-            value.type.tensor_type.elem_type = half
 
 
 def _drop_unused_inputs(graph: onnx.GraphProto) -> None:

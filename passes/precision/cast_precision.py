@@ -54,6 +54,10 @@ class CastPrecision(Pass):
     provides = frozenset({"precision.reduced"})
     lossy = True
 
+    def plan_facts(self, facts: dict) -> dict:
+        """The LLM's float type, which kv_layout after this pass stores the cache in."""
+        return {**facts, "float_type": {"fp16": "float16", "bf16": "bfloat16"}[self.config.dtype]}
+
     def run(self, ir: ModelIR) -> dict:
         return {name: self._lower(ir.components[name]) for name in self.components}
 

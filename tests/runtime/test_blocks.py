@@ -1,4 +1,6 @@
-"""The paged cache's block bookkeeping under random admit / grow / fork / finish sequences (hypothesis)."""
+"""The paged cache's block bookkeeping under random admit / grow / fork / finish sequences (hypothesis): blocks
+are shared only through a counted forked prefix, a fork's partial block is copied (a later write to either side
+leaves the other's KV), every admitted sequence can grow to its worst case, and every block returns at the end."""
 
 import numpy as np
 import pytest
@@ -25,6 +27,12 @@ class Model:
         self.cache = PagedCache(KV, LLM, DIMS)
         self.pool = self.cache.host["past.0.key"][:, 0, 0]
         self.written: dict[int, list[float]] = {}
+        self.forked: dict[int, int] = {}  # full blocks at the start of each table that a fork shares (counted)
+
+    def fork(self, src: int, dst: int, tokens: int) -> None:
+        self.cache.fork(src, dst, tokens)
+        full = tokens // BLOCK
+        self.forked[dst], self.forked[src] = full, max(self.forked.get(src, 0), full)
 
     def write(self, seq: int, tokens: int) -> None:
         start = self.cache.lengths[seq]
@@ -40,6 +48,11 @@ class Model:
             assert len(set(table)) == len(table)
             owners[table] += 1
         assert list(owners) == alloc.refs, "a block is owned by more sequences than its count says"
+        for block in np.flatnonzero(owners > 1):
+            places = {seq: table.index(block) for seq, table in cache.tables.items() if block in table}
+            assert len(set(places.values())) == 1, f"block {block} is shared at different positions"
+            assert all(p < self.forked.get(seq, 0) for seq, p in places.items()), \
+                f"block {block} is shared outside a forked prefix"
         assert set(alloc.free) == {b for b in range(BLOCKS) if owners[b] == 0}
         assert len(set(alloc.free)) == len(alloc.free)
         for seq, values in self.written.items():
@@ -61,13 +74,14 @@ def test_no_block_is_shared_uncounted_nothing_is_overwritten_and_all_return(sequ
         elif op == "fork" and live and m.cache.lengths[seq] and len(m.cache.tables) < 4:
             dst = next(d for d in range(4) if d not in m.cache.tables)
             tokens = 1 + size % m.cache.lengths[seq]
-            if m.cache.can_open(tokens + 4):
-                m.cache.open(dst, tokens + 4)
-                m.cache.fork(seq, dst, tokens)
-                worst[dst], m.written[dst] = tokens + 4, m.written[seq][:tokens]
+            if m.cache.can_open(tokens + size, tokens):
+                m.cache.open(dst, tokens + size)
+                m.fork(seq, dst, tokens)
+                worst[dst], m.written[dst] = tokens + size, m.written[seq][:tokens]
         elif op == "close" and live:
             m.cache.close(seq)
             del m.written[seq], worst[seq]
+            m.forked.pop(seq, None)
         m.check()
     for seq in list(m.cache.tables):
         m.cache.close(seq)
@@ -93,3 +107,10 @@ def test_a_free_block_can_be_neither_shared_nor_released():
         alloc.share(0)
     with pytest.raises(ValueError):
         alloc.release(1)
+
+
+def test_a_bfloat16_cache_is_refused_in_one_line():
+    from mmtrt.errors import UserError
+
+    with pytest.raises(UserError, match="KV cache is bfloat16; the runtime holds float32 and float16 caches"):
+        PagedCache({**KV, "dtype": "bfloat16"}, LLM, DIMS)

@@ -49,3 +49,23 @@ def test_the_lru_stays_within_its_bound_and_evicts_the_least_recent():
     assert set(cache.entries) == {"a", "c"} and cache.nbytes <= 2**20
     cache.put("huge", [np.zeros(2**19, np.float32)])  # 2 MiB never fits
     assert "huge" not in cache.entries and set(cache.entries) == {"a", "c"}
+
+
+def test_paged_requests_of_a_batch_share_the_image_prefix_blocks(tiny_paged_bundle, rng):
+    pipe, fresh = load(tiny_paged_bundle, prefix_cache_mib=0), load(tiny_paged_bundle, prefix_cache_mib=0)
+    cache = pipe.stepper.cache
+    shared = []
+    share = cache.allocator.share
+    cache.allocator.share = lambda block: (shared.append(block), share(block))[1]
+    encoded, encode = [], pipe.image_features
+    pipe.image_features = lambda pixels: (encoded.append(pixels.shape), encode(pixels))[1]
+    image, other = random_image(rng, 64, 64), random_image(rng, 50, 80)
+    requests = [Request(image, q, 10) for q in QUESTIONS] + [Request(other, QUESTIONS[0], 10)]
+    batch = pipe.generate_batch(requests)
+    assert [g.token_ids for g in batch] == [fresh.generate(r.image, r.prompt, 10).token_ids for r in requests]
+    ids = pipe.prompt_ids(QUESTIONS[0])
+    full_blocks = prefix_length(ids, pipe.model["image_token_id"]) // cache.block_tokens
+    assert full_blocks >= 2 and len(shared) == 2 * full_blocks  # the 2nd and 3rd question fork the 1st, not `other`
+    assert len(set(shared)) == full_blocks and not pipe.prefixes.entries
+    assert len(encoded) == 2  # the vision encoder ran once per distinct image of the batch
+    assert cache.allocator.available == cache.allocator.total and not any(cache.allocator.refs)

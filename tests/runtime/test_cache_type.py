@@ -1,0 +1,71 @@
+"""kv_layout after cast_precision stores the cache in the LLM's fp16 without being told: half the memory of the fp32
+bundle's buffers, no Casts at the cache I/O, and the tokens of the same fp16 bundle's growing (hf) cache."""
+
+import numpy as np
+import onnx
+import pytest
+
+from builders import random_image
+from conftest import ROOT, compile_to
+from mmtrt.cli import main
+from mmtrt.compiler import compile_recipe
+from mmtrt.runtime import load
+
+NEAR_TIE = 1e-3
+FP16 = (ROOT / "recipes" / "tiny-llava-fp16.yaml").read_text()
+PROMPTS = ["What is in the picture?", "Describe it", "red cat under the blue table near a window " * 3]
+
+
+def with_layout(text: str) -> str:
+    return FP16.replace("envelope:", text + "envelope:")
+
+
+@pytest.fixture(scope="module")
+def fp16_hf(tmp_path_factory):
+    return load(compile_recipe(ROOT / "recipes" / "tiny-llava-fp16.yaml", tmp_path_factory.mktemp("hf16") / "b"))
+
+
+@pytest.fixture(scope="module", params=["static", "paged"])
+def layouts(request, tmp_path_factory):
+    """(fp16 bundle with the layout, the fp32 bundle with the same layout)."""
+    half = compile_to(tmp_path_factory.mktemp(f"{request.param}16"),
+                      with_layout(f"  - kv_layout: {{layout: {request.param}}}\n"), "b")
+    return half, request.getfixturevalue(f"tiny_{request.param}_bundle")
+
+
+def cache_bytes(pipe) -> int:
+    return sum(a.nbytes for a in pipe.stepper.cache.host.values())
+
+
+def test_the_cache_takes_the_llm_type_and_half_the_memory(layouts):
+    half_bundle, full_bundle = layouts
+    half, full = load(half_bundle), load(full_bundle)
+    assert half.kv["dtype"] == "float16" and full.kv["dtype"] == "float32"
+    assert all(a.dtype == np.float16 for a in half.stepper.cache.host.values())
+    assert cache_bytes(half) * 2 == cache_bytes(full) > 0
+    graph = onnx.load(half_bundle / "llm.onnx", load_external_data=False).graph
+    cache_io = {v.name for v in [*graph.input, *graph.output] if v.name.startswith(("past.", "present."))}
+    assert not [n.name for n in graph.node if n.op_type == "Cast" and set(n.input) & cache_io], "casts at cache I/O"
+    assert not [n.name for n in graph.node if n.op_type == "Cast" and set(n.output) & cache_io]
+
+
+def test_tokens_equal_the_fp16_bundle_growing_cache(layouts, fp16_hf, rng):
+    pipe = load(layouts[0])
+    for prompt in PROMPTS:
+        image = random_image(rng, int(rng.integers(30, 100)), int(rng.integers(30, 100)))
+        ours, ref = pipe.generate(image, prompt, 16), fp16_hf.generate(image, prompt, 16)
+        for step, (a, b) in enumerate(zip(ours.token_ids, ref.token_ids)):
+            if a != b:
+                assert ref.margins[step] < NEAR_TIE, f"step {step}: {a} != {b}, margin {ref.margins[step]}"
+                break
+        else:
+            assert ours.token_ids == ref.token_ids
+
+
+def test_an_fp32_cache_after_cast_precision_is_refused_at_plan_time(tmp_path, capsys):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(with_layout("  - kv_layout: {layout: static, cache_dtype: fp32}\n"))
+    assert main(["compile", str(recipe), "--plan"]) == 2
+    err = capsys.readouterr().err
+    assert "cache_dtype fp32 on an LLM that cast_precision lowered to float16; drop cache_dtype" in err
+    assert len(err.strip().splitlines()) == 1 and not (tmp_path / "r.bundle").exists()
