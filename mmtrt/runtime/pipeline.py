@@ -114,7 +114,7 @@ class Pipeline:
         if engine is None:
             if why is not None:
                 self.fallbacks[TRTLLM] = why
-                log.log(logging.INFO if "not importable" in why else logging.WARNING,
+                log.log(logging.WARNING if "build-engines" in why else logging.INFO,  # warn where a build fixes it
                         "the LLM runs on ONNX Runtime, not TensorRT-LLM: %s", why)
             return None
         self.backends["llm"], self.prefixes = f"tensorrt-llm ({why})", PrefixCache(0)

@@ -12,7 +12,9 @@ tensorrt_llm/runtime/model_runner_cpp.py (NVIDIA/TensorRT-LLM) defines it.
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -44,7 +46,8 @@ class TrtllmLLM:
 
         self.runner = ModelRunnerCpp.from_dir(
             str(engine_dir), max_tokens_in_paged_kv_cache=plan["runtime"]["max_tokens_in_paged_kv_cache"])
-        self.vocab_size = self.runner.vocab_size
+        # the engine's config.json, as trtllm-build writes it: {"version", "pretrained_config", "build_config"}
+        self.vocab_size = json.loads((Path(engine_dir) / "config.json").read_text())["pretrained_config"]["vocab_size"]
         self.image_token_id = model["image_token_id"]
         self.eos = list(model["eos_token_ids"])
 
