@@ -129,13 +129,17 @@ def _inspect(args) -> int:
 
 def _build_engines(args) -> int:
     from mmtrt.backends.tensorrt.build import build_engines
+    from mmtrt.backends.trtllm_engines import build_llm_engine, plan_json
 
     if args.plan:
         from mmtrt.bundle.manifest import read_manifest
 
-        print(json.dumps(read_manifest(Path(args.bundle))["tensorrt"], indent=2))
+        manifest = read_manifest(Path(args.bundle))
+        print(json.dumps({**manifest["tensorrt"], "tensorrt_llm": plan_json(Path(args.bundle), manifest)}, indent=2))
         return 0
-    records = build_engines(args.bundle, args.segment, force=args.force)
+    log = (lambda line: None) if args.json else print
+    llm = [] if args.segment else [build_llm_engine(args.bundle, args.force, log)]  # --segment names TensorRT ones
+    records = llm + build_engines(args.bundle, args.segment, force=args.force)
     print(json.dumps(records, indent=2) if args.json else f"{len(records)} segment(s) done")
     return 0
 
@@ -237,7 +241,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--placement", action="store_true", help="segments per component, with why any node falls back")
     p.set_defaults(func=_inspect)
 
-    p = sub.add_parser("build-engines", help="build the bundle's TensorRT engines on this GPU host (needs TensorRT 11)")
+    p = sub.add_parser("build-engines", help="build the bundle's TensorRT engines (TensorRT 11) and TensorRT-LLM engine on this GPU host")
     p.add_argument("bundle")
     p.add_argument("--segment", action="append", help="build only this segment (repeatable), e.g. vision.0")
     p.add_argument("--force", action="store_true", help="rebuild engines that are up to date")

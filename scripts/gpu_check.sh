@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The GPU check, for a host with an NVIDIA GPU and TensorRT 11: check the plugin kernels with CuPy, compile the demo bundles (fp32 and fp16), build
 # their engines (twice: the second build must find them up to date), compare every engine with ONNX Runtime
-# through Polygraphy, time both, print a table, then run the bundle end to end and the tests that need TensorRT.
+# through Polygraphy, time both, print a table, then run the bundle end to end, the LLM through TensorRT-LLM where it
+# imports (the digits prompt against ONNX Runtime: tokens and time), and the tests that need TensorRT / TensorRT-LLM.
 # NOT RUN YET: no machine of ours has TensorRT. Exits non-zero on the first failure.
 #
 # Set-up on that host:  python3 -m venv .venv && .venv/bin/pip install -e '.[tensorrt,test]'
@@ -29,8 +30,8 @@ for recipe in tiny-llava tiny-llava-fp16; do
   "$PY" -m mmtrt.cli inspect "$OUT/$recipe.bundle" --placement
   "$PY" -m mmtrt.cli build-engines "$OUT/$recipe.bundle" --json > "$OUT/$recipe.build.json"
   "$PY" -m mmtrt.cli build-engines "$OUT/$recipe.bundle" --json > "$OUT/$recipe.rebuild.json"
-  "$PY" -c 'import json, sys; r = json.load(open(sys.argv[1])); assert all(x["status"] == "up to date" for x in r), r' \
-    "$OUT/$recipe.rebuild.json"
+  "$PY" -c 'import json, sys; r = json.load(open(sys.argv[1])); assert all(x["status"] == "up to date" or (
+    x["segment"] == "llm (tensorrt-llm)" and x["status"] == "skipped") for x in r), r' "$OUT/$recipe.rebuild.json"
 done
 
 # Every engine against ONNX Runtime (CPU, the reference; CUDA timed too where its provider loads), 20 iterations
@@ -90,11 +91,51 @@ for b, seg, prec, out, mabs, mrel, ok, trt, cpu, cuda in rows:
 sys.exit(1 if failed else 0)
 EOF
 
-# End to end: the runtime must choose every engine (no fallbacks) and generate.
+# End to end: the runtime must choose every engine (no fallbacks; the TensorRT-LLM one only where tensorrt_llm is
+# absent) and generate.
 "$PY" -m mmtrt.cli run "$OUT/tiny-llava-fp16.bundle" --image examples/sample.png --prompt "What is in the picture?" \
   --max-new-tokens 8 --json > "$OUT/run.json"
-"$PY" -c 'import json, sys; r = json.load(open(sys.argv[1])); assert not r["fallbacks"], r["fallbacks"]; print(r)' \
-  "$OUT/run.json"
+"$PY" - "$OUT/run.json" <<'EOF'
+import importlib.util, json, sys
+r = json.load(open(sys.argv[1]))
+allowed = set() if importlib.util.find_spec("tensorrt_llm") else {"llm (tensorrt-llm)"}
+assert set(r["fallbacks"]) <= allowed, r["fallbacks"]
+print(r)
+EOF
+
+# TensorRT-LLM, where it imports: the engines above include the LLM's (build-engines ran the planned trtllm-build);
+# run the digits prompt through it and through ONNX Runtime (the same bundle without its engines), compare the
+# tokens and the time (A B A B, medians after a warm-up round).
+if "$PY" -c 'import tensorrt_llm' 2>/dev/null; then
+  "$PY" - "$OUT/tiny-llava-fp16.bundle" <<'EOF'
+import shutil, statistics, sys, tempfile, time
+from pathlib import Path
+
+from mmtrt.eval.digits import PROMPT, samples
+from mmtrt.runtime import load
+
+bundle = Path(sys.argv[1])
+onnx_only = Path(tempfile.mkdtemp()) / "onnx.bundle"
+shutil.copytree(bundle, onnx_only, ignore=shutil.ignore_patterns("engines"))
+trtllm, ort = load(bundle), load(onnx_only)
+assert trtllm.backends["llm"].startswith("tensorrt-llm"), trtllm.fallbacks
+image = samples("test", 1)[0][0]
+times, tokens = {"tensorrt-llm": [], "onnxruntime": []}, {}
+for _ in range(6):
+    for name, pipe in (("tensorrt-llm", trtllm), ("onnxruntime", ort)):
+        t0 = time.perf_counter()
+        tokens[name] = pipe.generate(image, PROMPT, max_new_tokens=16).token_ids
+        times[name].append(time.perf_counter() - t0)
+ms = {name: 1e3 * statistics.median(t[1:]) for name, t in times.items()}
+same = sum(a == b for a, b in zip(tokens["tensorrt-llm"], tokens["onnxruntime"]))
+print(f"digits prompt: tensorrt-llm {ms['tensorrt-llm']:.1f} ms, onnxruntime {ms['onnxruntime']:.1f} ms, "
+      f"ratio {ms['onnxruntime'] / ms['tensorrt-llm']:.2f}x; tokens equal {same}/{len(tokens['onnxruntime'])}")
+print("tensorrt-llm:", tokens["tensorrt-llm"], "\nonnxruntime: ", tokens["onnxruntime"])
+assert tokens["tensorrt-llm"][:2] == tokens["onnxruntime"][:2], "the first tokens differ"
+EOF
+else
+  echo "TensorRT-LLM check skipped: tensorrt_llm is not importable on this host"
+fi
 "$PY" -m mmtrt.cli compare "$OUT/tiny-llava-fp16.bundle" "$OUT/tiny-llava.bundle" --atol 0.05 --rtol 0.05 \
   --json-out "$OUT/compare.json"
-"$PY" -m pytest -q -p no:logging tests/backends/test_tensorrt_engines.py
+"$PY" -m pytest -q -p no:logging tests/backends/test_tensorrt_engines.py tests/backends/test_trtllm_engines.py

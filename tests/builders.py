@@ -8,6 +8,8 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 from PIL import Image
 
+from mmtrt.ir.rewrite import attr
+
 
 def random_image(rng: np.random.Generator, height: int, width: int) -> Image.Image:
     """Noise over a smooth gradient: neither constant nor pure noise."""
@@ -82,3 +84,43 @@ def unpack_int4_rows(packed):
     b = packed.view(np.uint8)
     nibbles = np.stack([b & 0x0F, b >> 4], axis=1).reshape(2 * b.shape[0], b.shape[1]).astype(np.int16)
     return np.where(nibbles >= 8, nibbles - 16, nibbles)
+
+
+def float16_weights(path):
+    """The graph with every float weight rounded to float16 as the float16 checkpoint stores them (norm weights,
+    INT4 scales, pre-quant scales, the embedding); lm_head, which TensorRT-LLM keeps in float, becomes its
+    dequantized weight rounded to float16. Math stays fp32."""
+    model = onnx.load(path)
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    producer = {out: n for n in graph.node for out in n.output}
+    head = producer.get(producer["logits"].input[1]) if "logits" in producer else None
+    if head is not None and head.op_type == "DequantizeLinear":
+        scale = numpy_helper.to_array(inits[head.input[1]])
+        weight = unpack_int4(inits[head.input[0]]) * np.repeat(scale, attr(head, "block_size"), axis=attr(head, "axis"))
+        graph.node.remove(head)
+        logits, prequant = producer["logits"], producer.get(producer["logits"].input[0])
+        if prequant is not None and prequant.op_type == "Mul" and prequant.input[1] in inits:
+            # the checkpoint folds lm_head's pre-quant scale into its float weight
+            weight = numpy_helper.to_array(inits[prequant.input[1]])[:, None] * weight
+            logits.input[0] = prequant.input[0]
+        graph.initializer.append(numpy_helper.from_array(weight.astype(np.float32), head.output[0]))
+    for t in graph.initializer:
+        if t.data_type == onnx.TensorProto.FLOAT and t.name not in _position_constants(graph):
+            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float16).astype(np.float32), t.name))
+    return model.SerializeToString()
+
+
+def _position_constants(graph):
+    """Constants of the rotary angles (inv_freq): read by nodes downstream of position_ids; not checkpoint tensors."""
+    def downstream(start):
+        reached = {start}
+        for node in graph.node:  # topological order
+            if reached & set(node.input):
+                reached |= set(node.output)
+        return reached
+
+    hidden = downstream("inputs_embeds")
+    positions = downstream("position_ids") - hidden
+    return {name for node in graph.node if positions & set(node.input) and not hidden & set(node.output)
+            for name in node.input}

@@ -1,5 +1,5 @@
 """What the compiler writes for TensorRT hosts: placement per component, segment files, the engine build plan,
-the TensorRT-LLM command and Polygraphy's data loaders. All of it is decided here, on any host; `mmtrt build-engines` executes it.
+the TensorRT-LLM checkpoint (of a float LLM) and command, and Polygraphy's data loaders. All of it is decided here, on any host; `mmtrt build-engines` executes it.
 
 An engine is tuned at its profile's opt shape, so one profile cannot serve both LLM phases well: a segment whose
 inputs depend on the sequence gets a `decode` profile (seq = 1 after a typical prompt, the shape it runs most)
@@ -17,7 +17,10 @@ from mmtrt.kernels.bundle import write_plugins
 from mmtrt.partition import segments
 from mmtrt.partition.placement import TENSORRT, place_component
 from mmtrt.partition.polygraphy_inputs import write_loaders
+from mmtrt.quant.trtllm_export import NotExportable, float_checkpoint_assets
 from mmtrt.recipe import Recipe
+
+FLOAT_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 
 
 def engine_sections(ir: ModelIR, recipe: Recipe, dims: dict, folder: Path, files: dict[str, Any]) -> dict[str, Any]:
@@ -42,12 +45,30 @@ def engine_sections(ir: ModelIR, recipe: Recipe, dims: dict, folder: Path, files
                 plugins += placement.plugins(s)
     llm_plan = None
     if "tensorrt-llm" in recipe.partition.llm:
-        llm_plan = trtllm_plan(ir.config, dims, (folder / CHECKPOINT_DIR / "config.json").is_file())
+        why_not = write_float_checkpoint(ir, recipe, folder)
+        llm_plan = trtllm_plan(ir.config, dims, (folder / CHECKPOINT_DIR / "config.json").is_file(), why_not)
     plan = build_plan(entries)
     plan["plugins"] = write_plugins(folder, plugins)
     contracts = {c.name: {**files[c.name], "inputs": [s.to_json() for s in c.inputs]} for c in ir.onnx_components()}
     loaders = write_loaders(contracts, dims, typical, ir.config["llm"]["vocab_size"], folder)
     return {"placement": placements, "tensorrt": plan, "tensorrt_llm": llm_plan, "polygraphy": loaders}
+
+
+def write_float_checkpoint(ir: ModelIR, recipe: Recipe, folder: Path) -> str | None:
+    """Write the float LLM's TensorRT-LLM checkpoint into `folder` unless a quantization pass wrote one; in
+    cast_precision's dtype when the recipe runs it, else float16 (TensorRT-LLM's 16-bit GEMMs). None, or why not."""
+    if (folder / CHECKPOINT_DIR / "config.json").is_file():
+        return None
+    cast = dict(recipe.pass_list()).get("cast_precision")
+    dtype = FLOAT_DTYPES[(cast or {}).get("dtype", "fp16")]
+    try:
+        assets = float_checkpoint_assets(ir, dtype)
+    except NotExportable as exc:
+        return str(exc)
+    for rel, content in assets.items():
+        (folder / rel).parent.mkdir(parents=True, exist_ok=True)
+        (folder / rel).write_bytes(content)
+    return None
 
 
 def _add_plugins(entry: dict[str, Any], plugin_ids: list[str]) -> None:

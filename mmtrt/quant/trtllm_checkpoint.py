@@ -1,4 +1,7 @@
-"""TensorRT-LLM checkpoints (`config.json` + `rank0.safetensors`) of a LLaMA with W4A16_AWQ linears.
+"""TensorRT-LLM checkpoints (`config.json` + `rank0.safetensors`) of a LLaMA, with W4A16_AWQ or float linears.
+
+A float linear `<p>` is `<p>.weight` [out, in] in the checkpoint dtype (docs/source/architecture/checkpoint.md:
+linear weights always follow the (out_feature, in_feature) shape), with `quantization.quant_algo` null.
 
 Layout, as modelopt writes it for `trtllm-build` (modelopt/torch/export: `pack_int4_in_uint8`, and
 `pack_linear_weights`, which views the bytes as int8 because TensorRT-LLM only preprocesses int8 `.weight` tensors
@@ -71,20 +74,29 @@ def linear_tensors(prefix: str, q: np.ndarray, scales: np.ndarray, prequant_scal
     }
 
 
-# The activation types TensorRT-LLM's W4A16 (weight-only INT4) GEMM kernels take: fp16 and bf16, not fp32.
+def float_linear_tensors(prefix: str, weight: np.ndarray, dtype: str) -> dict[str, np.ndarray]:
+    """The one checkpoint tensor of a float linear from its weight [out, in]."""
+    return {f"{prefix}.weight": np.asarray(weight).astype(DTYPES[dtype])}
+
+
+# The activation types TensorRT-LLM's W4A16 (weight-only INT4) GEMM kernels take: fp16 and bf16, not fp32; a
+# float checkpoint is written in the 16-bit types too (the GEMM plugin's, and what cast_precision lowers to).
 W4A16_DTYPES = ("float16", "bfloat16")
 
 
 def trtllm_config(*, dtype: str, vocab_size: int, hidden_size: int, num_hidden_layers: int,
                   num_attention_heads: int, num_key_value_heads: int, head_size: int, intermediate_size: int,
-                  norm_epsilon: float, max_position_embeddings: int, rotary_base: float, group_size: int,
+                  norm_epsilon: float, max_position_embeddings: int, rotary_base: float, group_size: int | None,
                   hidden_act: str = "silu") -> dict:
-    """config.json of a single-GPU LLaMA W4A16_AWQ checkpoint (keys of TensorRT-LLM's PretrainedConfig and
-    LLaMAConfig). `head_size` is explicit: TensorRT-LLM assumes hidden_size / num_attention_heads without it,
-    which is wrong for models whose head_dim differs (Gemma's). No exclude_modules: TensorRT-LLM's default then
-    keeps lm_head and the embedding unquantized."""
+    """config.json of a single-GPU LLaMA checkpoint (keys of TensorRT-LLM's PretrainedConfig and LLaMAConfig):
+    W4A16_AWQ with `group_size`, float linears with None. `head_size` is explicit: TensorRT-LLM assumes
+    hidden_size / num_attention_heads without it, which is wrong for models whose head_dim differs (Gemma's). No
+    exclude_modules: TensorRT-LLM's default then keeps lm_head and the embedding unquantized."""
     if dtype not in W4A16_DTYPES:
-        raise ValueError(f"W4A16_AWQ checkpoints take dtype {' or '.join(W4A16_DTYPES)}, got {dtype!r}")
+        raise ValueError(f"TensorRT-LLM checkpoints here take dtype {' or '.join(W4A16_DTYPES)}, got {dtype!r} "
+                         "(the W4A16 kernels take float16 or bfloat16)")
+    quantization = {"quant_algo": None} if group_size is None else {
+        "quant_algo": "W4A16_AWQ", "group_size": group_size, "has_zero_point": False, "pre_quant_scale": True}
     return {
         "architecture": "LlamaForCausalLM",
         "dtype": dtype,
@@ -101,8 +113,7 @@ def trtllm_config(*, dtype: str, vocab_size: int, hidden_size: int, num_hidden_l
         "max_position_embeddings": max_position_embeddings,
         "rotary_base": rotary_base,
         "mapping": {"world_size": 1, "tp_size": 1, "pp_size": 1},
-        "quantization": {"quant_algo": "W4A16_AWQ", "group_size": group_size, "has_zero_point": False,
-                         "pre_quant_scale": True},
+        "quantization": quantization,
     }
 
 

@@ -1,4 +1,4 @@
-"""The quantized LLM of an IR as a TensorRT-LLM LLaMA checkpoint with W4A16_AWQ linears.
+"""The LLM of an IR as a TensorRT-LLM LLaMA checkpoint: W4A16_AWQ linears when quantized, float ones otherwise.
 
 The checkpoint holds what the ONNX graph computes: the same INT4 weights and scales, the normalisation weights
 with AWQ's scales folded in, a pre-quant scale of ones where a norm or a linear absorbed the scale. TensorRT-LLM
@@ -18,8 +18,10 @@ from mmtrt.backends.tensorrt_llm import CHECKPOINT_DIR
 from mmtrt.ir.graph import ModelIR
 from mmtrt.ir.rewrite import attr
 from mmtrt.quant.int4 import dequantize_groups
+from mmtrt.quant.linears import Linear, find_linears
 from mmtrt.quant.quantize import QuantizedLinear
-from mmtrt.quant.trtllm_checkpoint import DTYPES, linear_tensors, llama_name, trtllm_config, write_checkpoint
+from mmtrt.quant.trtllm_checkpoint import (DTYPES, float_linear_tensors, linear_tensors, llama_name, trtllm_config,
+                                           write_checkpoint)
 
 LAYER_ROLES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 HF_MODULE = {"q_proj": "self_attn.q_proj", "o_proj": "self_attn.o_proj", "gate_proj": "mlp.gate_proj",
@@ -27,12 +29,20 @@ HF_MODULE = {"q_proj": "self_attn.q_proj", "o_proj": "self_attn.o_proj", "gate_p
 
 
 class NotExportable(ValueError):
-    """The quantized LLM cannot be written as a W4A16_AWQ checkpoint; the message says why."""
+    """The LLM cannot be written as a TensorRT-LLM checkpoint; the message says why."""
 
 
 def checkpoint_assets(ir: ModelIR, quantized: list[QuantizedLinear], group_size: int, dtype: str) -> dict[str, bytes]:
-    """`trtllm/checkpoint/config.json` and `rank0.safetensors` as bundle assets."""
-    config, tensors = llama_checkpoint(ir, quantized, group_size, dtype)
+    """`trtllm/checkpoint/config.json` and `rank0.safetensors` of the W4A16_AWQ LLM as bundle assets."""
+    return _assets(*llama_checkpoint(ir, quantized, group_size, dtype))
+
+
+def float_checkpoint_assets(ir: ModelIR, dtype: str) -> dict[str, bytes]:
+    """The same two files for a float LLM (fp32, or fp16/bf16 after cast_precision), its weights in `dtype`."""
+    return _assets(*float_checkpoint(ir, dtype))
+
+
+def _assets(config: dict, tensors: dict[str, np.ndarray]) -> dict[str, bytes]:
     with tempfile.TemporaryDirectory() as tmp:
         folder = write_checkpoint(Path(tmp), config, tensors)
         return {f"{CHECKPOINT_DIR}/{p.name}": p.read_bytes() for p in sorted(folder.iterdir())}
@@ -40,50 +50,88 @@ def checkpoint_assets(ir: ModelIR, quantized: list[QuantizedLinear], group_size:
 
 def llama_checkpoint(ir: ModelIR, quantized: list[QuantizedLinear], group_size: int,
                      dtype: str) -> tuple[dict, dict[str, np.ndarray]]:
-    facts = ir.config["llm"]
-    layers = facts["num_layers"]
     found = {(ql.linear.layer, ql.linear.role): ql for ql in quantized}
-    missing = [f"llm.layers.{i}.{r}" for i in range(layers) for r in LAYER_ROLES if (i, r) not in found]
-    if missing:
-        raise NotExportable(f"TensorRT-LLM's W4A16_AWQ quantizes every decoder linear; not quantized: "
-                            f"{', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}")
+    _check_layers(ir, found, "TensorRT-LLM's W4A16_AWQ quantizes every decoder linear; not quantized")
     uneven = sorted({ql.linear.k for ql in found.values() if ql.linear.k % group_size})
     if uneven:
         raise NotExportable(f"TensorRT-LLM needs every linear's input width to be a multiple of group_size "
                             f"{group_size}; {uneven} are not (choose a group size that divides them)")
+
+    def linear(prefix: str, qls: list[QuantizedLinear]) -> dict[str, np.ndarray]:
+        return linear_tensors(prefix, np.concatenate([ql.q for ql in qls]),
+                              np.concatenate([ql.scales for ql in qls]), _prequant(qls[0]), dtype)
+
+    head = next((ql for ql in quantized if ql.linear.role == "lm_head"), None)
+    head_weight = None if head is None else (_dequantized(head), head.linear.input)
+    return _llama(ir, {k: ql.linear for k, ql in found.items()}, lambda p, keys: linear(p, [found[k] for k in keys]),
+                  head_weight, dtype, group_size)
+
+
+def float_checkpoint(ir: ModelIR, dtype: str) -> tuple[dict, dict[str, np.ndarray]]:
+    model = ir.components["llm"].onnx
+    _, linears, _ = find_linears(model, "llm")
+    found = {(lin.layer, lin.role): lin for lin in linears if lin.role in LAYER_ROLES}
+    _check_layers(ir, found, "the LLM is not a LLaMA of float MatMul linears TensorRT-LLM can take; not found")
+    inits = {t.name: t for t in model.graph.initializer}
+
+    def linear(prefix: str, keys: list[tuple[int, str]]) -> dict[str, np.ndarray]:
+        weights = [numpy_helper.to_array(inits[found[k].weight]).T for k in keys]  # ONNX holds W as [in, out]
+        return float_linear_tensors(prefix, np.concatenate(weights), dtype)
+
+    return _llama(ir, found, linear, None, dtype, None)
+
+
+def _check_layers(ir: ModelIR, found: dict, problem: str) -> None:
+    layers = ir.config["llm"]["num_layers"]
+    missing = [f"llm.layers.{i}.{r}" for i in range(layers) for r in LAYER_ROLES if (i, r) not in found]
+    if missing:
+        raise NotExportable(f"{problem}: {', '.join(missing[:4])}{' ...' if len(missing) > 4 else ''}")
+
+
+def _llama(ir: ModelIR, found: dict[tuple[int, str], Linear], linear, head: tuple[np.ndarray, str] | None,
+           dtype: str, group_size: int | None) -> tuple[dict, dict[str, np.ndarray]]:
+    """Embedding, norms, linears (`linear(prefix, keys)` writes one, q/k/v concatenated) and lm_head (`head`: its
+    float weight and input when quantized, else read from the graph) of a LLaMA checkpoint, and its config."""
+    facts = ir.config["llm"]
     model = ir.components["llm"].onnx
     producer = {out: node for node in model.graph.node for out in node.output}
     inits = {t.name: t for t in model.graph.initializer}
     cast = DTYPES[dtype]
 
     def norm_weight(tensor: str) -> tuple[np.ndarray, float]:
-        node = producer.get(tensor)
+        node = _through_casts(producer, tensor)
         if node is None or node.op_type != "RMSNormalization":
             raise NotExportable(f"{tensor} is not made by an RMSNormalization; not a LLaMA decoder")
         return numpy_helper.to_array(inits[node.input[1]]).astype(cast), attr(node, "epsilon", 1e-5)
 
     tensors = {llama_name("model.embed_tokens.weight"): _embedding(ir).astype(cast)}
-    for i in range(layers):
-        q, k, v = (found[(i, r)] for r in ("q_proj", "k_proj", "v_proj"))
-        tensors[llama_name(f"model.layers.{i}.input_layernorm.weight")], eps = norm_weight(q.linear.input)
+    for i in range(facts["num_layers"]):
+        tensors[llama_name(f"model.layers.{i}.input_layernorm.weight")], eps = norm_weight(found[(i, "q_proj")].input)
         tensors[llama_name(f"model.layers.{i}.post_attention_layernorm.weight")], _ = norm_weight(
-            found[(i, "gate_proj")].linear.input)
-        tensors |= linear_tensors(_prefix(i, "q_proj"), np.concatenate([q.q, k.q, v.q]),
-                                  np.concatenate([q.scales, k.scales, v.scales]), _prequant(q), dtype)
+            found[(i, "gate_proj")].input)
+        tensors |= linear(_prefix(i, "q_proj"), [(i, r) for r in ("q_proj", "k_proj", "v_proj")])
         for role in ("o_proj", "gate_proj", "up_proj", "down_proj"):
-            ql = found[(i, role)]
-            tensors |= linear_tensors(_prefix(i, role), ql.q, ql.scales, _prequant(ql), dtype)
-    head = next((ql for ql in quantized if ql.linear.role == "lm_head"), None)
-    logits = producer["logits"]
-    tensors[llama_name("model.norm.weight")], _ = norm_weight(logits.input[0] if head is None else head.linear.input)
-    tensors[llama_name("lm_head.weight")] = (_lm_head(inits, logits) if head is None else _dequantized(head)).astype(cast)
+            tensors |= linear(_prefix(i, role), [(i, role)])
+    logits = _through_casts(producer, "logits")
+    head_weight, head_input = head if head is not None else (_lm_head(inits, producer, logits), logits.input[0])
+    tensors[llama_name("model.norm.weight")], _ = norm_weight(head_input)
+    tensors[llama_name("lm_head.weight")] = head_weight.astype(cast)
     config = trtllm_config(
         dtype=dtype, vocab_size=tensors["lm_head.weight"].shape[0], hidden_size=facts["hidden_size"],
-        num_hidden_layers=layers, num_attention_heads=facts["num_heads"], num_key_value_heads=facts["num_kv_heads"],
-        head_size=facts["head_dim"], intermediate_size=found[(0, "gate_proj")].linear.n, norm_epsilon=float(eps),
+        num_hidden_layers=facts["num_layers"], num_attention_heads=facts["num_heads"],
+        num_key_value_heads=facts["num_kv_heads"], head_size=facts["head_dim"],
+        intermediate_size=found[(0, "gate_proj")].n, norm_epsilon=float(eps),
         max_position_embeddings=facts["max_position_embeddings"], rotary_base=_rotary_base(model, facts["head_dim"]),
         group_size=group_size)
     return config, tensors
+
+
+def _through_casts(producer: dict[str, onnx.NodeProto], tensor: str) -> onnx.NodeProto | None:
+    """The node that makes `tensor`, looking through the Casts cast_precision inserts."""
+    node = producer.get(tensor)
+    while node is not None and node.op_type == "Cast":
+        node = producer.get(node.input[0])
+    return node
 
 
 def _prefix(layer: int, role: str) -> str:
@@ -101,10 +149,13 @@ def _dequantized(ql: QuantizedLinear) -> np.ndarray:
     return w if ql.prequant is None else w * ql.prequant[None, :]
 
 
-def _lm_head(inits: dict[str, onnx.TensorProto], logits: onnx.NodeProto) -> np.ndarray:
-    if logits.op_type != "MatMul" or logits.input[1] not in inits:
+def _lm_head(inits: dict[str, onnx.TensorProto], producer: dict, logits: onnx.NodeProto | None) -> np.ndarray:
+    name = None if logits is None or logits.op_type != "MatMul" else logits.input[1]
+    while name in producer and producer[name].op_type == "Cast":
+        name = producer[name].input[0]
+    if name not in inits:
         raise NotExportable("the LLM's logits are not made by a MatMul with a constant weight")
-    return numpy_helper.to_array(inits[logits.input[1]]).T
+    return numpy_helper.to_array(inits[name]).T
 
 
 def _embedding(ir: ModelIR) -> np.ndarray:
@@ -122,7 +173,7 @@ def _rotary_base(model: onnx.ModelProto, head_dim: int) -> float:
     inits = {t.name: t for t in model.graph.initializer}
     producer = {out: node for node in model.graph.node for out in node.output}
     for cos in (n for n in model.graph.node if n.op_type == "Cos"):
-        mul = producer.get(cos.input[0])
+        mul = _through_casts(producer, cos.input[0])
         for name in (mul.input if mul is not None and mul.op_type == "Mul" else []):
             inv = numpy_helper.to_array(inits[name]).astype(np.float64).reshape(-1) if name in inits else None
             if inv is not None and inv.size == head_dim // 2 and inv.size > 1:

@@ -3,7 +3,8 @@
 A TensorRT segment runs as an engine when engines/index.json holds one whose key matches this host (segment
 digest, profile, compute capability, TensorRT version); otherwise ONNX Runtime runs it and the reason is kept.
 A component without any usable engine runs whole on ONNX Runtime; a split component with some runs segment by
-segment, passing the boundary tensors by name.
+segment, passing the boundary tensors by name. The LLM runs through TensorRT-LLM instead when the bundle plans it
+and engines/index.json holds an engine for its checkpoint, build options and this host (`llm_engine_choice`).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ import numpy as np
 
 from mmtrt.backends.onnxruntime_backend import OrtRunner
 from mmtrt.backends.tensorrt.engines import probe_target, read_index, select
+from mmtrt.backends.trtllm_engines import SEGMENT as TRTLLM, bundle_reason, probe_llm_target, select_llm_engine
 
 
 class SegmentChain:
@@ -39,6 +41,16 @@ def engine_choices(bundle: Path, manifest: dict[str, Any]) -> dict[str, tuple[Pa
         return {}
     target, index = probe_target(), read_index(bundle)
     return {e["id"]: select(bundle, e, target, index) for e in entries}
+
+
+def llm_engine_choice(bundle: Path, manifest: dict[str, Any]) -> tuple[Path | None, str | None]:
+    """The TensorRT-LLM engine folder for the LLM, or None and why not (None, None: the bundle does not plan one)."""
+    if not manifest.get("tensorrt_llm"):
+        return None, None
+    why = bundle_reason(manifest)  # before probing, which imports tensorrt_llm
+    if why:
+        return None, why
+    return select_llm_engine(bundle, manifest, probe_llm_target(), read_index(bundle))
 
 
 def component_runner(bundle: Path, manifest: dict[str, Any], name: str, choices: dict, threads: int | None,

@@ -1,8 +1,8 @@
 """What this host runs of a bundle, decided at load time: the bundle's plan is for the target, this is the host.
 
-A TensorRT segment runs as an engine when one matches this host (`executors.engine_choices`); everything else
-runs on ONNX Runtime, whatever the recipe preferred, since the bundle always carries the ONNX. TensorRT-LLM
-engines are built by `trtllm-build` and are not run by this runtime.
+A TensorRT segment runs as an engine when one matches this host (`executors.engine_choices`), the LLM through
+TensorRT-LLM when its engine does (`executors.llm_engine_choice`); everything else runs on ONNX Runtime, whatever
+the recipe preferred, since the bundle always carries the ONNX.
 """
 
 from __future__ import annotations
@@ -13,9 +13,7 @@ from typing import Any
 
 from mmtrt.backends import unavailable_reason
 from mmtrt.backends.numpy_preprocess import covers
-from mmtrt.runtime.executors import engine_choices
-
-TRTLLM_NOT_RUN = "the mmtrt runtime does not run TensorRT-LLM engines (build them with the trtllm-build command)"
+from mmtrt.runtime.executors import engine_choices, llm_engine_choice
 
 
 def host_backends(bundle: Path, manifest: dict[str, Any], choices: dict | None = None) -> dict[str, str]:
@@ -31,7 +29,11 @@ def host_backends(bundle: Path, manifest: dict[str, Any], choices: dict | None =
         engines = [seg for seg, (engine, _) in planned.items() if engine is not None]
         reasons = sorted({why for engine, why in planned.values() if engine is None})
         if partition.get("planned") == "tensorrt-llm":
-            reasons.append(TRTLLM_NOT_RUN)
+            engine, why = llm_engine_choice(Path(bundle), manifest)
+            if engine is not None:
+                report[comp] = f"tensorrt-llm ({why})"
+                continue
+            reasons.append(f"tensorrt-llm: {why}")
         if engines and len(engines) == len(segments):
             report[comp] = f"tensorrt ({', '.join(engines)})"
         elif engines:

@@ -21,13 +21,14 @@ from mmtrt.errors import UserError
 from mmtrt.ir.spec import TensorSpec
 from mmtrt.partition.shapes import check_shape
 from mmtrt.runtime.batch import Prepared, Request, Sequence, StaticStepper, decode_static
-from mmtrt.runtime.executors import component_runner, engine_choices
+from mmtrt.runtime.executors import TRTLLM, component_runner, engine_choices, llm_engine_choice
 from mmtrt.runtime.image_bounds import check_image
 from mmtrt.runtime.kv import StaticCache, cache_device
 from mmtrt.runtime.paged import PagedCache, PagedStepper, decode_paged
 from mmtrt.runtime.prefix import PrefixCache, prefix_key, prefix_length
 from mmtrt.runtime.prompt import format_prompt, tokenize
 from mmtrt.runtime.tokenizer import BundleTokenizer
+from mmtrt.runtime.trtllm import TrtllmLLM
 
 log = logging.getLogger("mmtrt.runtime")
 STATIC_ON_ORT = ("the static KV cache is bound into one ONNX Runtime session of the whole LLM "
@@ -105,6 +106,20 @@ class Pipeline:
         self.backends["preprocess"] = "numpy" if covers(self.preprocess_spec) else "torchvision"
         self.stepper = self._static_stepper() if self.kv else None
         self.prefixes = PrefixCache(prefix_cache_mib)
+        self.trtllm = self._trtllm()
+
+    def _trtllm(self):
+        """The TensorRT-LLM runner of the LLM where an engine matches this host, else None (the reason logged once).
+        It takes whole prompts, so no image prefix is kept for it."""
+        engine, why = llm_engine_choice(self.path, self.manifest)
+        if engine is None:
+            if why is not None:
+                self.fallbacks[TRTLLM] = why
+                log.log(logging.WARNING if "build-engines" in why else logging.INFO,  # warn where a build fixes it
+                        "the LLM runs on ONNX Runtime, not TensorRT-LLM: %s", why)
+            return None
+        self.backends["llm"], self.prefixes = f"tensorrt-llm ({why})", PrefixCache(0)
+        return TrtllmLLM(engine, self.manifest["tensorrt_llm"], self.model)
 
     def _static_stepper(self):
         runner = self.runners["llm"]
@@ -185,7 +200,9 @@ class Pipeline:
                 prepared.append(self.prepare(i, req, features))
             except UserError as exc:
                 results[i] = Refused(i, str(exc))
-        if isinstance(self.stepper, PagedStepper):
+        if self.trtllm:
+            sequences = self.trtllm.decode(prepared)
+        elif isinstance(self.stepper, PagedStepper):
             sequences = decode_paged(self, self.stepper, prepared)
         else:
             sequences = decode_static(self, self.stepper, prepared) if self.stepper else self._decode_each(prepared)

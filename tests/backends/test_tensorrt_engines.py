@@ -21,6 +21,7 @@ from mmtrt.backends.tensorrt.engines import (
     write_bytes,
     write_index,
 )
+from mmtrt.backends.trtllm_engines import SEGMENT as TRTLLM
 from mmtrt.bundle.manifest import read_manifest, sha256_file
 from mmtrt.cli import main
 from mmtrt.runtime import load
@@ -87,7 +88,8 @@ class Records(logging.Handler):
         self.records.append(record)
 
 
-@pytest.mark.skipif(RUNS_ENGINES, reason="this host runs TensorRT engines: the fallback under test does not happen")
+@pytest.mark.skipif(RUNS_ENGINES or importlib.util.find_spec("tensorrt_llm") is not None,
+                    reason="this host has TensorRT or TensorRT-LLM: the fallback under test does not happen")
 def test_runtime_falls_back_once_and_reports_why(tiny_bundle, rng):
     handler = Records()
     logger = logging.getLogger("mmtrt.runtime")
@@ -99,9 +101,11 @@ def test_runtime_falls_back_once_and_reports_why(tiny_bundle, rng):
         second = pipe.generate(random_image(rng, 40, 50), "ho", max_new_tokens=3)
     finally:
         logger.removeHandler(handler)
-    assert set(first.fallbacks) == {"vision.0", "llm.0"} and first.fallbacks == second.fallbacks
+    assert set(first.fallbacks) == {"vision.0", "llm.0", TRTLLM} and first.fallbacks == second.fallbacks
     assert all("tensorrt" in why for why in first.fallbacks.values())
-    assert len(handler.records) == 1 and "vision.0, llm.0 run on ONNX Runtime" in handler.records[0].getMessage()
+    messages = [r.getMessage() for r in handler.records]  # once per load: the TensorRT segments, the TensorRT-LLM LLM
+    assert len(messages) == 2 and "vision.0, llm.0 run on ONNX Runtime" in messages[0]
+    assert messages[1].startswith("the LLM runs on ONNX Runtime, not TensorRT-LLM: tensorrt_llm")
     assert json.loads(json.dumps(first.to_json()))["fallbacks"] == first.fallbacks
 
 
@@ -130,7 +134,8 @@ def test_trtllm_command_takes_its_limits_from_the_shape_plan(tiny_bundle):
                               "max_num_tokens": dims["batch"]["max"] * dims["seq"]["max"]}
     for key, value in plan["limits"].items():
         assert f"--{key} {value}" in plan["command"]
-    assert plan["checkpoint"] is None and "no TensorRT-LLM checkpoint" in plan["checkpoint_missing"]
+    assert plan["checkpoint"] == "trtllm/checkpoint" and plan["checkpoint_missing"] is None  # the float checkpoint
+    assert "--kv_cache_type paged" in plan["command"] and "--tokens_per_block" not in plan["command"]  # no kv_layout
 
 
 def test_build_and_compare_an_engine_on_a_tensorrt_host(tiny_bundle, tmp_path, rng):

@@ -45,12 +45,12 @@ def test_this_host_is_reported_apart_from_the_plan(here, monkeypatch, rng):
     bundle = here
     host = inspect_json(bundle)["this_host"]
     assert host["vision"].startswith("onnxruntime (") and "tensorrt" in host["vision"]
-    assert "does not run TensorRT-LLM engines" in host["llm"]
+    assert host["llm"].startswith("onnxruntime (") and "tensorrt-llm: tensorrt_llm is not importable" in host["llm"]
     text = describe(bundle)
     assert "planned tensorrt-llm" in text and f"this host: {host['llm']}" in text
-    # a host where TensorRT-LLM imports still does not run it: inspect must not claim it does
+    # the plan's probes saying every backend imports does not make an engine: inspect must not claim one runs
     _everything_importable(monkeypatch)
-    assert "does not run TensorRT-LLM engines" in inspect_json(bundle)["this_host"]["llm"]
+    assert inspect_json(bundle)["this_host"]["llm"].startswith("onnxruntime (")
     monkeypatch.undo()
     result = load(bundle).generate(random_image(rng, 30, 40), "hi", max_new_tokens=2)
     assert len(result.token_ids) >= 1 and np.all(np.array(result.token_ids) >= 0)

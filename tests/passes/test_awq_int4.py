@@ -22,7 +22,7 @@ import torch
 from onnx import numpy_helper
 from pydantic import ValidationError
 
-from builders import read_safetensors, unpack_int4, unpack_int4_rows, unpack_matmulnbits
+from builders import float16_weights, read_safetensors, unpack_int4, unpack_int4_rows, unpack_matmulnbits
 from conftest import ROOT, compile_to
 from mmtrt.backends.onnxruntime_backend import session_options
 from mmtrt.ir.graph import Component, ModelIR, graph_io
@@ -239,46 +239,6 @@ def _numpy_llama(folder, ids):
     return rms(x, t["transformer.ln_f.weight"]) @ t["lm_head.weight"].T
 
 
-def _float16_weights(path):
-    """The graph with every float weight rounded to float16 as the float16 checkpoint stores them (norm weights,
-    INT4 scales, pre-quant scales, the embedding); lm_head, which TensorRT-LLM keeps in float, becomes its
-    dequantized weight rounded to float16. Math stays fp32."""
-    model = onnx.load(path)
-    graph = model.graph
-    inits = {t.name: t for t in graph.initializer}
-    producer = {out: n for n in graph.node for out in n.output}
-    head = producer.get(producer["logits"].input[1]) if "logits" in producer else None
-    if head is not None and head.op_type == "DequantizeLinear":
-        scale = numpy_helper.to_array(inits[head.input[1]])
-        weight = unpack_int4(inits[head.input[0]]) * np.repeat(scale, attr(head, "block_size"), axis=attr(head, "axis"))
-        graph.node.remove(head)
-        logits, prequant = producer["logits"], producer.get(producer["logits"].input[0])
-        if prequant is not None and prequant.op_type == "Mul" and prequant.input[1] in inits:
-            # the checkpoint folds lm_head's pre-quant scale into its float weight
-            weight = numpy_helper.to_array(inits[prequant.input[1]])[:, None] * weight
-            logits.input[0] = prequant.input[0]
-        graph.initializer.append(numpy_helper.from_array(weight.astype(np.float32), head.output[0]))
-    for t in graph.initializer:
-        if t.data_type == onnx.TensorProto.FLOAT and t.name not in _position_constants(graph):
-            t.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(t).astype(np.float16).astype(np.float32), t.name))
-    return model.SerializeToString()
-
-
-def _position_constants(graph):
-    """Constants of the rotary angles (inv_freq): read by nodes downstream of position_ids; not checkpoint tensors."""
-    def downstream(start):
-        reached = {start}
-        for node in graph.node:  # topological order
-            if reached & set(node.input):
-                reached |= set(node.output)
-        return reached
-
-    hidden = downstream("inputs_embeds")
-    positions = downstream("position_ids") - hidden
-    return {name for node in graph.node if positions & set(node.input) and not hidden & set(node.output)
-            for name in node.input}
-
-
 def test_trtllm_dtype_float32_is_refused_at_plan_time():
     with pytest.raises(ValueError, match="W4A16 kernels take float16 or bfloat16"):
         AwqInt4Config(trtllm_dtype="float32")
@@ -301,9 +261,9 @@ def test_trtllm_checkpoint_reproduces_onnx_logits(tensorrt_bundle, tiny, rng):
     assert config["rotary_base"] == text.rope_parameters["rope_theta"]
 
     ids = rng.integers(0, 256, size=13)
-    embed = ort.InferenceSession(_float16_weights(tensorrt_bundle / "embed.onnx"), providers=["CPUExecutionProvider"])
+    embed = ort.InferenceSession(float16_weights(tensorrt_bundle / "embed.onnx"), providers=["CPUExecutionProvider"])
     embeds = embed.run(None, {"input_ids": ids[None]})[0]
-    llm = ort.InferenceSession(_float16_weights(tensorrt_bundle / "llm.onnx"),
+    llm = ort.InferenceSession(float16_weights(tensorrt_bundle / "llm.onnx"),
                                session_options(None, spin=False, exact_int4=True), providers=["CPUExecutionProvider"])
     onnx_logits = llm.run(["logits"], _llm_feeds(embeds, tiny))[0][0]
     np.testing.assert_allclose(_numpy_llama(folder, ids), onnx_logits, rtol=1e-4, atol=1e-4 * np.abs(onnx_logits).max())

@@ -219,6 +219,9 @@ std::unique_ptr<Bundle::Impl> Bundle::load_impl(const std::string& path, const L
   const auto choices = engine_choices(impl->root, m);
   for (const auto& [segment, choice] : choices)
     if (choice.engine.empty()) impl->fallbacks.emplace_back(segment, choice.why);
+  // The Python runtime's key for the LLM's TensorRT-LLM engine: this runtime never runs one, and says so.
+  if (m.raw.contains("tensorrt_llm") && !m.raw.at("tensorrt_llm").is_null())
+    impl->fallbacks.emplace_back("llm (tensorrt-llm)", "the C++ runtime does not run TensorRT-LLM engines");
   const SessionSettings settings{options.threads, options.spin};
   for (const char* name : {"vision", "embed", "llm"}) {
     impl->runners[name] = component_runner(impl->root, m, name, choices, settings);
