@@ -61,13 +61,13 @@ def main(argv=None) -> int:
     with tempfile.TemporaryDirectory(prefix="bench-recovery-") as tmp:
         data = {**yaml.safe_load(RECIPE.read_text()), "partition": ORT_ONLY}
         (Path(tmp) / "recipe.yaml").write_text(yaml.safe_dump(data))
-        recipe = load_recipe(Path(tmp) / "recipe.yaml")
-        model, processor = load_source(recipe.model, ROOT)
+        recipe, recipe_dir = load_recipe(Path(tmp) / "recipe.yaml")
+        model, processor = load_source(recipe.model, recipe_dir)
         base = lower(model, processor)
         annotate(base, recipe.partition)
         passes = plan_passes(recipe, set(FRONTEND_PROPERTIES), set(COMPONENTS))
         run_passes(passes.passes, base, [])
-        plan = Plan(recipe, Path(tmp), base.config, passes, assign_backends(recipe.partition, list(COMPONENTS)))
+        plan = Plan(recipe, recipe_dir, base.config, passes, assign_backends(recipe.partition, list(COMPONENTS)))
 
         def measured(ir, label: str) -> dict:
             folder = Path(tmp) / label.replace(" ", "_")

@@ -20,10 +20,8 @@ import onnx
 import torch
 from onnx import numpy_helper
 
-from mmtrt.errors import UserError
 from mmtrt.ir.export import VisionWithProjector
 from mmtrt.ir.graph import ModelIR
-from mmtrt.ir.rewrite import producers
 from mmtrt.progress import track
 from mmtrt.quant.calibration import _llm_feeds, _tokenizer, run_with_outputs, session
 
@@ -44,33 +42,6 @@ class Sample:
     x: np.ndarray               # projector input of the lossy vision graph, [1, tokens, K]
     ids: np.ndarray             # prompt ids with the IR's image-token count
     teacher: torch.Tensor       # source logits at the positions after the image, [P, V]
-
-
-def find_site(vision: onnx.ModelProto, projector: torch.nn.Module) -> Site:
-    """The projector's MatMul/Add initializers on the path from its first MatMul to the graph's output."""
-    from passes.vision.token_prune import projector_entry
-
-    graph = vision.graph
-    entry = projector_entry(graph)
-    inits = {t.name: t for t in graph.initializer}
-    made = producers(graph)
-    slots, name = [], graph.output[0].name
-    while name in made:
-        node = made[name]
-        if node.op_type in ("MatMul", "Add"):
-            slots += [(node, k) for k, i in enumerate(node.input) if i in inits]
-        if node is entry:
-            break
-        name = next((i for i in node.input if i in made and made[i].op_type != "Constant"), None)
-    slots.reverse()
-    names = [node.input[k] for node, k in slots]
-    params = list(projector.parameters())
-    shapes = [tuple(inits[n].dims) for n in names]
-    wanted = [tuple(p.shape[::-1]) for p in params]
-    if shapes != wanted or any(inits[n].data_type != onnx.TensorProto.FLOAT for n in names):
-        raise UserError(f"recover: the vision graph's projector ({shapes}) is not the source's float projector "
-                        f"({wanted}); place recover before passes that quantize or cast the vision component")
-    return Site(entry.input[0], names, slots)
 
 
 def load_projector(vision: onnx.ModelProto, site: Site, source_projector: torch.nn.Module) -> torch.nn.Module:

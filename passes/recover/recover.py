@@ -15,13 +15,16 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
+import onnx
 from pydantic import Field
 
 from mmtrt.errors import UserError
 from mmtrt.ir.graph import ModelIR
+from mmtrt.ir.rewrite import producers
 from mmtrt.pipeline.pass_base import Pass, PassConfig
 from mmtrt.pipeline.source import current_source
 from mmtrt.recover import distill
+from passes.vision.token_prune import projector_entry
 
 
 class RecoverConfig(PassConfig):
@@ -48,7 +51,7 @@ class Recover(Pass):
             raise UserError("recover needs the source model, which only `mmtrt compile` holds; run it from a recipe")
         llava = source[0]
         vision = ir.components["vision"].onnx
-        site = distill.find_site(vision, llava.model.multi_modal_projector)
+        site = find_site(vision, llava.model.multi_modal_projector)
         projector = distill.load_projector(vision, site, llava.model.multi_modal_projector)
         fit, held = self._data(ir, llava, site)
         student = distill.Student(ir, llava, projector, cfg.loss)
@@ -78,3 +81,28 @@ class Recover(Pass):
                             f"({len(shown)} images); lower them")
         data = distill.samples(ir, llava, site, shown)
         return data[:cfg.samples], data[cfg.samples:]
+
+
+def find_site(vision: onnx.ModelProto, projector) -> distill.Site:
+    """The projector's MatMul/Add initializers on the path from its first MatMul to the graph's output."""
+    graph = vision.graph
+    entry = projector_entry(graph)
+    inits = {t.name: t for t in graph.initializer}
+    made = producers(graph)
+    slots, name = [], graph.output[0].name
+    while name in made:
+        node = made[name]
+        if node.op_type in ("MatMul", "Add"):
+            slots += [(node, k) for k, i in enumerate(node.input) if i in inits]
+        if node is entry:
+            break
+        name = next((i for i in node.input if i in made and made[i].op_type != "Constant"), None)
+    slots.reverse()
+    names = [node.input[k] for node, k in slots]
+    params = list(projector.parameters())
+    shapes = [tuple(inits[n].dims) for n in names]
+    wanted = [tuple(p.shape[::-1]) for p in params]
+    if shapes != wanted or any(inits[n].data_type != onnx.TensorProto.FLOAT for n in names):
+        raise UserError(f"recover: the vision graph's projector ({shapes}) is not the source's float projector "
+                        f"({wanted}); place recover before passes that quantize or cast the vision component")
+    return distill.Site(entry.input[0], names, slots)

@@ -26,7 +26,7 @@ from mmtrt.ir.frontend import lower
 from mmtrt.pipeline.source import source_model
 from mmtrt.quant.calibration import _llm_feeds, session
 from mmtrt.recover import distill
-from passes.recover.recover import Recover, RecoverConfig
+from passes.recover.recover import Recover, RecoverConfig, find_site
 from passes.vision.token_prune import TokenPrune, TokenPruneConfig
 
 CONFIG = RecoverConfig(samples=12, heldout=6, epochs=3, batch=2, lr=3e-3)
@@ -72,7 +72,7 @@ def heldout_kl(ir, llava) -> float:
 
     shown = digits.samples("train", 48)[40:]
     transform = build_transform(ir.components["preprocess"].spec)
-    site = distill.find_site(ir.components["vision"].onnx, llava.model.multi_modal_projector)
+    site = find_site(ir.components["vision"].onnx, llava.model.multi_modal_projector)
     teacher = distill.samples(ir, llava, site, [(img, digits.PROMPT) for img, _ in shown])
     vision, embed, llm = (session(ir.components[n].onnx) for n in ("vision", "embed", "llm"))
     token = ir.config["image_token_id"]
