@@ -112,8 +112,8 @@ def _source_logits(llava, embeds: torch.Tensor) -> torch.Tensor:
 class Student:
     """The lossy IR's LLM (ONNX Runtime) fed by a PyTorch projector."""
 
-    def __init__(self, ir: ModelIR, llava, projector: torch.nn.Module, loss: str):
-        self.ir, self.llava, self.projector, self.loss = ir, llava, projector, loss
+    def __init__(self, ir: ModelIR, llava, projector: torch.nn.Module, loss: str, positions: str):
+        self.ir, self.llava, self.projector, self.loss, self.positions = ir, llava, projector, loss, positions
         self.llm, self.embed = session(ir.components["llm"].onnx), session(ir.components["embed"].onnx)
         self.image_token_id = ir.config["image_token_id"]
 
@@ -125,17 +125,21 @@ class Student:
 
     def _lossy_logits(self, embeds: torch.Tensor, s: Sample) -> torch.Tensor:
         feeds = _llm_feeds(self.ir, embeds.detach().numpy()[None])
-        return torch.from_numpy(self.llm.run(None, feeds)[0][0])[after_image(s.ids, self.image_token_id)]
+        return self._pick(torch.from_numpy(self.llm.run(None, feeds)[0][0])[after_image(s.ids, self.image_token_id)])
+
+    def _pick(self, after: torch.Tensor) -> torch.Tensor:
+        """The compared positions among those after the image: the last (where the answer is predicted) or all."""
+        return after[-1:] if self.positions == "last" else after
 
     def loss_and_grad(self, s: Sample, lossy: torch.Tensor) -> tuple[float, torch.Tensor]:
         """The distillation loss at the lossy logits, and its gradient with respect to them."""
-        lossy = lossy.detach().clone().requires_grad_(True)
+        lossy, teacher = lossy.detach().clone().requires_grad_(True), self._pick(s.teacher)
         with torch.enable_grad():
             if self.loss == "kl":
-                value = torch.nn.functional.kl_div(lossy.log_softmax(-1), s.teacher.log_softmax(-1),
+                value = torch.nn.functional.kl_div(lossy.log_softmax(-1), teacher.log_softmax(-1),
                                                    log_target=True, reduction="batchmean")
             else:
-                value = torch.nn.functional.mse_loss(lossy, s.teacher)
+                value = torch.nn.functional.mse_loss(lossy, teacher)
             value.backward()
         return value.item(), lossy.grad
 
@@ -148,7 +152,7 @@ class Student:
         embeds = self._embeds(s)
         value, grad = self.loss_and_grad(s, self._lossy_logits(embeds, s))
         with frozen(self.llava):
-            surrogate = _source_logits(self.llava, embeds)[after_image(s.ids, self.image_token_id)]
+            surrogate = self._pick(_source_logits(self.llava, embeds)[after_image(s.ids, self.image_token_id)])
             (surrogate * grad).sum().backward()
         return value
 

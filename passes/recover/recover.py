@@ -35,6 +35,7 @@ class RecoverConfig(PassConfig):
     batch: int = Field(4, ge=1, description="Images per optimizer step.")
     lr: float = Field(1e-4, gt=0, description="Adam's learning rate.")
     loss: Literal["kl", "mse"] = Field("kl", description="Distillation loss on the logits after the image: `kl` (KL divergence from the source's distribution) or `mse` (squared logit error).")
+    positions: Literal["last", "after_image"] = Field("last", description="Logits compared: `last` (the prompt's last position, where the answer's first token is predicted) or `after_image` (every prompt position after the image; on dino-smollm after channel_prune it lowered that loss but cost digits accuracy, README).")
     seed: int = Field(0, description="Seed of the sample order and of PyTorch's generator (same seed, same bundle).")
 
 
@@ -54,7 +55,7 @@ class Recover(Pass):
         site = find_site(vision, llava.model.multi_modal_projector)
         projector = distill.load_projector(vision, site, llava.model.multi_modal_projector)
         fit, held = self._data(ir, llava, site)
-        student = distill.Student(ir, llava, projector, cfg.loss)
+        student = distill.Student(ir, llava, projector, cfg.loss, cfg.positions)
         result = distill.train(student, fit, held, cfg.epochs, cfg.batch, cfg.lr, cfg.seed)
         written = distill.write_back(vision, site, projector)
         curve = result["heldout_loss_per_epoch"]
@@ -63,6 +64,7 @@ class Recover(Pass):
                         "parameters": sum(p.numel() for p in projector.parameters())},
             "samples": {"train": len(fit), "heldout": len(held), "split": "digits train (disjoint slices)"},
             "loss": cfg.loss,
+            "positions": cfg.positions,
             "heldout_loss_before": curve[0],
             "heldout_loss_after": curve[result["best_epoch"]],
             "recovered_fraction": float(f"{1 - curve[result['best_epoch']] / curve[0]:.4g}") if curve[0] else 0.0,

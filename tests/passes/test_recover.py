@@ -66,7 +66,7 @@ def _inits(model: onnx.ModelProto) -> dict[str, bytes]:
 
 
 def heldout_kl(ir, llava) -> float:
-    """Mean KL(source || IR) at the positions after the image, on train-split images 40..47: the IR's whole vision,
+    """Mean KL(source || IR) at the prompt's last position (recover's default objective), on train-split images 40..47: the IR's whole vision,
     embed and LLM graphs in ONNX Runtime against the source's logits (from distill.samples, PyTorch eager)."""
     from mmtrt.backends.torchvision_backend import build_transform
 
@@ -81,8 +81,8 @@ def heldout_kl(ir, llava) -> float:
         features = vision.run(None, {"pixel_values": transform(img.convert("RGB"))[None].numpy()})[0][0]
         e = embed.run(None, {"input_ids": s.ids[None]})[0][0]
         e[s.ids == token] = features
-        logits = torch.from_numpy(llm.run(None, _llm_feeds(ir, e[None]))[0][0])[distill.after_image(s.ids, token)]
-        values.append(torch.nn.functional.kl_div(logits.log_softmax(-1), s.teacher.log_softmax(-1),
+        logits = torch.from_numpy(llm.run(None, _llm_feeds(ir, e[None]))[0][0])[-1:]
+        values.append(torch.nn.functional.kl_div(logits.log_softmax(-1), s.teacher[-1:].log_softmax(-1),
                                                  log_target=True, reduction="batchmean").item())
     return float(np.mean(values))
 
