@@ -14,6 +14,7 @@ from mmtrt.bundle.manifest import SCHEMA_VERSION, toolchain_versions
 from mmtrt.eval.budget import Evaluate, check_budgets
 from mmtrt.eval.options import load_suite_data, suite_options
 from mmtrt.eval.userdata import Sample
+from mmtrt.pipeline.source import source_model
 from mmtrt.ir.frontend import COMPONENTS, FRONTEND_PROPERTIES, describe_source, load_source, lower
 from mmtrt.ir.graph import ModelIR
 from mmtrt.partition.assign import assign_backends
@@ -93,7 +94,7 @@ def compile_recipe(recipe_path: str | Path, out: str | Path, force: bool = False
         if evaluator:
             evaluator.measure_baseline(ir)
             instruments.append(evaluator)
-        with recipe_data(plan.calibration):
+        with recipe_data(plan.calibration), source_model(model, processor):
             reports = run_passes(plan.passes.passes, ir, instruments)
         evaluation = evaluator.summary() if evaluator else None
         with stage("writing the bundle"):

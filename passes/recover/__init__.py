@@ -1,0 +1,1 @@
+"""Passes that fit parameters back after lossy passes."""
