@@ -1,0 +1,144 @@
+"""token_prune's criteria: a score per image token, [num_images, tokens], higher kept, in standard ONNX ops.
+
+`cls_attention`: the attention [CLS] pays a patch at one encoder layer, mean over heads, softmax(q_cls K^T) from
+that layer's Attention inputs (O(H N d), no N x N map). `norm`: the L2 norm of a token's feature before the
+projector. `random`: a fixed-seed draw, the baseline a criterion must beat. `attention_entropy`: how sharply a
+patch's own attention row focuses at that layer, log(S) - H with H = -sum_j p_j log p_j over the S keys, mean
+over heads (O(H N^2 d)); 0 for a uniform row, log(S) for a one-hot one. Every score is >= 0, so a dynamic budget
+can take shares of its total.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+import onnx
+from onnx import TensorProto, helper, numpy_helper
+
+from mmtrt.errors import UserError
+from mmtrt.ir.flops import concrete
+from mmtrt.ir.rewrite import attr
+
+PREFIX = "token_prune"
+FLOAT = TensorProto.FLOAT
+ATTENTION_CRITERIA = ("cls_attention", "attention_entropy")
+
+
+class Facts:
+    """Shapes and types of every tensor at one image, from shape inference."""
+
+    def __init__(self, model: onnx.ModelProto):
+        inferred = concrete(model, {"num_images": 1})
+        values = [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]
+        self.types = {v.name: v.type.tensor_type.elem_type for v in values}
+        self.shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in values}
+
+    def shape(self, name: str) -> list[int]:
+        return self.shapes[name]
+
+
+class Builder:
+    """Appends nodes and constants under names no tensor or node of the graph uses yet."""
+
+    def __init__(self, graph: onnx.GraphProto):
+        self.graph, self.count = graph, 0
+        self.taken = {n.name for n in graph.node} | {o for n in graph.node for o in n.output} | {
+            t.name for t in graph.initializer} | {v.name for v in graph.input}
+
+    def _name(self, kind: str) -> str:
+        while f"{PREFIX}/{kind}_{self.count}" in self.taken:
+            self.count += 1
+        self.taken.add(name := f"{PREFIX}/{kind}_{self.count}")
+        return name
+
+    def const(self, value) -> str:
+        name = self._name("const")
+        self.graph.initializer.append(numpy_helper.from_array(np.asarray(value), name))
+        return name
+
+    def op(self, op_type: str, inputs: list[str], outputs: int = 1, **attrs) -> Any:
+        names = [self._name(op_type) for _ in range(outputs)]
+        self.graph.node.append(helper.make_node(op_type, inputs, names, name=names[0], **attrs))
+        return names[0] if outputs == 1 else names
+
+    def slice(self, data: str, start: int, end: int, axis: int) -> str:
+        return self.op("Slice", [data, self.const([start]), self.const([end]), self.const([axis])])
+
+    def topk(self, data: str, k: int | str, largest: int = 1) -> list[str]:
+        count = k if isinstance(k, str) else self.const([k])
+        return self.op("TopK", [data, count], outputs=2, axis=-1, largest=largest, sorted=1)
+
+
+def attention_node(graph: onnx.GraphProto, layer: int, tokens: int, cls: int, facts: Facts) -> onnx.NodeProto:
+    """The Attention node of encoder layer `layer`: layers are a chain, so the n-th in graph order, before
+    dead_layer_elimination or after it (which only removes later layers)."""
+    nodes = [n for n in graph.node if n.op_type == "Attention"]
+    if len(nodes) <= layer:
+        raise ValueError(f"vision graph has {len(nodes)} Attention nodes; encoder layer {layer} is missing")
+    node = nodes[layer]
+    query, key = facts.shape(node.input[0]), facts.shape(node.input[1])
+    if attr(node, "is_causal", 0) or attr(node, "softcap", 0.0) or len(query) != 4 or query[1] != key[1]:
+        raise UserError("the vision encoder's attention is causal, soft-capped, 3D or grouped, which token_prune "
+                        "cannot read scores from; use method: norm without merge")
+    if key[2] != tokens + cls:
+        raise ValueError(f"encoder layer {layer} attends over {key[2]} tokens, not {tokens + cls}")
+    return node
+
+
+def scores(b: Builder, method: str, features: str, node: onnx.NodeProto | None, facts: Facts, tokens: int, cls: int,
+           seed: int) -> str:
+    if method == "cls_attention":
+        return cls_attention(b, node, facts, tokens, cls)
+    if method == "attention_entropy":
+        return attention_entropy(b, node, facts, tokens, cls)
+    if method == "norm":
+        return b.op("ReduceL2", [b.op("Cast", [features], to=FLOAT), b.const([2])], keepdims=0)
+    return random_scores(b, features, tokens, seed)
+
+
+def _logits(b: Builder, node: onnx.NodeProto, facts: Facts, queries: str | None) -> tuple[str, str]:
+    """Scaled q K^T of the layer for the given query rows (all when None), with the layer's mask applied."""
+    query, key = (b.op("Cast", [name], to=FLOAT) for name in node.input[:2])
+    scale = attr(node, "scale") or 1 / math.sqrt(facts.shape(node.input[0])[-1])
+    rows = query if queries is None else b.slice(query, 0, 1, axis=2)
+    logits = b.op("MatMul", [rows, b.op("Transpose", [key], perm=[0, 1, 3, 2])])
+    logits = b.op("Mul", [logits, b.const(np.float32(scale))])
+    mask = node.input[3] if len(node.input) > 3 else ""
+    if mask:
+        mask_rows = mask if queries is None else b.slice(mask, 0, 1, axis=-2)
+        logits = _masked(b, logits, mask_rows, facts.types[mask])
+    return logits, query
+
+
+def cls_attention(b: Builder, node: onnx.NodeProto, facts: Facts, tokens: int, cls: int) -> str:
+    """Per patch, the attention weight from [CLS] at this layer, mean over heads."""
+    logits, _ = _logits(b, node, facts, "cls")
+    weights = b.op("ReduceMean", [b.op("Softmax", [logits], axis=-1), b.const([1, 2])], keepdims=0)
+    return b.slice(weights, cls, tokens + cls, axis=1)
+
+
+def attention_entropy(b: Builder, node: onnx.NodeProto, facts: Facts, tokens: int, cls: int) -> str:
+    """Per patch, log(S) minus the entropy of its own attention row over the S keys, mean over heads."""
+    logits, _ = _logits(b, node, facts, None)
+    logits = b.slice(logits, cls, tokens + cls, axis=2)
+    log_p = b.op("LogSoftmax", [logits], axis=-1)
+    entropy = b.op("Neg", [b.op("ReduceSum", [b.op("Mul", [b.op("Exp", [log_p]), log_p]), b.const([3])],
+                                keepdims=0)])
+    confidence = b.op("Sub", [b.const(np.float32(math.log(tokens + cls))), entropy])
+    return b.op("Relu", [b.op("ReduceMean", [confidence, b.const([1])], keepdims=0)])
+
+
+def _masked(b: Builder, logits: str, mask_rows: str, mask_type: int) -> str:
+    """Apply the layer's attention mask as the Attention op does: a boolean keeps, a float adds."""
+    if mask_type == TensorProto.BOOL:
+        return b.op("Where", [mask_rows, logits, b.const(np.finfo(np.float32).min)])
+    return b.op("Add", [logits, b.op("Cast", [mask_rows], to=FLOAT)])
+
+
+def random_scores(b: Builder, features: str, tokens: int, seed: int) -> str:
+    """A fixed draw per token, the same for every image: its top k is a uniformly random k-subset."""
+    draw = np.random.default_rng(seed).random(tokens, dtype=np.float32)
+    shape = b.op("Concat", [b.op("Shape", [features], end=1), b.const([tokens])], axis=0)
+    return b.op("Expand", [b.const(draw), shape])
