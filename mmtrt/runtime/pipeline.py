@@ -37,6 +37,7 @@ class Generation:
     token_ids: list[int]
     prompt_tokens: int
     timings: dict[str, float]
+    image_tokens: int = 0  # the image's tokens in the prompt (its own count under a dynamic token budget)
     backends: dict[str, str] = field(default_factory=dict)
     fallbacks: dict[str, str] = field(default_factory=dict)
     # per token, the top-2 logit margin of the step that chose it (a near tie may flip between kernels)
@@ -44,7 +45,7 @@ class Generation:
 
     def to_json(self) -> dict[str, Any]:
         return {"text": self.text, "token_ids": self.token_ids, "prompt_tokens": self.prompt_tokens,
-                "timings": self.timings, "backends": self.backends, "fallbacks": self.fallbacks}
+                "image_tokens": self.image_tokens, "timings": self.timings, "backends": self.backends, "fallbacks": self.fallbacks}
 
 
 @dataclass
@@ -104,6 +105,9 @@ class Pipeline:
         self.backends["preprocess"] = "torchvision"
         self.stepper = self._static_stepper() if self.kv else None
         self.prefixes = PrefixCache(prefix_cache_mib)
+        # token_prune's dynamic budget: the vision output is a padded block with a per-image count
+        self.dynamic_tokens = any(o["name"] == "image_token_count"
+                                  for o in self.manifest["components"]["vision"]["outputs"])
 
     def _static_stepper(self):
         runner = self.runners["llm"]
@@ -136,7 +140,17 @@ class Pipeline:
         return self.transform(img)[None].numpy()
 
     def image_features(self, pixels: np.ndarray) -> np.ndarray:
-        return self._run("vision", {"pixel_values": pixels})["image_features"]
+        """The image's tokens [1, count, D]: under a dynamic budget the first `image_token_count` of the block."""
+        out = self._run("vision", {"pixel_values": pixels})
+        if not self.dynamic_tokens:
+            return out["image_features"]
+        return out["image_features"][:, :int(out["image_token_count"][0])]
+
+    def fit_image_tokens(self, ids: list[int], count: int) -> list[int]:
+        """The prompt with its expanded placeholder cut to `count` image tokens (one token id each)."""
+        token = self.model["image_token_id"]
+        first, total = ids.index(token), ids.count(token)
+        return ids[:first] + [token] * count + ids[first + total:]
 
     def embed(self, ids: np.ndarray, features: np.ndarray | None = None) -> np.ndarray:
         embeds = self._run("embed", {"input_ids": ids})["inputs_embeds"]
@@ -204,13 +218,17 @@ class Pipeline:
         t0 = time.perf_counter()
         pixels = self.pixel_values(req.image)
         t1 = time.perf_counter()
+        features = self.image_features(pixels) if self.dynamic_tokens else None
+        if features is not None:
+            ids = self.fit_image_tokens(ids, features.shape[1])
         n = prefix_length(ids, self.model["image_token_id"]) if self.stepper and self.prefixes.limit else 0
         key = prefix_key(pixels, ids, n) if n else None
         stored = self.prefixes.get(key) if key else None
         if stored is not None:
             embeds = self.embed(np.array([ids[n:]], np.int64))
         else:
-            embeds = self.embed(np.array([ids], np.int64), self.image_features(pixels))
+            embeds = self.embed(np.array([ids], np.int64), features if features is not None else
+                                self.image_features(pixels))
         t2 = time.perf_counter()
         prep = Prepared(index, ids, embeds, max_new, {"preprocess_ms": 1e3 * (t1 - t0), "vision_ms": 1e3 * (t2 - t1)},
                         key, n, stored)
@@ -249,7 +267,8 @@ class Pipeline:
         timings = {**seq.prep.timings, "decode_ms_per_token": 1e3 * seq.decode_s / max(len(seq.tokens) - 1, 1)}
         text = self.tokenizer.decode(seq.tokens, skip_special_tokens=True)
         return Generation(text, seq.tokens, len(seq.prep.ids), {k: round(v, 3) for k, v in timings.items()},
-                          dict(self.backends), dict(self.fallbacks), seq.margins)
+                          seq.prep.ids.count(self.model["image_token_id"]), dict(self.backends),
+                          dict(self.fallbacks), seq.margins)
 
     def _decode(self, logits: np.ndarray, cache: dict[str, np.ndarray], seq: Sequence) -> None:
         eos = set(self.model["eos_token_ids"])
