@@ -77,6 +77,18 @@ class Builder:
         return self.op("TopK", [data, count], outputs=2, axis=-1, largest=largest, sorted=1)
 
 
+def encoder_layer(layer: int | None, vision: dict[str, Any]) -> int:
+    """hidden_states[0] is the embedding and hidden_states[i] the output of encoder layer i - 1."""
+    count = vision["num_layers"] + 1
+    feature = vision["feature_layer"] % count
+    if layer is None:
+        return feature - 1
+    if not -count <= layer < count or not 1 <= layer % count <= feature:
+        raise UserError(f"layer {layer} is not an encoder layer up to the feature layer; give a hidden-state index "
+                        f"from 1 to {feature} (or {1 - count} to {feature - count} from the end)")
+    return layer % count - 1
+
+
 def attention_node(graph: onnx.GraphProto, layer: int, tokens: int, cls: int, facts: Facts) -> onnx.NodeProto:
     """The Attention node of encoder layer `layer`: layers are a chain, so the n-th in graph order, before
     dead_layer_elimination or after it (which only removes later layers)."""

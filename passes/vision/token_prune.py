@@ -28,7 +28,7 @@ from mmtrt.errors import UserError
 from mmtrt.ir.graph import ModelIR, graph_io
 from mmtrt.ir.rewrite import cleanup, producers
 from mmtrt.pipeline.pass_base import Pass, PassConfig
-from passes.vision.token_criteria import ATTENTION_CRITERIA, Builder, Facts, attention_node, saliency
+from passes.vision.token_criteria import ATTENTION_CRITERIA, Builder, Facts, attention_node, encoder_layer, saliency
 from passes.vision.token_criteria import scores as criterion
 
 # VisionZip's split of a 64-token budget: 54 dominant and 10 contextual tokens.
@@ -117,12 +117,12 @@ def plan_budget(config: TokenPruneConfig, vision: dict[str, Any]) -> Budget:
         raise UserError(f"method cls_attention needs a vision tower with a [CLS] token that LLaVA drops "
                         f"(vision_feature_select_strategy 'default'); this {vision['model_type']} tower uses "
                         f"'{vision['select_strategy']}'; use method: norm")
-    layer = _encoder_layer(config.layer, vision)
+    layer = encoder_layer(config.layer, vision)
     if config.budget == "dynamic":
         most = config.max or tokens
-        if most > tokens:
-            raise UserError(f"max {most} asks for more than the {tokens} image tokens the vision component yields; "
-                            f"give max at most {tokens}")
+        if not (config.min or 1) <= most <= tokens:
+            raise UserError(f"min {config.min or 1} and max {most} do not fit the {tokens} image tokens the vision "
+                            f"component yields; give 1 <= min <= max <= {tokens}")
         return Budget(tokens, most, 0, layer, cls, config.method in ATTENTION_CRITERIA, config.mass, config.min or 1)
     kept = config.keep if isinstance(config.keep, int) else max(1, round(config.keep * tokens))
     if kept > tokens:
@@ -136,18 +136,6 @@ def plan_budget(config: TokenPruneConfig, vision: dict[str, Any]) -> Budget:
                             f"{kept} kept; lower contextual_tokens or raise keep")
     reads_attention = config.method in ATTENTION_CRITERIA or contextual > 0
     return Budget(tokens, kept, contextual, layer, cls, reads_attention)
-
-
-def _encoder_layer(layer: int | None, vision: dict[str, Any]) -> int:
-    """hidden_states[0] is the embedding and hidden_states[i] the output of encoder layer i - 1."""
-    count = vision["num_layers"] + 1
-    feature = vision["feature_layer"] % count
-    if layer is None:
-        return feature - 1
-    if not -count <= layer < count or not 1 <= layer % count <= feature:
-        raise UserError(f"layer {layer} is not an encoder layer up to the feature layer; give a hidden-state index "
-                        f"from 1 to {feature} (or {1 - count} to {feature - count} from the end)")
-    return layer % count - 1
 
 
 class TokenPrune(Pass):

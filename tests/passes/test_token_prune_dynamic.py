@@ -15,6 +15,7 @@ from conftest import ROOT, compile_to
 from mmtrt.cli import main
 from mmtrt.errors import UserError
 from mmtrt.ir.frontend import lower
+from mmtrt.partition.placement import place_component
 from mmtrt.pipeline.instruments import verify_ir
 from mmtrt.runtime import load
 from mmtrt.runtime.batch import Request
@@ -213,3 +214,14 @@ def test_an_unreadable_saliency_model_is_refused_naming_the_fix(clip_ir, tmp_pat
     (tmp_path / "bad.onnx").write_text("not onnx")
     with pytest.raises(UserError, match="cannot be read as ONNX"):
         prune(copy.deepcopy(clip_ir), keep=5, method="saliency", saliency_model=str(tmp_path / "bad.onnx"))
+
+
+@pytest.mark.parametrize("config", [{"budget": "dynamic", "mass": 0.9, "max": 32},
+                                    {"keep": 16, "method": "attention_entropy"}])
+def test_the_new_selections_are_placeable_on_tensorrt(config, clip_ir):
+    ir = copy.deepcopy(clip_ir)
+    prune(ir, **config)
+    placement = place_component(ir.components["vision"])
+    refused = [(n.name, v.reason) for n, v in zip(ir.components["vision"].onnx.graph.node, placement.verdicts)
+               if n.name.startswith(("token_prune/", "image_token_count")) and v is not None]
+    assert not refused and len(placement.segments) == 1
