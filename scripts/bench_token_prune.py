@@ -39,6 +39,7 @@ METHODS = {
     "norm": {"method": "norm"},
     "random": {"method": "random"},
     "attention_entropy": {"method": "attention_entropy"},
+    "saliency": {"method": "saliency"},
     "cls_attention+merge": {"method": "cls_attention", "merge": "contextual"},
 }
 
