@@ -29,9 +29,20 @@ def result(suite: str, pipe: Pipeline, metrics: dict[str, float], samples: dict[
 def digits_suite(pipe: Pipeline, limit: int | None = None, **_) -> dict[str, Any]:
     """Answer accuracy on the held-out digits: the first digit in the greedy answer must be the label."""
     data = digits.samples("heldout", limit, page=pipe.image_side)
-    correct = sum(digits.parse_answer(pipe.generate(img, digits.PROMPT, max_new_tokens=4).text) == label
-                  for img, label in track(data, "digits images", total=len(data)))
-    return result("digits", pipe, {"accuracy_pct": round(100 * correct / len(data), 2)}, {"images": len(data)})
+    answers = [pipe.generate(img, digits.PROMPT, max_new_tokens=4) for img, _ in track(data, "digits images",
+                                                                                         total=len(data))]
+    correct = sum(digits.parse_answer(a.text) == label for a, (_, label) in zip(answers, data))
+    metrics = {"accuracy_pct": round(100 * correct / len(data), 2)}
+    if pipe.dynamic_tokens:
+        metrics.update(kept_tokens(a.image_tokens for a in answers))
+    return result("digits", pipe, metrics, {"images": len(data)})
+
+
+def kept_tokens(counts) -> dict[str, float]:
+    """The spread of image tokens kept per image under token_prune's dynamic budget."""
+    counts = np.fromiter(counts, np.int64)
+    return {"kept_tokens_mean": round(float(counts.mean()), 2), "kept_tokens_min": int(counts.min()),
+            "kept_tokens_max": int(counts.max())}
 
 
 def reference_text() -> str:

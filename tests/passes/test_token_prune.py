@@ -23,43 +23,7 @@ from mmtrt.runtime import load
 from mmtrt.zoo.tiny_llava import build_tiny_llava
 from passes.vision.token_prune import TokenPrune, plan_budget, projector_entry
 
-HEADS, HEAD_DIM, GRID = 2, 4, 12
-
-
-def run(model, feeds, extra=()):
-    """All outputs of `model`, plus the named intermediate tensors."""
-    m = copy.deepcopy(model)
-    m.graph.output.extend(helper.make_tensor_value_info(name, TensorProto.FLOAT, None) for name in extra)
-    sess = ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
-    return sess.run(None, feeds)
-
-
-def prune(ir, **config):
-    return TokenPrune(TokenPrune.Config(**config)).run(ir)
-
-
-def one_layer_tower(rng):
-    """q, k, v of one [CLS]-first encoder layer as inputs; its output minus [CLS] goes through LLaVA's projector."""
-    seq, width = GRID + 1, HEADS * HEAD_DIM
-    nodes = [
-        helper.make_node("Attention", ["q", "k", "v"], ["attn"]),
-        helper.make_node("Transpose", ["attn"], ["attn_t"], perm=[0, 2, 1, 3]),
-        helper.make_node("Reshape", ["attn_t", "hidden_shape"], ["hidden"]),
-        helper.make_node("Slice", ["hidden", "one", "seq_end", "one"], ["patches"]),
-        helper.make_node("MatMul", ["patches", "w1"], ["h1"]),
-        helper.make_node("Add", ["h1", "b1"], ["h1b"]),
-        helper.make_node("Gelu", ["h1b"], ["g"]),
-        helper.make_node("MatMul", ["g", "w2"], ["h2"]),
-        helper.make_node("Add", ["h2", "b2"], ["image_features"]),
-    ]
-    qkv = [tensor(n, ["num_images", HEADS, seq, HEAD_DIM]) for n in "qkv"]
-    inits = [("hidden_shape", np.array([0, seq, width])), ("one", np.array([1])), ("seq_end", np.array([seq])),
-             ("w1", rng.normal(size=(width, 6)).astype(np.float32)), ("b1", rng.normal(size=6).astype(np.float32)),
-             ("w2", rng.normal(size=(6, 5)).astype(np.float32)), ("b2", rng.normal(size=5).astype(np.float32))]
-    model = make_model(nodes, qkv, [tensor("image_features", ["num_images", GRID, 5])], inits)
-    facts = {"vision": {"image_tokens": GRID, "select_strategy": "default", "model_type": "clip_vision_model",
-                        "num_layers": 1, "feature_layer": -1}}
-    return ModelIR({"vision": Component("vision", [], [], onnx=model)}, facts, {})
+from token_prune_graphs import GRID, HEADS, HEAD_DIM, one_layer_tower, prune, run, softmax
 
 
 def attends_to(rng, chosen, strengths):
@@ -104,11 +68,6 @@ def clip_ir(tiny):
 @pytest.fixture(scope="module")
 def siglip_ir():
     return lower(*build_tiny_llava(**SIGLIP_SIZES))
-
-
-def softmax(x):
-    e = np.exp(x - x.max(-1, keepdims=True))
-    return e / e.sum(-1, keepdims=True)
 
 
 def reference(features, q, k, config, budget):
