@@ -41,14 +41,14 @@ from passes.quant.awq_int4 import AwqInt4  # noqa: E402
 LICENCES = [Path("/usr/share/common-licenses") / n for n in ("GPL-3", "GFDL-1.3", "Apache-2.0")]
 INT8 = {"embedding": "int8"}
 # label -> awq_int4 config (None: fp32; "embedding only": fp32 LLM with the int8 embedding)
-CONFIGS = {
+CONFIGS = {  # the most wanted first: a run cut short still has them
     "fp32": None,
-    "fp32, int8 embedding": "embedding only",
     "awq sym g128 (today's default)": {},
-    "gptq sym g128": {"method": "gptq"},
-    "awq_gptq sym g128": {"method": "awq_gptq"},
-    "awq_gptq sym g128, float budget 16 MiB": {"method": "awq_gptq", "float_budget_mib": 16},
     "awq_gptq sym g128, float budget 16 MiB, int8 embedding": {"method": "awq_gptq", "float_budget_mib": 16, **INT8},
+    "awq_gptq sym g128": {"method": "awq_gptq"},
+    "gptq sym g128": {"method": "gptq"},
+    "fp32, int8 embedding": "embedding only",
+    "awq_gptq sym g128, float budget 16 MiB": {"method": "awq_gptq", "float_budget_mib": 16},
 }
 
 

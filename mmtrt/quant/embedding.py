@@ -40,7 +40,8 @@ def int8_embedding(model: onnx.ModelProto) -> dict:
            numpy_helper.from_array(scales.astype(values.dtype), f"{name}.row_scale")]
     nodes = [helper.make_node("Gather", [new[0].name, gather.input[1]], [f"{out}.int8"], name=f"{gather.name}.int8",
                               axis=0),
-             helper.make_node("Cast", [f"{out}.int8"], [f"{out}.float"], name=f"{gather.name}.cast", to=table.data_type),
+             helper.make_node("Cast", [f"{out}.int8"], [f"{out}.float"], name=f"{gather.name}.cast",
+                              to=table.data_type),
              helper.make_node("Gather", [new[1].name, gather.input[1]], [f"{out}.scale"], name=f"{gather.name}.scale",
                               axis=0),
              helper.make_node("Mul", [f"{out}.float", f"{out}.scale"], [out], name=f"{gather.name}.dequantize")]

@@ -20,7 +20,8 @@ from mmtrt.quant.awq import (GroupStats, ModuleLoss, OwnLoss, ScaleResult, effec
                              search_scale)
 from mmtrt.quant.calibration import run_with_outputs
 from mmtrt.quant.gptq import gptq_quantize, output_error
-from mmtrt.quant.int4 import Grid, dequantize_groups, dequantize_linear_nodes, matmulnbits_node, matmulnbits_offset_nodes
+from mmtrt.quant.int4 import (Grid, dequantize_groups, dequantize_linear_nodes, matmulnbits_node,
+                              matmulnbits_offset_nodes)
 from mmtrt.quant.linears import GraphIndex, Group, Linear, find_linears, region_inputs
 from mmtrt.quant.mixed import keep_float
 
