@@ -80,6 +80,18 @@ def dequantize_groups(q: np.ndarray, scales: np.ndarray, zero_points: np.ndarray
 
 
 
+def quantize_columns(x: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None,
+                     grid: "Grid") -> tuple[np.ndarray, np.ndarray]:
+    """One weight column [N] on given per-row scales (and zero points) of `grid`: (q int8, dequantized float64),
+    rounded as `quantize_groups` rounds (GPTQ picks the scales before it rounds the group's columns)."""
+    if grid.symmetric:
+        q = np.clip(np.rint(x / scales), -8, 7)
+        return q.astype(np.int8), q * scales
+    z = zero_points.astype(np.float64)
+    q = np.clip(np.rint(x / scales + z) if grid.float_zero_point else np.rint(x / scales) + z, 0, 15)
+    return q.astype(np.int8), (q - z) * scales
+
+
 @dataclass(frozen=True)
 class Grid:
     """One INT4 format: group size, symmetric or not, integer or float zero points."""

@@ -19,10 +19,15 @@ from onnx import helper, numpy_helper
 from mmtrt.quant.awq import (GroupStats, ModuleLoss, OwnLoss, ScaleResult, effective_weight, scaled_blocks, search_clip,
                              search_scale)
 from mmtrt.quant.calibration import run_with_outputs
-from mmtrt.quant.int4 import Grid, dequantize_linear_nodes, matmulnbits_node, matmulnbits_offset_nodes
+from mmtrt.quant.gptq import gptq_quantize, output_error
+from mmtrt.quant.int4 import (Grid, dequantize_groups, dequantize_linear_nodes, matmulnbits_node,
+                              matmulnbits_offset_nodes)
 from mmtrt.quant.linears import GraphIndex, Group, Linear, find_linears, region_inputs
+from mmtrt.quant.mixed import keep_float
 
 NO_CLIP_ROLES = ("q_proj", "k_proj")  # as the reference: clipping them too measured no better on dino-smollm
+SCALED = ("awq", "awq_gptq")  # methods that search AWQ's scale
+GPTQ = ("gptq", "awq_gptq")  # methods that round with GPTQ's error compensation
 
 
 @dataclass(frozen=True)
@@ -34,6 +39,11 @@ class Settings:
     accuracy_level: int
     search_tokens: int
     select: Callable[[str], bool]
+    float_budget: int = 0  # bytes the most sensitive linears may add by staying in float (mixed precision)
+
+    @property
+    def needs_hessian(self) -> bool:
+        return self.method in GPTQ or self.float_budget > 0
 
 
 @dataclass
@@ -50,10 +60,12 @@ class QuantizedLinear:
 
 @dataclass
 class _Plan:
-    """A group's search result: its scale and each linear's clip ratios (None: no clipping)."""
+    """A group's search result: its scale, each linear's clip ratios (None: no clipping) and, for GPTQ or mixed
+    precision, the Hessian X^T X of the input the scaled weights see (x / s)."""
 
     result: ScaleResult
     clips: list[np.ndarray | None]
+    hessian: np.ndarray | None = None
 
 
 def quantize_component(model: onnx.ModelProto, component: str, batches: list[dict[str, np.ndarray]],
@@ -77,9 +89,10 @@ def quantize_component(model: onnx.ModelProto, component: str, batches: list[dic
     folds = fold_scales(model, index, linears, groups, [p.result.scale for p in plans])
     for report, fold in zip(reports, folds):
         report["fold"] = None if fold is None else fold[0]
-    quantized = lower_linears(model, groups, [p.clips for p in plans], [f and f[1] for f in folds], settings)
+    quantized, lowered = lower_linears(model, groups, [p.clips for p in plans], [f and f[1] for f in folds], settings,
+                                       [p.hessian for p in plans])
     return quantized, {"calibration_s": round(calibrated - started, 2),
-                       "search_and_rewrite_s": round(time.perf_counter() - calibrated, 2), "groups": reports}
+                       "search_and_rewrite_s": round(time.perf_counter() - calibrated, 2), "groups": reports, **lowered}
 
 
 def _selected(groups: list[Group], select: Callable[[str], bool]) -> list[Group]:
@@ -95,7 +108,8 @@ def _selected(groups: list[Group], select: Callable[[str], bool]) -> list[Group]
 def _calibrate(model, index: GraphIndex, groups: list[Group], batches, settings: Settings) -> dict[str, GroupStats]:
     """One pass over the batches: |x| sums and Gram matrices of every group input over all of them, the module
     regions' feeds over the first batches holding at most `search_tokens` tokens (at least one batch)."""
-    stats = {g.input: GroupStats.empty(g.linears[0].k, settings.grid.group, full=not g.region) for g in groups}
+    stats = {g.input: GroupStats.empty(g.linears[0].k, settings.grid.group, full=settings.needs_hessian or not g.region)
+             for g in groups}
     needs = {g.input: region_inputs(index, g) for g in groups if g.region}
     names = list(dict.fromkeys([g.input for g in groups] + [n for ns in needs.values() for n in ns]))
     searched = 0
@@ -115,7 +129,7 @@ def _search(model, index, group: Group, ws: list[np.ndarray], stats: GroupStats,
             settings: Settings) -> tuple[_Plan, dict]:
     loss = ModuleLoss(model, index, group, ws, stats.feeds) if group.region else OwnLoss(ws, stats)
     grid = settings.grid
-    if settings.method == "awq":
+    if settings.method in SCALED:
         result = search_scale(ws, stats, loss, grid)
     else:
         err = loss([grid.fake(w) for w in ws])
@@ -137,7 +151,14 @@ def _search(model, index, group: Group, ws: list[np.ndarray], stats: GroupStats,
         "scaled_rel_mse": _sig(result.loss / energy),
         "final_rel_mse": _sig(final / energy),
     }
-    return _Plan(result, clips), report
+    if settings.method in GPTQ:  # GPTQ rounds at lowering: its error is in the report's own_output_rel_mse
+        report["final_rel_mse"] = report["scaled_rel_mse"]
+        report["rounding"] = "gptq"
+    hessian = None
+    if settings.needs_hessian:
+        inv = 1.0 / result.scale.astype(np.float64)
+        hessian = stats.gram * inv[:, None] * inv[None, :]
+    return _Plan(result, clips, hessian), report
 
 
 def _sig(x: float) -> float:
@@ -207,25 +228,51 @@ def _fold_into_norm(index: GraphIndex, norm: onnx.NodeProto, s: np.ndarray, labe
 
 
 def lower_linears(model: onnx.ModelProto, groups: list[Group], clips: list[list[np.ndarray | None]],
-                  prequant: list[np.ndarray | None], settings: Settings) -> list[QuantizedLinear]:
-    """Quantize each linear's (scaled) weight with its clip ratios and replace its MatMul by the lowering."""
+                  prequant: list[np.ndarray | None], settings: Settings,
+                  hessians: list[np.ndarray | None] | None = None) -> tuple[list[QuantizedLinear], dict]:
+    """Quantize each linear's (scaled) weight (GPTQ when the method says so, else to nearest with its clip ratios),
+    keep the most sensitive ones in float within the budget, and replace the others' MatMuls by the lowering.
+    Returns them and, when Hessians were given, the report's `own_output_rel_mse` and `kept_float`."""
     inits = {t.name: t for t in model.graph.initializer}
-    replaced, new, quantized = {}, {}, []
-    for group, group_clips, pre in zip(groups, clips, prequant):
+    hessians = hessians or [None] * len(groups)
+    candidates, errors = [], {}
+    for group, group_clips, pre, h in zip(groups, clips, prequant, hessians):
         for lin, clip in zip(group.linears, group_clips):
-            w = numpy_helper.to_array(inits[lin.weight]).T
-            q, scales, zp = settings.grid.quantize(w, clip)
-            dtype = helper.tensor_dtype_to_np_dtype(inits[lin.weight].data_type)
-            nodes, lowered = _lower(lin, q, scales.astype(dtype), zp, settings)
-            replaced[lin.output] = nodes
-            lowered = [t for t in lowered if t.name not in new]  # shared group indicators are stored once
-            new.update((t.name, t) for t in lowered)
-            quantized.append(QuantizedLinear(lin, q, scales, zp, pre, sum(len(t.raw_data) for t in lowered)))
+            w = numpy_helper.to_array(inits[lin.weight]).T.astype(np.float32)
+            q, scales, zp = (gptq_quantize(w, h, settings.grid) if settings.method in GPTQ
+                             else settings.grid.quantize(w, clip))
+            if h is not None:
+                final = dequantize_groups(q, scales, zp, settings.grid.group)
+                errors[lin.name] = {"rtn": _sig(output_error(w, settings.grid.fake(w), h)),
+                                    "final": _sig(output_error(w, final, h))}
+            candidates.append((lin, q, scales, zp, pre))
+    kept = keep_float([(lin.name, errors[lin.name]["final"], _extra_bytes(inits, lin, q, scales, zp, settings))
+                       for lin, q, scales, zp, _ in candidates], settings.float_budget) if settings.float_budget else []
+    replaced, new, quantized = {}, {}, []
+    for lin, q, scales, zp, pre in candidates:
+        if lin.name in kept:
+            continue
+        dtype = helper.tensor_dtype_to_np_dtype(inits[lin.weight].data_type)
+        nodes, lowered = _lower(lin, q, scales.astype(dtype), zp, settings)
+        replaced[lin.output] = nodes
+        lowered = [t for t in lowered if t.name not in new]  # shared group indicators are stored once
+        new.update((t.name, t) for t in lowered)
+        quantized.append(QuantizedLinear(lin, q, scales, zp, pre, sum(len(t.raw_data) for t in lowered)))
     _replace_nodes(model, {i: replaced[n.output[0]] for i, n in enumerate(model.graph.node)
                            if n.op_type == "MatMul" and n.output[0] in replaced}, list(new.values()))
     if settings.lowering == "matmulnbits" and not any(o.domain == "com.microsoft" for o in model.opset_import):
         model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
-    return quantized
+    report = {"own_output_rel_mse": errors} if errors else {}
+    if settings.float_budget:
+        report["kept_float"] = sorted(kept)
+    return quantized, report
+
+
+def _extra_bytes(inits: dict[str, onnx.TensorProto], lin: Linear, q, scales, zp, settings: Settings) -> int:
+    """Bytes a linear adds by staying in float: its float weight less its lowering's initializers."""
+    dtype = helper.tensor_dtype_to_np_dtype(inits[lin.weight].data_type)
+    lowered = _lower(lin, q, scales.astype(dtype), zp, settings)[1]
+    return lin.k * lin.n * dtype.itemsize - sum(len(t.raw_data) for t in lowered)
 
 
 def _lower(lin: Linear, q, scales, zp, settings: Settings) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:

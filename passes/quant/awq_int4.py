@@ -29,6 +29,7 @@ from mmtrt.errors import UserError
 from mmtrt.ir.graph import ModelIR
 from mmtrt.pipeline.pass_base import Pass, PassConfig
 from mmtrt.quant.calibration import calibration_batches
+from mmtrt.quant.embedding import int8_embedding
 from mmtrt.quant.int4 import Grid
 from mmtrt.quant.quantize import QuantizedLinear, Settings, quantize_component
 from mmtrt.quant.trtllm_export import NotExportable, checkpoint_assets
@@ -45,7 +46,7 @@ class Calibration(PassConfig):
 
 
 class AwqInt4Config(PassConfig):
-    method: Literal["awq", "rtn"] = Field("awq", description="`awq` (scale and clip search) or `rtn` (round to nearest, the baseline).")
+    method: Literal["awq", "rtn", "gptq", "awq_gptq"] = Field("awq", description="`awq` (scale and clip search), `rtn` (round to nearest, the baseline), `gptq` (GPTQ's error compensation with the Hessian of each linear's calibration inputs) or `awq_gptq` (AWQ's scale search, then GPTQ on the scaled weights instead of the clip search).")
     group_size: int = Field(128, description="Weights per scale along the input dimension: a power of two from 16 to 256 (TensorRT takes 64 and 128).")
     symmetric: bool = Field(True, description="Signed [-8, 7] grid without zero points (TensorRT and TensorRT-LLM need it); false: unsigned grid with a zero point per group (ONNX Runtime only).")
     zero_point: Literal["int4", "float"] = Field("int4", description="Asymmetric only: `int4` zero points (ONNX Runtime's own RTN format, the range stretched to hold 0) or `float` ones (the grid spans each group's min to max exactly, as GGUF's Q4_1 and HQQ do; 4 bytes per group).")
@@ -54,6 +55,8 @@ class AwqInt4Config(PassConfig):
     exclude: list[str] = Field([], description="Glob patterns of linear names to keep in float, e.g. `llm.lm_head`.")
     calibration: Calibration = Field(Calibration(), description="Calibration data: `images` (`digits`, `recipe` or `none`), `samples` (images), `text` (`reference` or `recipe`), `text_windows` (512-token windows), `search_tokens` (tokens the module-output error is measured on).")
     clip: bool = Field(True, description="AWQ's clipping-range search after the scale search (`awq` only).")
+    float_budget_mib: float = Field(0.0, ge=0, description="Mixed precision: MiB the most sensitive linears (largest measured relative output error after quantization on the calibration data) may add to the bundle by staying in the graph's float type; 0 quantizes every selected linear. The pass report lists them (`kept_float`).")
+    embedding: Literal["float", "int8"] = Field("float", description="The token embedding table: `float` as exported, or `int8` with one scale per row (max|row| / 127), gathered and dequantized in the embed graph (4x smaller in fp32).")
     lowering: Literal["auto", "matmulnbits", "dequantize_linear"] = Field("auto", description="ONNX form: `matmulnbits` (ONNX Runtime), `dequantize_linear` (TensorRT's INT4 DequantizeLinear + MatMul, symmetric only), `auto` (TensorRT's when the component's partition offers TensorRT, the grid is symmetric and the group 64 or 128).")
     accuracy_level: Literal[0, 1, 2, 3, 4] = Field(4, description="MatMulNBits accuracy level: 4 computes with int8 activations (fastest on the CPU), 0 keeps them in float.")
     trtllm_checkpoint: Literal["auto", "always", "never"] = Field("auto", description="Write a TensorRT-LLM W4A16_AWQ checkpoint of the LLM into the bundle: `auto` when partition.llm lists tensorrt-llm and the model allows it, `always` (an error when it cannot), `never`.")
@@ -87,7 +90,7 @@ class AwqInt4Config(PassConfig):
 class AwqInt4(Pass):
     name = "awq_int4"
     Config = AwqInt4Config
-    components = ("vision", "llm")
+    components = ("vision", "embed", "llm")
     lossy = True
 
     def plan_facts(self, facts: dict[str, Any]) -> dict[str, Any]:
@@ -111,6 +114,8 @@ class AwqInt4(Pass):
                 changes[name] = _summary(quantized, report, lowering, why, cfg.group_size)
                 if name == "llm":
                     changes["trtllm_checkpoint"] = self._checkpoint(ir, quantized)
+        if cfg.embedding == "int8":
+            changes["embed"] = int8_embedding(ir.components["embed"].onnx)
         return changes
 
     def _settings(self, lowering: str) -> Settings:
@@ -121,7 +126,8 @@ class AwqInt4(Pass):
                     and not any(fnmatch.fnmatchcase(name, p) for p in cfg.exclude))
 
         grid = Grid(cfg.group_size, cfg.symmetric, cfg.zero_point == "float")
-        return Settings(cfg.method, grid, cfg.clip, lowering, cfg.accuracy_level, cfg.calibration.search_tokens, select)
+        return Settings(cfg.method, grid, cfg.clip, lowering, cfg.accuracy_level, cfg.calibration.search_tokens, select,
+                        int(cfg.float_budget_mib * 2**20))
 
     def _lowering(self, comp) -> tuple[str, str]:
         cfg = self.config
@@ -172,5 +178,17 @@ def _summary(quantized: list[QuantizedLinear], report: dict, lowering: str, why:
         "rtn_rel_mse_mean": float(f"{sum(rtn) / len(rtn):.4g}"),
         "final_rel_mse_mean": float(f"{sum(final) / len(final):.4g}"),
         "groups_below_rtn": sum(f < r for f, r in zip(final, rtn)),
+        **_own_outputs(report.get("own_output_rel_mse", {})),
         **report,
     }
+
+
+def _own_outputs(errors: dict[str, dict[str, float]]) -> dict:
+    """Means over the linears of the relative error at their own outputs, RTN's and the method's (with GPTQ or
+    mixed precision, where the pass keeps every input's Hessian)."""
+    if not errors:
+        return {}
+    rtn, final = [e["rtn"] for e in errors.values()], [e["final"] for e in errors.values()]
+    return {"own_rtn_rel_mse_mean": float(f"{sum(rtn) / len(rtn):.4g}"),
+            "own_final_rel_mse_mean": float(f"{sum(final) / len(final):.4g}"),
+            "linears_below_rtn_at_own_outputs": sum(f < r for f, r in zip(final, rtn))}

@@ -1,0 +1,60 @@
+"""GPTQ (Frantar et al., ICLR 2023): quantize a linear's input columns one at a time and move each column's rounding
+error onto the columns not yet quantized, weighted by the inverse Hessian H = X^T X of the linear's input, so that
+the output error ||X (W - Q)^T||^2 stays near the least-squares optimum of the already rounded columns.
+
+As the reference code: H is damped by 1 % of its mean diagonal, input channels that never fire are zeroed, the
+recurrence runs on the upper Cholesky factor of H^-1, and each group's scale is taken from the group's weights as
+compensated by every earlier group, when its first column comes up (a block is one group, so the block's lazy update
+lands before the next group's scale is chosen). Columns are taken in their natural order (no act-order: the groups
+stay contiguous, as DequantizeLinear and MatMulNBits need). Weights are in PyTorch's layout `[N, K]`.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mmtrt.quant.int4 import Grid, quantize_columns
+
+DAMP = 0.01
+
+
+def damped(hessian: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """H + 1 % of its mean diagonal, dead channels (zero diagonal) given 1; and the dead channels' mask."""
+    h = np.array(hessian, np.float64)
+    dead = np.diag(h) == 0
+    h[dead, dead] = 1
+    h[np.diag_indices_from(h)] += DAMP * np.mean(np.diag(h))
+    return h, dead
+
+
+def gptq_quantize(w: np.ndarray, hessian: np.ndarray, grid: Grid) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """INT4 of `w` [N, K] with error compensation under `hessian` [K, K]: (q, scales, zero points) as
+    `Grid.quantize` returns them."""
+    w = np.array(w, np.float64)
+    n, k = w.shape
+    h, dead = damped(hessian)
+    w[:, dead] = 0
+    u = np.linalg.cholesky(np.linalg.inv(h)).T  # H^-1 = U^T U
+    q = np.zeros((n, k), np.int8)
+    scales, zero_points = [], []
+    for start in range(0, k, grid.group):
+        end = min(start + grid.group, k)
+        block = w[:, start:end].copy()
+        _, s, z = grid.quantize(block.astype(np.float32))
+        scales.append(s)
+        zero_points.append(z)
+        errors = np.zeros_like(block)
+        for j in range(end - start):
+            q[:, start + j], deq = quantize_columns(block[:, j], s[:, 0], None if z is None else z[:, 0], grid)
+            errors[:, j] = (block[:, j] - deq) / u[start + j, start + j]
+            block[:, j + 1:] -= np.outer(errors[:, j], u[start + j, start + j + 1:end])
+        w[:, end:] -= errors @ u[start:end, end:]
+    zp = None if zero_points[0] is None else np.concatenate(zero_points, axis=1)
+    return q, np.concatenate(scales, axis=1), zp
+
+
+def output_error(w: np.ndarray, w_hat: np.ndarray, hessian: np.ndarray) -> float:
+    """||X (W_hat - W)^T||^2 / ||X W^T||^2 through the Gram matrix."""
+    d = (w_hat - w).astype(np.float64)
+    w = w.astype(np.float64)
+    return float(np.einsum("nk,nk->", d @ hessian, d) / max(np.einsum("nk,nk->", w @ hessian, w), 1e-30))

@@ -1,0 +1,70 @@
+"""GPTQ against an independent reference: the greedy least-squares definition of its recurrence (each column rounded,
+then every later column re-solved by numpy's lstsq so that the output on the calibration inputs, damped as GPTQ
+damps H, is as close to the float output as the already rounded columns allow), on a fresh random layer."""
+
+import numpy as np
+import pytest
+
+from mmtrt.quant.gptq import DAMP, gptq_quantize, output_error
+from mmtrt.quant.int4 import Grid, dequantize_groups
+
+
+def _reference(w: np.ndarray, x: np.ndarray, grid: Grid) -> np.ndarray:
+    """Rounded q by the least-squares definition: A = [X; sqrt(lambda) I] so that A^T A = H + lambda I."""
+    k = w.shape[1]
+    gram = x.T @ x
+    a = np.vstack([x, np.sqrt(DAMP * np.mean(np.diag(gram))) * np.eye(k)])
+    target = a @ w.T
+    current = w.astype(np.float64).copy()
+    q = np.zeros(w.shape, np.int8)
+    scale = zero = None
+    for j in range(k):
+        if j % grid.group == 0:
+            _, scale, zero = grid.quantize(current[:, j:j + grid.group].astype(np.float32))
+        s, z = scale[:, 0].astype(np.float64), None if zero is None else zero[:, 0].astype(np.float64)
+        if grid.symmetric:
+            q[:, j] = np.clip(np.rint(current[:, j] / s), -8, 7)
+            deq = q[:, j] * s
+        else:
+            q[:, j] = np.clip(np.rint(current[:, j] / s) + z, 0, 15)
+            deq = (q[:, j] - z) * s
+        current[:, j] = deq
+        if j + 1 < k:
+            rest = target - a[:, :j + 1] @ current[:, :j + 1].T
+            current[:, j + 1:] = np.linalg.lstsq(a[:, j + 1:], rest, rcond=None)[0].T
+    return q
+
+
+@pytest.mark.parametrize("symmetric", [True, False])
+def test_gptq_matches_the_least_squares_recurrence_and_beats_rtn(rng, symmetric):
+    n, k, tokens = 12, 48, 200
+    grid = Grid(16, symmetric)
+    # correlated inputs with uneven channel scales, as activations are: compensation has something to use
+    x = rng.normal(size=(tokens, k)) @ rng.normal(size=(k, k)) * rng.uniform(0.2, 3, size=k)
+    w = rng.normal(size=(n, k)).astype(np.float32)
+    q, scales, zp = gptq_quantize(w, x.T @ x, grid)
+    np.testing.assert_array_equal(q, _reference(w, x, grid))
+    gptq = dequantize_groups(q, scales, zp, grid.group)
+    rtn = grid.fake(w)
+    assert output_error(w, gptq, x.T @ x) < 0.8 * output_error(w, rtn, x.T @ x)
+
+
+def test_one_column_left_takes_the_closed_form_update(rng):
+    """With two input channels, after rounding the first the second moves by (w0 - q0) H01 / H11 (damped H)."""
+    x = rng.normal(size=(64, 2)) @ np.array([[1.0, 0.8], [0.0, 0.6]])
+    w = rng.normal(size=(5, 2)).astype(np.float32)
+    grid = Grid(16)
+    q, scales, _ = gptq_quantize(w, x.T @ x, grid)
+    h = x.T @ x
+    h[np.diag_indices(2)] += DAMP * np.mean(np.diag(h))
+    s = scales[:, 0].astype(np.float64)
+    w1 = w[:, 1] + (w[:, 0] - q[:, 0] * s) * h[0, 1] / h[1, 1]
+    np.testing.assert_array_equal(q[:, 1], np.clip(np.rint(w1 / s), -8, 7))
+
+
+def test_dead_input_channels_quantize_to_zero(rng):
+    x = rng.normal(size=(100, 32))
+    x[:, 5] = 0
+    w = rng.normal(size=(4, 32)).astype(np.float32)
+    q, _, _ = gptq_quantize(w, x.T @ x, Grid(16))
+    assert np.all(q[:, 5] == 0) and np.any(q != 0)
