@@ -124,3 +124,15 @@ def _position_constants(graph):
     positions = downstream("position_ids") - hidden
     return {name for node in graph.node if positions & set(node.input) and not hidden & set(node.output)
             for name in node.input}
+
+
+NEAR_TIE = 1e-3
+
+
+def assert_same_up_to_near_ties(ours, ref):
+    """Equal tokens; where they part, the reference run's step was a near tie (kernels may sum in another order)."""
+    for step, (a, b) in enumerate(zip(ours.token_ids, ref.token_ids)):
+        if a != b:
+            assert ref.margins[step] < NEAR_TIE, f"step {step}: {a} != {b} with margin {ref.margins[step]}"
+            return
+    assert ours.token_ids == ref.token_ids

@@ -178,14 +178,15 @@ def _summary(quantized: list[QuantizedLinear], report: dict, lowering: str, why:
         "rtn_rel_mse_mean": float(f"{sum(rtn) / len(rtn):.4g}"),
         "final_rel_mse_mean": float(f"{sum(final) / len(final):.4g}"),
         "groups_below_rtn": sum(f < r for f, r in zip(final, rtn)),
-        **_own_outputs(report.get("own_output_rel_mse", {})),
+        **_own_outputs({k: v for k, v in report.get("own_output_rel_mse", {}).items()
+                        if k not in set(report.get("kept_float", []))}),
         **report,
     }
 
 
 def _own_outputs(errors: dict[str, dict[str, float]]) -> dict:
-    """Means over the linears of the relative error at their own outputs, RTN's and the method's (with GPTQ or
-    mixed precision, where the pass keeps every input's Hessian)."""
+    """Means over the quantized linears of the relative error at their own outputs, RTN's and the method's (with GPTQ
+    or mixed precision, where the pass keeps every input's Hessian)."""
     if not errors:
         return {}
     rtn, final = [e["rtn"] for e in errors.values()], [e["final"] for e in errors.values()]

@@ -10,7 +10,7 @@ import pytest
 import torch
 from onnx import helper
 
-from builders import make_model, random_image, tensor
+from builders import assert_same_up_to_near_ties, make_model, random_image, tensor
 from conftest import ROOT, compile_to
 from mmtrt.cli import main
 from mmtrt.errors import UserError
@@ -170,7 +170,8 @@ def test_shapes_use_max_and_each_image_gets_its_own_count(dynamic_bundle, rng, c
     assert len(set(counts)) > 1 and all(4 <= c <= 40 for c in counts)
     for request, ours in zip(requests, batch):
         alone = load(dynamic_bundle).generate_batch([request])[0]
-        assert ours.token_ids == alone.token_ids and ours.image_tokens == alone.image_tokens
+        assert ours.image_tokens == alone.image_tokens
+        assert_same_up_to_near_ties(ours, alone)
         assert ours.prompt_tokens == len(pipe.prompt_ids("What is this?")) - 40 + ours.image_tokens
     assert main(["eval", str(dynamic_bundle), "--suite", "digits", "--limit", "3", "--json"]) == 0
     metrics = json.loads(capsys.readouterr().out)["metrics"]
