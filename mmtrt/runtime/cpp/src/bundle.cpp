@@ -214,6 +214,11 @@ std::unique_ptr<Bundle::Impl> Bundle::load_impl(const std::string& path, const L
   if (!m.outputs.count("preprocess") || m.outputs.at("preprocess").empty())
     throw Error(ErrorKind::BadBundle, path + "/manifest.json has no preprocess output; recompile the recipe");
   make_kv_cache(m);  // refuses a layout this runtime does not run, before the sessions load
+  for (const auto& output : m.raw.at("components").at("vision").at("outputs"))
+    if (output.value("name", "") == "image_token_count")
+      throw Error(ErrorKind::BadBundle, path + " keeps a different number of image tokens per image (token_prune "
+                                            "budget: dynamic), which the C++ runtime does not run yet; use the Python "
+                                            "runtime or recompile with budget: fixed");
   impl->preprocessor = std::make_unique<Preprocessor>(
       read_json_file(impl->root + "/" + m.raw.at("components").at("preprocess").at("artifact").get<std::string>()));
   const auto choices = engine_choices(impl->root, m);
