@@ -284,6 +284,7 @@ Generation Bundle::generate(const std::string& image_path, const std::string& pr
   g.timings = {round3(ms(t0, t1)), round3(ms(t1, t2)), round3(ms(t2, t3)), round3(ms(t3, t4) / steps)};
   g.text = b.tokenizer->decode(g.token_ids);
   g.prompt_tokens = static_cast<int>(ids.size());
+  g.image_tokens = static_cast<int>(std::count(ids.begin(), ids.end(), b.model->image_token_id));
   g.backends = b.backends;
   g.fallbacks = b.fallbacks;
   return g;
@@ -304,6 +305,7 @@ std::string Generation::to_json() const {
   out["text"] = text;
   out["token_ids"] = token_ids;
   out["prompt_tokens"] = prompt_tokens;
+  out["image_tokens"] = image_tokens;
   out["timings"] = {{"preprocess_ms", timings.preprocess_ms},
                     {"vision_ms", timings.vision_ms},
                     {"prefill_ms", timings.prefill_ms},

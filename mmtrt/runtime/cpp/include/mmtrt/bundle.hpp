@@ -46,6 +46,7 @@ struct MMTRT_API Generation {
   std::string text;
   std::vector<int32_t> token_ids;
   int prompt_tokens = 0;
+  int image_tokens = 0;  // the image's tokens in the prompt
   Timings timings;
   NamedStrings backends;   // component -> what ran it
   NamedStrings fallbacks;  // TensorRT segment -> why ONNX Runtime ran it instead
