@@ -22,6 +22,7 @@ NORMS = frozenset({"RMSNormalization", "LayerNormalization", "SimplifiedLayerNor
 JOINS = frozenset({"Add", "Sub", "Sum"})
 FLOATS = frozenset({TensorProto.FLOAT, TensorProto.FLOAT16, TensorProto.BFLOAT16})
 QKV = ("q_proj", "k_proj", "v_proj")
+ATTENTION = frozenset({"Attention", "GroupQueryAttention"})
 
 
 @dataclass
@@ -123,7 +124,7 @@ def _find_module(index: GraphIndex, by_node: dict, group: Group) -> None:
             if node.op_type in NORMS or _joins_outside(index, node, derived):
                 stopped = True
                 continue
-            if id(node) in visited_ids:
+            if id(node) in visited_ids or not _carries_values(node):
                 continue
             visited.append(node)
             visited_ids.add(id(node))
@@ -152,8 +153,14 @@ def reachable(index: GraphIndex, starts: Iterable[str], through: Callable[[onnx.
 
 
 def _forward(index: GraphIndex, by_node: dict, starts: Iterable[str]) -> set[str]:
-    """Tensors reachable from `starts` without passing through a linear or a normalisation."""
-    return reachable(index, starts, lambda node: id(node) not in by_node and node.op_type not in NORMS)
+    """Tensors reachable from `starts` without passing through a linear, a normalisation or a Shape."""
+    return reachable(index, starts, lambda node: id(node) not in by_node and node.op_type not in NORMS
+                     and _carries_values(node))
+
+
+def _carries_values(node: onnx.NodeProto) -> bool:
+    """A Shape's output holds no value of its input (kv_layout sizes every layer's cache from layer 0's key)."""
+    return node.op_type != "Shape"
 
 
 def _joins_outside(index: GraphIndex, node: onnx.NodeProto, derived: set[str]) -> bool:
@@ -200,10 +207,11 @@ def _absorber(index: GraphIndex, by_node: dict, group: Group) -> tuple[str, obje
 
 
 def _attention_slots(index: GraphIndex, by_node: dict, linear: Linear) -> set[int]:
-    """Which inputs (0 query, 1 key, 2 value) of an Attention node the linear's output reaches."""
-    seen = reachable(index, [linear.output], lambda node: node.op_type != "Attention" and id(node) not in by_node
-                     and node.op_type not in NORMS)
-    return {i for name in seen for node in index.consumers.get(name, []) if node.op_type == "Attention"
+    """Which inputs (0 query, 1 key, 2 value) of an attention node (ONNX's, or the static KV layout's
+    GroupQueryAttention) the linear's output reaches."""
+    seen = reachable(index, [linear.output], lambda node: node.op_type not in ATTENTION and _carries_values(node)
+                     and id(node) not in by_node and node.op_type not in NORMS)
+    return {i for name in seen for node in index.consumers.get(name, []) if node.op_type in ATTENTION
             for i, n in enumerate(node.input) if n == name}
 
 

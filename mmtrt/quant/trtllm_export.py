@@ -23,6 +23,7 @@ from mmtrt.quant.quantize import QuantizedLinear
 from mmtrt.quant.trtllm_checkpoint import (DTYPES, float_linear_tensors, linear_tensors, llama_name, trtllm_config,
                                            write_checkpoint)
 
+LOGITS_FROM = "logits_from"  # the LLM input of a kv_layout bundle: the first position whose logits are returned
 LAYER_ROLES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 HF_MODULE = {"q_proj": "self_attn.q_proj", "o_proj": "self_attn.o_proj", "gate_proj": "mlp.gate_proj",
              "up_proj": "mlp.up_proj", "down_proj": "mlp.down_proj"}
@@ -127,9 +128,11 @@ def _llama(ir: ModelIR, found: dict[tuple[int, str], Linear], linear, head: tupl
 
 
 def _through_casts(producer: dict[str, onnx.NodeProto], tensor: str) -> onnx.NodeProto | None:
-    """The node that makes `tensor`, looking through the Casts cast_precision inserts."""
+    """The node that makes `tensor`, looking through the Casts cast_precision inserts and kv_layout's Slice of the
+    positions the lm_head reads (both keep the values a checkpoint holds)."""
     node = producer.get(tensor)
-    while node is not None and node.op_type == "Cast":
+    while node is not None and (node.op_type == "Cast" or node.op_type == "Slice"
+                                and node.input[1:2] == [LOGITS_FROM]):
         node = producer.get(node.input[0])
     return node
 
