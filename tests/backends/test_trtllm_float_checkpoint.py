@@ -12,7 +12,7 @@ import onnx
 import onnxruntime as ort
 from onnx import numpy_helper
 
-from builders import float16_weights, read_safetensors
+from builders import float16_weights, numpy_llama_logits, read_safetensors
 from conftest import compile_to
 
 
@@ -21,38 +21,7 @@ def numpy_llama(folder, ids):
     assert cfg["quantization"]["quant_algo"] is None
     t, _ = read_safetensors(folder / "rank0.safetensors")
     t = {k: v.astype(np.float64) for k, v in t.items()}
-    heads, kv, d, eps = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_size"], cfg["norm_epsilon"]
-
-    def linear(p, x):
-        return x @ t[f"{p}.weight"].T
-
-    def rms(x, w):
-        return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + eps) * w
-
-    seq = len(ids)
-    angles = np.arange(seq)[:, None] * cfg["rotary_base"] ** (-np.arange(0, d, 2) / d)[None]
-    cos, sin = np.cos(np.concatenate([angles] * 2, -1)), np.sin(np.concatenate([angles] * 2, -1))
-
-    def rope(x):  # GPT-NeoX halves, [heads, seq, d]
-        return x * cos + np.concatenate([-x[..., d // 2:], x[..., : d // 2]], -1) * sin
-
-    x = t["transformer.vocab_embedding.weight"][ids]
-    causal = np.triu(np.full((seq, seq), -np.inf), 1)
-    for i in range(cfg["num_hidden_layers"]):
-        p = f"transformer.layers.{i}"
-        qkv = linear(f"{p}.attention.qkv", rms(x, t[f"{p}.input_layernorm.weight"]))
-        q = rope(qkv[:, : heads * d].reshape(seq, heads, d).transpose(1, 0, 2))
-        k = rope(qkv[:, heads * d: (heads + kv) * d].reshape(seq, kv, d).transpose(1, 0, 2))
-        v = qkv[:, (heads + kv) * d:].reshape(seq, kv, d).transpose(1, 0, 2)
-        k, v = np.repeat(k, heads // kv, axis=0), np.repeat(v, heads // kv, axis=0)
-        scores = q @ k.transpose(0, 2, 1) / np.sqrt(d) + causal
-        probs = np.exp(scores - scores.max(-1, keepdims=True))
-        attn = (probs / probs.sum(-1, keepdims=True)) @ v
-        x = x + linear(f"{p}.attention.dense", attn.transpose(1, 0, 2).reshape(seq, heads * d))
-        h = rms(x, t[f"{p}.post_layernorm.weight"])
-        fc = linear(f"{p}.mlp.fc", h)
-        x = x + linear(f"{p}.mlp.proj", fc / (1 + np.exp(-fc)) * linear(f"{p}.mlp.gate", h))
-    return rms(x, t["transformer.ln_f.weight"]) @ t["lm_head.weight"].T
+    return numpy_llama_logits(cfg, t, ids, lambda p, x: x @ t[f"{p}.weight"].T)
 
 
 def llm_feeds(bundle, embeds):

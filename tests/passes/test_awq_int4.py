@@ -22,7 +22,8 @@ import torch
 from onnx import numpy_helper
 from pydantic import ValidationError
 
-from builders import float16_weights, read_safetensors, unpack_int4, unpack_int4_rows, unpack_matmulnbits
+from builders import (float16_weights, numpy_llama_logits, read_safetensors, unpack_int4, unpack_int4_rows,
+                      unpack_matmulnbits)
 from conftest import ROOT, compile_to
 from mmtrt.backends.onnxruntime_backend import session_options
 from mmtrt.ir.graph import Component, ModelIR, graph_io
@@ -197,46 +198,18 @@ def test_dequantize_linear_survives_later_passes(tensorrt_bundle):
 
 
 def _numpy_llama(folder, ids):
-    """A LLaMA forward pass from the checkpoint alone: TensorRT-LLM's names, the W4A16_AWQ layout (int8 [out/2, in]
-    with rows 2j, 2j+1 in the low and high nibbles, scales [out, in/group], activations times the pre-quant scale),
-    GPT-NeoX rotary embedding, grouped-query causal attention, SwiGLU with silu(fc) * gate."""
+    """A LLaMA forward pass from the checkpoint alone, in the W4A16_AWQ layout (int8 [out/2, in] with rows 2j, 2j+1
+    in the low and high nibbles, scales [out, in/group], activations times the pre-quant scale)."""
     cfg = json.loads((folder / "config.json").read_text())
     t, _ = read_safetensors(folder / "rank0.safetensors")
     t = {k: v.astype(np.float64) if v.dtype != np.int8 else v for k, v in t.items()}
-    heads, kv, hidden = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["hidden_size"]
-    d, group, eps = cfg["head_size"], cfg["quantization"]["group_size"], cfg["norm_epsilon"]
+    group = cfg["quantization"]["group_size"]
 
     def linear(p, x):
         w = unpack_int4_rows(t[f"{p}.weight"]) * np.repeat(t[f"{p}.weights_scaling_factor"], group, axis=1)
         return (x * t[f"{p}.prequant_scaling_factor"]) @ w.T
 
-    def rms(x, w):
-        return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + eps) * w
-
-    seq = len(ids)
-    angles = np.arange(seq)[:, None] * cfg["rotary_base"] ** (-np.arange(0, d, 2) / d)[None]
-    cos, sin = np.cos(np.concatenate([angles] * 2, -1)), np.sin(np.concatenate([angles] * 2, -1))
-
-    def rope(x):  # [heads, seq, d]
-        return x * cos + np.concatenate([-x[..., d // 2:], x[..., : d // 2]], -1) * sin
-
-    x = t["transformer.vocab_embedding.weight"][ids]
-    causal = np.triu(np.full((seq, seq), -np.inf), 1)
-    for i in range(cfg["num_hidden_layers"]):
-        p = f"transformer.layers.{i}"
-        qkv = linear(f"{p}.attention.qkv", rms(x, t[f"{p}.input_layernorm.weight"]))
-        q = rope(qkv[:, : heads * d].reshape(seq, heads, d).transpose(1, 0, 2))
-        k = rope(qkv[:, heads * d: (heads + kv) * d].reshape(seq, kv, d).transpose(1, 0, 2))
-        v = qkv[:, (heads + kv) * d:].reshape(seq, kv, d).transpose(1, 0, 2)
-        k, v = np.repeat(k, heads // kv, axis=0), np.repeat(v, heads // kv, axis=0)
-        scores = q @ k.transpose(0, 2, 1) / np.sqrt(d) + causal
-        probs = np.exp(scores - scores.max(-1, keepdims=True))
-        attn = (probs / probs.sum(-1, keepdims=True)) @ v
-        x = x + linear(f"{p}.attention.dense", attn.transpose(1, 0, 2).reshape(seq, heads * d))
-        h = rms(x, t[f"{p}.post_layernorm.weight"])
-        fc = linear(f"{p}.mlp.fc", h)
-        x = x + linear(f"{p}.mlp.proj", fc / (1 + np.exp(-fc)) * linear(f"{p}.mlp.gate", h))
-    return rms(x, t["transformer.ln_f.weight"]) @ t["lm_head.weight"].T
+    return numpy_llama_logits(cfg, t, ids, linear)
 
 
 def test_trtllm_dtype_float32_is_refused_at_plan_time():
