@@ -170,3 +170,13 @@ def numpy_llama_logits(cfg: dict, t: dict, ids, linear) -> np.ndarray:
         fc = linear(f"{p}.mlp.fc", h)
         x = x + linear(f"{p}.mlp.proj", fc / (1 + np.exp(-fc)) * linear(f"{p}.mlp.gate", h))
     return rms(x, t["transformer.ln_f.weight"]) @ t["lm_head.weight"].T
+
+
+def tiny_llm_feeds(rng) -> dict[str, np.ndarray]:
+    """Random inputs of zoo:tiny-llava's LLM graph: 7 new positions after 3 cached ones (4 layers, 2 KV heads of 32)."""
+    feeds = {"inputs_embeds": rng.normal(size=(1, 7, 128)).astype(np.float32),
+             "attention_mask": np.ones((1, 10), np.int64), "position_ids": np.arange(3, 10, dtype=np.int64)[None]}
+    for i in range(4):
+        for kind in ("key", "value"):
+            feeds[f"past.{i}.{kind}"] = rng.normal(size=(1, 2, 3, 32)).astype(np.float32)
+    return feeds

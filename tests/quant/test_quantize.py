@@ -8,7 +8,7 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
-from builders import unpack_int4
+from builders import tiny_llm_feeds, unpack_int4
 from mmtrt.backends.onnxruntime_backend import session_options
 
 from mmtrt.quant.int4 import Grid, dequantize_groups, quantize_groups
@@ -19,12 +19,7 @@ from mmtrt.quant.quantize import Settings, fold_scales, quantize_component
 def _feeds(component, rng):
     if component == "vision":
         return {"pixel_values": rng.normal(size=(2, 3, 64, 64)).astype(np.float32)}
-    feeds = {"inputs_embeds": rng.normal(size=(1, 7, 128)).astype(np.float32),
-             "attention_mask": np.ones((1, 10), np.int64), "position_ids": np.arange(3, 10, dtype=np.int64)[None]}
-    for i in range(4):
-        for kind in ("key", "value"):
-            feeds[f"past.{i}.{kind}"] = rng.normal(size=(1, 2, 3, 32)).astype(np.float32)
-    return feeds
+    return tiny_llm_feeds(rng)
 
 
 def _run(model, feeds):

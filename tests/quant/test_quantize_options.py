@@ -9,20 +9,12 @@ import onnxruntime as ort
 import pytest
 from onnx import helper, numpy_helper
 
+from builders import tiny_llm_feeds
 from mmtrt.quant.embedding import int8_embedding
 from mmtrt.quant.gptq import gptq_quantize
 from mmtrt.quant.int4 import Grid
 from mmtrt.quant.linears import find_linears
 from mmtrt.quant.quantize import Settings, quantize_component
-
-
-def _feeds(rng):
-    feeds = {"inputs_embeds": rng.normal(size=(1, 7, 128)).astype(np.float32),
-             "attention_mask": np.ones((1, 10), np.int64), "position_ids": np.arange(3, 10, dtype=np.int64)[None]}
-    for i in range(4):
-        for kind in ("key", "value"):
-            feeds[f"past.{i}.{kind}"] = rng.normal(size=(1, 2, 3, 32)).astype(np.float32)
-    return feeds
 
 
 def _settings(**overrides):
@@ -49,7 +41,7 @@ def _linear_hessians(model, batches):
 
 def test_gptq_method_rounds_each_linear_on_its_inputs_hessian(tiny_bundle, rng):
     model = onnx.load(tiny_bundle / "llm.onnx")
-    batches = [_feeds(rng), _feeds(rng)]
+    batches = [tiny_llm_feeds(rng), tiny_llm_feeds(rng)]
     inputs = _linear_hessians(model, batches)
     quantized, report = quantize_component(model, "llm", batches, _settings())
     assert len(quantized) == len(inputs)
@@ -66,7 +58,7 @@ def test_mixed_precision_keeps_exactly_the_reported_linears_in_float(tiny_bundle
     model = onnx.load(tiny_bundle / "llm.onnx")
     linears = {lin.name: lin for lin in find_linears(model, "llm")[1]}
     budget = 40_000
-    quantized, report = quantize_component(model, "llm", [_feeds(rng)], _settings(method="rtn", float_budget=budget))
+    quantized, report = quantize_component(model, "llm", [tiny_llm_feeds(rng)], _settings(method="rtn", float_budget=budget))
     kept = set(report["kept_float"])
     assert kept and len(kept) + len(quantized) == len(linears)
     assert {ql.linear.name for ql in quantized}.isdisjoint(kept)
