@@ -3,6 +3,7 @@
 import copy
 
 import numpy as np
+import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
@@ -52,3 +53,13 @@ def one_layer_tower(rng):
 def softmax(x):
     e = np.exp(x - x.max(-1, keepdims=True))
     return e / e.sum(-1, keepdims=True)
+
+
+def channel_mean_saliency(path):
+    """A user's saliency ONNX: the ReLU of the channel mean of pixel_values, [n, 1, H, W]."""
+    nodes = [helper.make_node("ReduceMean", ["image", "axes"], ["mean"], keepdims=1),
+             helper.make_node("Relu", ["mean"], ["map"])]
+    graph = helper.make_graph(nodes, "saliency", [tensor("image", ["n", 3, 64, 64])], [tensor("map", ["n", 1, 64, 64])],
+                              [helper.make_tensor("axes", 7, [1], [1])])
+    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
+    return str(path)

@@ -36,6 +36,15 @@ PLUGINS = {
         "token_select", "TokenSelectMerge", "1", "mmtrt_token_select_merge", ("keep", "cls", "scale", "contextual"),
         "token_prune's selection with VisionZip's contextual merge as one kernel: the decomposition adds about 30 "
         "more small kernels (gathers, similarity, assignment, sums)"),
+    "token_select_scored": PluginSpec(
+        "token_select", "TokenSelectScored", "1", "mmtrt_token_select_scored", ("keep",),
+        "token_prune's fixed selection from a score the graph computes (norm, random, attention_entropy, saliency): "
+        "top-k, the kept indices in spatial order and the gather in one kernel instead of two TopKs and a "
+        "data-dependent GatherND"),
+    "token_select_dynamic": PluginSpec(
+        "token_select", "TokenSelectDynamic", "1", "mmtrt_token_select_dynamic", ("most", "least", "mass"),
+        "token_prune's dynamic budget from a score the graph computes (any criterion): the count that reaches the "
+        "score mass, the padded block and the count in one kernel instead of about 20 small ones"),
     "int4_gemm": PluginSpec(
         "int4_gemm", "Int4GroupGemm", "1", "mmtrt_int4_gemm", ("group_size",),
         "W4A16 GEMV for decode (1 to 8 rows): reads the INT4 weight once instead of materialising the dequantized "

@@ -20,6 +20,7 @@ _P, _I, _F = ctypes.c_void_p, ctypes.c_int, ctypes.c_float
 def library() -> ctypes.CDLL:
     lib = ctypes.CDLL(str(cpu_twin()))
     lib.mmtrt_token_select_cpu.argtypes = [_I, _P, _P, _P, *[_I] * 9, _F, _I, _P, _P, _P, _P]
+    lib.mmtrt_token_select_scored_cpu.argtypes = [_I, _P, _P, *[_I] * 5, _F, _P, _P, _P]
     lib.mmtrt_int4_gemm_cpu.argtypes = [_I, _I, _P, _P, _P, _P, _I, _I, _I, _I, _P]
     lib.mmtrt_round_cpu.argtypes = [_I, _P, _P, ctypes.c_longlong]
     lib.mmtrt_round_cpu.restype = None
@@ -55,6 +56,27 @@ def token_select(q: np.ndarray, k: np.ndarray, features: np.ndarray, keep: int, 
         raise ValueError(f"token_select: keep {keep} of {tokens} tokens after {cls} with {kv_len} keys and "
                          f"{targets.size} contextual targets is not a selection")
     return out, scores, indices
+
+
+def token_select_scored(scores: np.ndarray, features: np.ndarray, keep: int, least: int | None = None,
+                        mass: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(selected [n, keep, dim], count [n] int32, indices [n, keep] int32: the patch in each row) from fp32 scores
+    [n, tokens]. mass 0: the `keep` best patches in spatial order; otherwise a dynamic budget whose most is `keep`:
+    the fewest best patches reaching mass x the total, clamped to [least, keep], the last patch in the rest."""
+    scores = np.ascontiguousarray(scores, np.float32)
+    features = np.ascontiguousarray(features)
+    n, tokens, dim = features.shape
+    least = keep if least is None else least
+    out = np.empty((n, keep, dim), features.dtype)
+    counts, indices = np.empty(n, np.int32), np.empty((n, keep), np.int32)
+    if scores.shape != (n, tokens):
+        raise ValueError(f"token_select_scored: scores {list(scores.shape)} do not fit features {list(features.shape)}")
+    rc = library().mmtrt_token_select_scored_cpu(_code(features), _ptr(scores), _ptr(features), n, tokens, dim, keep,
+                                                 least, mass, _ptr(out), _ptr(counts), _ptr(indices))
+    if rc:
+        raise ValueError(f"token_select_scored: keep {keep} (least {least}, mass {mass}) of {tokens} tokens is not a "
+                         "selection")
+    return out, counts, indices
 
 
 def int4_gemm(x: np.ndarray, packed: np.ndarray, scales: np.ndarray, pre: np.ndarray, group: int) -> np.ndarray:

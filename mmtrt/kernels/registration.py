@@ -1,7 +1,9 @@
 """TensorRT registration of mmtrt's plugins through `tensorrt.plugin` (TensorRT 10.8+, written for TensorRT 11).
 
 The bundle carries this file beside the PTX; `mmtrt build-engines` imports it from there before parsing a segment,
-so TensorRT's ONNX parser finds `mmtrt::TokenSelect`, `mmtrt::TokenSelectMerge` and `mmtrt::Int4GroupGemm` in its registry (the nodes carry
+so TensorRT's ONNX parser finds `mmtrt::TokenSelect`, `mmtrt::TokenSelectMerge`, `mmtrt::TokenSelectScored`,
+`mmtrt::TokenSelectDynamic` and `mmtrt::Int4GroupGemm` in its registry (tensorrt.plugin makes each an IPluginV3 whose
+AOT build hands TensorRT the kernel; the nodes carry
 plugin_namespace "mmtrt" and aot 1). `aot_impl` hands TensorRT the kernel name, the PTX and the launch
 parameters, so the kernel is compiled into the engine and runs without Python. The kernels' scalar parameters are
 int32 SymIntExprs in the order kernels.cu declares them, after the input pointers and before the output pointer.
@@ -101,6 +103,58 @@ def token_select_merge_aot(q: trtp.TensorDesc, k: trtp.TensorDesc, features: trt
     params.shared_mem = _token_select_smem(kv_len, tokens, keep, head_dim, contextual)
     args = _int32([heads, q_len, kv_len, head_dim, cls, tokens, dim, keep, _float_bits(scale), contextual])
     return f"mmtrt_token_select_merge_{SUFFIX[features.dtype]}".encode(), _ptx(), params, args
+
+
+def _scored_launch(features: trtp.TensorDesc, rows) -> trtp.KernelLaunchParams:
+    """One block per image (times row chunks); shared memory: scored_smem_words in token_budget.h, in bytes."""
+    tokens = features.shape_expr[1]
+    params = trtp.KernelLaunchParams()
+    params.grid_x = features.shape_expr[0]
+    params.grid_y = min(rows, TOKEN_SELECT_ROW_BLOCKS)
+    params.block_x = TOKEN_SELECT_THREADS
+    params.shared_mem = 4 * (4 * tokens + rows + 1)
+    return params
+
+
+@trtp.register("mmtrt::TokenSelectScored")
+def token_select_scored_desc(scores: trtp.TensorDesc, features: trtp.TensorDesc, keep: int) -> trtp.TensorDesc:
+    out = features.like()
+    out.shape_expr[1] = keep
+    return out
+
+
+@trtp.autotune("mmtrt::TokenSelectScored")
+def token_select_scored_autotune(scores: trtp.TensorDesc, features: trtp.TensorDesc,
+                                 outputs) -> list[trtp.AutoTuneCombination]:
+    return [trtp.AutoTuneCombination(f"FP32, {FLOATS}, {FLOATS}", "LINEAR")]
+
+
+@trtp.aot_impl("mmtrt::TokenSelectScored")
+def token_select_scored_aot(scores: trtp.TensorDesc, features: trtp.TensorDesc, keep: int, outputs, tactic: int):
+    args = _int32([features.shape_expr[1], features.shape_expr[2], keep])
+    return f"mmtrt_token_select_scored_{SUFFIX[features.dtype]}".encode(), _ptx(), _scored_launch(features, keep), args
+
+
+@trtp.register("mmtrt::TokenSelectDynamic")
+def token_select_dynamic_desc(scores: trtp.TensorDesc, features: trtp.TensorDesc, most: int, least: int,
+                              mass: float) -> tuple[trtp.TensorDesc, trtp.TensorDesc]:
+    """The padded block [n, most, dim] and the count [n] (int32): bounded shapes, no data-dependent one."""
+    block = features.like()
+    block.shape_expr[1] = most
+    return block, trtp.from_shape_expr((features.shape_expr[0],), dtype=trt.int32)
+
+
+@trtp.autotune("mmtrt::TokenSelectDynamic")
+def token_select_dynamic_autotune(scores: trtp.TensorDesc, features: trtp.TensorDesc,
+                                  outputs) -> list[trtp.AutoTuneCombination]:
+    return [trtp.AutoTuneCombination(f"FP32, {FLOATS}, {FLOATS}, INT32", "LINEAR")]
+
+
+@trtp.aot_impl("mmtrt::TokenSelectDynamic")
+def token_select_dynamic_aot(scores: trtp.TensorDesc, features: trtp.TensorDesc, most: int, least: int, mass: float,
+                             outputs, tactic: int):
+    args = _int32([features.shape_expr[1], features.shape_expr[2], most, least, _float_bits(mass)])
+    return f"mmtrt_token_select_dynamic_{SUFFIX[features.dtype]}".encode(), _ptx(), _scored_launch(features, most), args
 
 
 @trtp.register("mmtrt::Int4GroupGemm")

@@ -1,7 +1,7 @@
 """fuse_plugins: replace patterns in the TensorRT segments by mmtrt's CUDA plugins (mmtrt/kernels).
 
 TensorRT runs token_prune's selection as a dozen small kernels plus a data-dependent gather (three dozen with
-VisionZip's merge), and an INT4 linear at
+VisionZip's merge, about twenty for a dynamic budget, whatever the criterion), and an INT4 linear at
 decode as a dequantize into a full fp16 weight before a GEMM; one fused kernel each reads the inputs once (see the
 README's roofline). The pass places like the compiler does (mmtrt.partition.placement) and fuses only chains whose
 every node lies in a TensorRT segment, so ONNX Runtime segments keep their standard ops. A fused node carries its
@@ -27,13 +27,16 @@ from mmtrt.pipeline.pass_base import Pass, PassConfig
 from passes.fusion.graph_view import GraphView, NoMatch, NotCandidate
 from passes.fusion.int4_gemm_match import Int4GemmMatch, match_int4_gemm, np_type
 from passes.fusion.plugin_nodes import add_function, plugin_node
+from passes.fusion.token_select_dynamic_match import TokenSelectDynamicMatch, match_token_select_dynamic
 from passes.fusion.token_select_match import TokenSelectMatch, match_token_select
 from passes.fusion.token_select_merge_match import TokenSelectMergeMatch, match_token_select_merge
 
-# recipe name -> (anchor op type, matcher, catalog key) per pattern it fuses
+# recipe name -> (anchor op type, matcher, catalog key) per pattern it fuses; a match may name another key (a
+# selection from a score the graph computes is a TokenSelectScored)
 ANCHORS = {
     "token_select": [("Concat", match_token_select_merge, "token_select_merge"),
-                     ("GatherND", match_token_select, "token_select")],
+                     ("GatherND", match_token_select, "token_select"),
+                     ("GatherND", match_token_select_dynamic, "token_select_dynamic")],
     "int4_gemm": [("MatMul", match_int4_gemm, "int4_gemm")],
 }
 
@@ -41,7 +44,7 @@ ANCHORS = {
 class FusePluginsConfig(PassConfig):
     plugins: list[Literal["token_select", "int4_gemm"]] = Field(
         ["token_select", "int4_gemm"], min_length=1,
-        description="Plugins to fuse: `token_select` (token_prune's cls_attention selection, with or without merge: contextual, as one kernel) and `int4_gemm` (awq_int4's DequantizeLinear + MatMul, with AWQ's pre-quant Mul, as a W4A16 GEMV for batch 1 to 8).")
+        description="Plugins to fuse: `token_select` (token_prune's selection as one kernel: cls_attention scored in the kernel, with or without merge: contextual; any other criterion, and every dynamic budget, from the graph's scores) and `int4_gemm` (awq_int4's DequantizeLinear + MatMul, with AWQ's pre-quant Mul, as a W4A16 GEMV for batch 1 to 8).")
 
 
 class FusePlugins(Pass):
@@ -62,7 +65,7 @@ class FusePlugins(Pass):
         claimed: set[str] = set()  # nodes a fused merge replaces: not candidates for the plain selection
         for op_type, match, key in (a for name in self.config.plugins for a in ANCHORS[name]):
             for i, node in enumerate(comp.onnx.graph.node):
-                if node.op_type != op_type or i not in on_trt or node.output[0] in claimed:
+                if node.op_type != op_type or i not in on_trt or node.output[0] in claimed or i in replacements:
                     continue
                 try:
                     found = match(view, node)
@@ -73,6 +76,9 @@ class FusePlugins(Pass):
                     continue
                 claimed |= getattr(found, "claimed", set())
                 replacements[i] = _plugin_for(found, weights, view)
+                if isinstance(found, TokenSelectDynamicMatch):
+                    replacements[view.index[found.count.output[0]]] = []  # the plugin gives the count
+                key = getattr(found, "key", key)
                 fused[PLUGINS[key].plugin_id] += 1
                 add_function(comp.onnx, key)
         if replacements:
@@ -84,8 +90,14 @@ class FusePlugins(Pass):
 def _plugin_for(found, weights: list[onnx.TensorProto], view: GraphView) -> list[onnx.NodeProto]:
     anchor = found.anchor
     if isinstance(found, TokenSelectMatch):
-        return [plugin_node(PLUGINS["token_select"], found.inputs, anchor.output[0], f"{anchor.name}/TokenSelect",
-                            **found.attributes)]
+        spec = PLUGINS[found.key]
+        return [plugin_node(spec, found.inputs, anchor.output[0], f"{anchor.name}/{spec.name}", **found.attributes)]
+    if isinstance(found, TokenSelectDynamicMatch):
+        count = found.count.output[0]
+        return [plugin_node(PLUGINS["token_select_dynamic"], found.inputs, [anchor.output[0], f"{count}__int32"],
+                            f"{anchor.name}/TokenSelectDynamic", **found.attributes),
+                onnx.helper.make_node("Cast", [f"{count}__int32"], [count], name=f"{count}_cast",
+                                      to=onnx.TensorProto.INT64)]
     if isinstance(found, TokenSelectMergeMatch):
         positions = [numpy_helper.from_array(found.target_at.astype(np.int32), f"{anchor.name}.target_at"),
                      numpy_helper.from_array(found.merged_at.astype(np.int32), f"{anchor.name}.merged_at")]
@@ -123,9 +135,31 @@ def _rewrite(model: onnx.ModelProto, replacements: dict[int, list[onnx.NodeProto
     graph = model.graph
     nodes = [m for i, n in enumerate(graph.node) for m in replacements.get(i, [n])]
     del graph.node[:]
-    graph.node.extend(nodes)
+    graph.node.extend(_in_dependency_order(nodes))
     graph.initializer.extend(weights)
     _drop_dead(graph)
+
+
+def _in_dependency_order(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
+    """The nodes in their order, except that a node waits for the producers of its inputs (a plugin that gives a
+    tensor its anchor did not make, such as TokenSelectDynamic's count, sits after the count's old readers)."""
+    made = {o: i for i, n in enumerate(nodes) for o in n.output if o}
+    done, order = set(), []
+    for start in range(len(nodes)):
+        stack = [start]
+        while stack:
+            i = stack[-1]
+            if i in done:
+                stack.pop()
+                continue
+            waiting = [made[x] for x in node_inputs(nodes[i]) if x in made and made[x] not in done and made[x] != i]
+            if waiting:
+                stack.extend(waiting)
+                continue
+            done.add(i)
+            order.append(nodes[i])
+            stack.pop()
+    return order
 
 
 def _drop_dead(graph: onnx.GraphProto) -> None:

@@ -18,10 +18,12 @@ from mmtrt.kernels.catalog import CONTROL_ATTRIBUTES, DOMAIN, NAMESPACE, PLUGINS
 INT64_MAX = np.iinfo(np.int64).max
 
 
-def plugin_node(spec: PluginSpec, inputs: list[str], output: str, name: str, **attributes) -> onnx.NodeProto:
+def plugin_node(spec: PluginSpec, inputs: list[str], output: str | list[str], name: str,
+                **attributes) -> onnx.NodeProto:
     if sorted(attributes) != sorted(spec.attributes):
         raise ValueError(f"{spec.name} takes attributes {spec.attributes}, got {sorted(attributes)}")
-    return helper.make_node(spec.name, inputs, [output], name=name, domain=DOMAIN, **attributes,
+    outputs = [output] if isinstance(output, str) else output
+    return helper.make_node(spec.name, inputs, outputs, name=name, domain=DOMAIN, **attributes,
                             plugin_namespace=NAMESPACE, plugin_version=spec.version, aot=1)
 
 
@@ -108,6 +110,50 @@ def _token_select_merge_body() -> tuple[list[str], list[str], list[onnx.NodeProt
     return ["q", "k", "features", "target_at", "merged_at"], ["selected"], nodes
 
 
+def _token_select_scored_body() -> tuple[list[str], list[str], list[onnx.NodeProto]]:
+    """token_prune's fixed selection from fp32 scores: TopK, the kept indices ascending, the gather."""
+    n = helper.make_node
+    nodes = [
+        _const("two", [2]), _const("vector", [1]),
+        _ref_const("keep0", "value_int", "keep"), n("Reshape", ["keep0", "vector"], ["keep"]),
+        n("TopK", ["scores", "keep"], ["top_scores", "top"], axis=-1, largest=1, sorted=1),
+        n("TopK", ["top", "keep"], ["kept", "kept_order"], axis=-1, largest=0, sorted=1),
+        n("Unsqueeze", ["kept", "two"], ["kept_rows"]),
+        n("GatherND", ["features", "kept_rows"], ["selected"], batch_dims=1),
+    ]
+    return ["scores", "features"], ["selected"], nodes
+
+
+def _token_select_dynamic_body() -> tuple[list[str], list[str], list[onnx.NodeProto]]:
+    """token_prune's dynamic selection (passes/vision/token_prune._select_dynamic) from fp32 scores, the bounds
+    from the node's attributes; the count leaves as int32, the plugin's output type."""
+    n = helper.make_node
+    nodes = [
+        _const("zero", [0]), _const("one", [1]), _const("two", [2]), _const("vector", [1]),
+        _const("axis", np.int64(1)), _const("first", np.int64(0)), _const("step", np.int64(1)),
+        _ref_const("most", "value_int", "most"), n("Reshape", ["most", "vector"], ["most_vec"]),
+        _ref_const("least", "value_int", "least"), _ref_const("mass", "value_float", "mass"),
+        n("Shape", ["scores"], ["tokens"], start=1, end=2),
+        n("TopK", ["scores", "tokens"], ["values", "order"], axis=-1, largest=1, sorted=1),
+        n("CumSum", ["values", "axis"], ["reached"]),
+        n("ReduceSum", ["values", "one"], ["total"], keepdims=1), n("Mul", ["total", "mass"], ["target"]),
+        n("Less", ["reached", "target"], ["short"]), n("Cast", ["short"], ["short_i"], to=TensorProto.INT64),
+        n("ReduceSum", ["short_i", "one"], ["shortfall"], keepdims=0),
+        n("Add", ["shortfall", "step"], ["reaching"]), n("Min", ["reaching", "most"], ["capped"]),
+        n("Max", ["capped", "least"], ["count64"]),
+        n("Slice", ["order", "zero", "most_vec", "one"], ["top"]),
+        n("Range", ["first", "most", "step"], ["slots"]),
+        n("Unsqueeze", ["count64", "one"], ["count_col"]), n("Less", ["slots", "count_col"], ["kept"]),
+        n("Add", ["slots", "tokens"], ["past_end"]), n("Where", ["kept", "top", "past_end"], ["ranked"]),
+        n("TopK", ["ranked", "most_vec"], ["ascending", "ascending_order"], axis=-1, largest=0, sorted=1),
+        n("Sub", ["tokens", "one"], ["last"]), n("Min", ["ascending", "last"], ["index"]),
+        n("Unsqueeze", ["index", "two"], ["rows"]),
+        n("GatherND", ["features", "rows"], ["selected"], batch_dims=1),
+        n("Cast", ["count64"], ["count"], to=TensorProto.INT32),
+    ]
+    return ["scores", "features"], ["selected", "count"], nodes
+
+
 def _int4_gemm_body() -> tuple[list[str], list[str], list[onnx.NodeProto]]:
     """(x * pre) @ CastLike(DequantizeLinear(W, scales), x), the block size from group_size: the graph awq_int4
     and cast_precision leave (ONNX Runtime keeps running it as before: no MatMulNBits fusion across the cast)."""
@@ -119,6 +165,7 @@ def _int4_gemm_body() -> tuple[list[str], list[str], list[onnx.NodeProto]]:
 
 
 BODIES = {"token_select": _token_select_body, "token_select_merge": _token_select_merge_body,
+          "token_select_scored": _token_select_scored_body, "token_select_dynamic": _token_select_dynamic_body,
           "int4_gemm": _int4_gemm_body}
 
 

@@ -1,10 +1,12 @@
-"""token_prune's cls_attention selection (merge: none) as it reaches the TensorRT segment, casts included:
+"""token_prune's fixed selection (merge: none) as it reaches the TensorRT segment, casts included:
 
     Cast(q) -> Slice(query 0) -> MatMul <- Transpose <- Cast(k);  Mul(scale) -> Softmax -> ReduceMean(heads, query)
     -> Slice(patches) -> TopK(keep) -> TopK(ascending) -> Unsqueeze -> GatherND(features, batch_dims 1)
 
-Every tensor inside is read by the chain only, and every node is in a TensorRT segment. The fused node scores in
-fp32 even where cast_precision lowered the scores to fp16 before TopK (the kernel and the decomposition agree).
+[CLS] attention scores (from q and k) make it a TokenSelect, which scores too; any other score (norm, random,
+attention_entropy, saliency, a masked [CLS] attention) stays standard ops and feeds a TokenSelectScored. Every
+tensor inside is read by the chain only, and every node is in a TensorRT segment. The fused node ranks fp32 scores
+even where cast_precision lowered them to fp16 before TopK (the kernel and the decomposition agree).
 """
 
 from __future__ import annotations
@@ -24,8 +26,9 @@ MAX_KEYS = 4096  # the kernel keeps the logits, scores and flags of an image in 
 @dataclass
 class TokenSelectMatch:
     anchor: onnx.NodeProto  # the GatherND the plugin node replaces
-    inputs: list[str]  # q, k, features
+    inputs: list[str]  # q, k, features; or scores, features
     attributes: dict
+    key: str = "token_select"  # the catalog's plugin
 
 
 def match_token_select(view: GraphView, gather: onnx.NodeProto) -> TokenSelectMatch:
@@ -35,6 +38,8 @@ def match_token_select(view: GraphView, gather: onnx.NodeProto) -> TokenSelectMa
     features = gather.input[0]
     unsqueeze = _inner(view, gather.input[1], "Unsqueeze")
     check(view.const(unsqueeze.input[1]).tolist() == [2], "the indices are not unsqueezed on axis 2")
+    if getattr(view.made.get(unsqueeze.input[0]), "op_type", None) == "Min":
+        raise NotCandidate  # a dynamic budget's block (token_select_dynamic_match)
     ascending = _inner(view, unsqueeze.input[0], "TopK")
     check(attribute(ascending, "largest", 1) == 0 and unsqueeze.input[0] == ascending.output[0],
           "the kept indices are not sorted ascending")
@@ -44,8 +49,27 @@ def match_token_select(view: GraphView, gather: onnx.NodeProto) -> TokenSelectMa
     keep = int(view.const(top.input[1]).reshape(-1)[0])
     check(int(view.const(ascending.input[1]).reshape(-1)[0]) == keep, "the two TopK keep different counts")
     check(top.output[0] not in view.uses, f"{top.output[0]} (the top scores) is read elsewhere")
-    q, k, attributes = scores_source(view, top.input[0], features)
+    check_features(view, features)
+    try:
+        q, k, attributes = scores_source(view, top.input[0], features)
+    except NoMatch:
+        return TokenSelectMatch(gather, [score_input(view, top.input[0]), features], {"keep": keep},
+                                "token_select_scored")
     return TokenSelectMatch(gather, [q, k, features], {"keep": keep, **attributes})
+
+
+def score_input(view: GraphView, scores: str) -> str:
+    """The fp32 scores a TopK ranks: its input, or the fp32 tensor before the casts cast_precision put there."""
+    name = scores
+    while view.types.get(name) != TensorProto.FLOAT:
+        node = view.made.get(name)
+        check(node is not None and node.op_type == "Cast", f"the scores {scores} are neither fp32 nor cast from fp32")
+        name = node.input[0]
+    return name
+
+
+def check_features(view: GraphView, features: str) -> None:
+    check(view.types.get(features) in KERNEL_SUFFIX, f"the features {features} are not fp32/fp16/bf16")
 
 
 def scores_source(view: GraphView, scores: str, features: str) -> tuple[str, str, dict]:

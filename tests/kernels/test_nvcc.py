@@ -9,7 +9,7 @@ import pytest
 from mmtrt.kernels import build
 
 pytestmark = pytest.mark.skipif(build.nvcc() is None, reason="nvcc is not installed: the CUDA kernels cannot be compiled here")
-ENTRIES = {f"mmtrt_token_select{m}_{t}" for m in ("", "_merge") for t in ("f32", "f16", "bf16")} | {
+ENTRIES = {f"mmtrt_token_select{m}_{t}" for m in ("", "_merge", "_scored", "_dynamic") for t in ("f32", "f16", "bf16")} | {
     f"mmtrt_int4_gemm_{t}" for t in ("f32_f32", "f16_f16", "f16_f32", "bf16_bf16", "bf16_f32")}
 
 

@@ -49,12 +49,20 @@ def test_shared_memory_formula_matches_the_header():
     assert "4 * (kv_len + 3 * tokens + keep + TOKEN_SELECT_THREADS + contextual * (head_dim + 2))" in body
 
 
+def test_scored_shared_memory_matches_the_header():
+    """TokenSelectScored / TokenSelectDynamic launch with scored_smem_words (token_budget.h) in bytes."""
+    header = (build.SOURCE_DIR / "token_budget.h").read_text()
+    assert "return 4 * s.tokens + s.keep + 1;" in header
+    body = ast.unparse(next(n for n in TREE.body if isinstance(n, ast.FunctionDef) and n.name == "_scored_launch"))
+    assert "params.shared_mem = 4 * (4 * tokens + rows + 1)" in body
+
+
 def test_every_kernel_the_registration_can_name_is_in_the_ptx():
     if build.nvcc() is None:
         pytest.skip("nvcc is not installed: no PTX to read")
     entries = set(re.findall(r"\.visible \.entry (\w+)\(", build.device_code().ptx.read_text()))
     suffixes = ("f32", "f16", "bf16")
-    assert {f"mmtrt_token_select{m}_{s}" for m in ("", "_merge") for s in suffixes} <= entries
+    assert {f"mmtrt_token_select{m}_{s}" for m in ("", "_merge", "_scored", "_dynamic") for s in suffixes} <= entries
     # Int4GroupGemm's autotune: x, pre and y share a type; the scales are that type or fp32
     pairs = {(s, s) for s in suffixes} | {(s, "f32") for s in ("f16", "bf16")}
     assert {f"mmtrt_int4_gemm_{x}_{s}" for x, s in pairs} <= entries

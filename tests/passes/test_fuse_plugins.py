@@ -108,9 +108,17 @@ def test_token_select_leaves_indices_another_node_reads():
     assert not any(n.domain == "mmtrt" for n in fused.graph.node)
 
 
-def test_token_select_leaves_masked_attention_scores():
-    fused, report = fuse(token_select_graph(mask=True))
-    assert report["fused"] == {} and not any(n.domain == "mmtrt" for n in fused.graph.node)
+def test_masked_attention_scores_stay_standard_ops_and_feed_token_select_scored():
+    """TokenSelect scores without a mask; a masked [CLS] attention is scored by the graph and selected by the plugin."""
+    rng = np.random.default_rng()
+    model, feeds = token_select_graph(mask=True), token_feeds(rng)
+    feeds["mask"] = rng.normal(size=(N, HEADS, TOKENS + CLS, TOKENS + CLS)).astype(np.float32)
+    before = run(model, feeds)[0]
+    fused, report = fuse(model)
+    assert report["fused"] == {"mmtrt::TokenSelectScored": 1}
+    node = next(n for n in fused.graph.node if n.domain == "mmtrt")
+    assert node.input[1] == "features" and any(n.op_type == "Softmax" for n in fused.graph.node)
+    np.testing.assert_array_equal(run(fused, feeds)[0], before)
 
 
 def test_onnx_runtime_segments_keep_standard_ops():

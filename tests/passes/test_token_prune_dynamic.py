@@ -22,7 +22,7 @@ from mmtrt.runtime.batch import Request
 from mmtrt.zoo.tiny_llava import build_tiny_llava
 from passes.vision import token_criteria as tc
 from passes.vision import token_prune as tp
-from token_prune_graphs import GRID, HEADS, HEAD_DIM, one_layer_tower, prune, run, softmax
+from token_prune_graphs import GRID, HEADS, HEAD_DIM, channel_mean_saliency, one_layer_tower, prune, run, softmax
 
 TOKENS, DIM = 12, 3
 
@@ -176,16 +176,6 @@ def test_shapes_use_max_and_each_image_gets_its_own_count(dynamic_bundle, rng, c
     assert main(["eval", str(dynamic_bundle), "--suite", "digits", "--limit", "3", "--json"]) == 0
     metrics = json.loads(capsys.readouterr().out)["metrics"]
     assert metrics["kept_tokens_min"] <= metrics["kept_tokens_mean"] <= metrics["kept_tokens_max"] <= 40
-
-
-def channel_mean_saliency(path):
-    """A user's saliency ONNX: the ReLU of the channel mean of pixel_values, [n, 1, H, W]."""
-    nodes = [helper.make_node("ReduceMean", ["image", "axes"], ["mean"], keepdims=1),
-             helper.make_node("Relu", ["mean"], ["map"])]
-    graph = helper.make_graph(nodes, "saliency", [tensor("image", ["n", 3, 64, 64])], [tensor("map", ["n", 1, 64, 64])],
-                              [helper.make_tensor("axes", 7, [1], [1])])
-    onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
-    return str(path)
 
 
 def test_saliency_keeps_the_patches_its_map_marks_and_budgets_follow_it(clip_ir, rng, tmp_path):

@@ -3,6 +3,7 @@
 #include <vector>
 
 #include "int4_gemm.h"
+#include "token_budget.h"
 #include "token_select.h"
 
 namespace mmtrt {
@@ -64,6 +65,33 @@ void token_select(const void* qv, const void* kv, const void* fv, const TokenSel
   }
 }
 
+template <class T>
+void token_select_scored(const float* scores, const void* fv, const ScoredShape& s, int n, void* outv, int* counts,
+                         int* indices) {
+  const typename T::raw* feat = static_cast<const typename T::raw*>(fv);
+  typename T::raw* out = static_cast<typename T::raw*>(outv);
+  std::vector<float> ranked(s.tokens), kept(s.tokens);
+  std::vector<int> rank(s.tokens), src(s.keep);
+  for (int b = 0; b < n; ++b) {
+    const float* score = scores + static_cast<long long>(b) * s.tokens;
+    for (int t = 0; t < s.tokens; ++t) {
+      rank[t] = rank_of(score, s.tokens, t);
+      ranked[rank[t]] = score[t];
+    }
+    const int count = s.mass > 0.0f ? dynamic_count(ranked.data(), s) : s.keep;
+    for (int t = 0; t < s.tokens; ++t) kept[t] = rank[t] < count ? 1.0f : 0.0f;
+    for (int t = 0; t < s.tokens; ++t)
+      if (kept[t] != 0.0f) src[kept_before(kept.data(), t)] = t;
+    counts[b] = count;
+    for (int r = 0; r < s.keep; ++r) {
+      const int from = scored_source(src.data(), count, s.tokens, r);
+      indices[static_cast<long long>(b) * s.keep + r] = from;
+      for (int c = 0; c < s.dim; ++c)
+        out[(static_cast<long long>(b) * s.keep + r) * s.dim + c] = feat[(static_cast<long long>(b) * s.tokens + from) * s.dim + c];
+    }
+  }
+}
+
 template <class T, class S>
 void int4_gemm(const void* xv, const uint8_t* w, const void* sv, const void* pv, int M, int K, int N, int group,
                void* yv) {
@@ -95,6 +123,19 @@ int mmtrt_token_select_cpu(int dtype, const void* q, const void* k, const void* 
   if (dtype == mmtrt::kF32) mmtrt::token_select<mmtrt::F32>(q, k, feat, s, n, out, scores, indices);
   else if (dtype == mmtrt::kF16) mmtrt::token_select<mmtrt::F16>(q, k, feat, s, n, out, scores, indices);
   else if (dtype == mmtrt::kBF16) mmtrt::token_select<mmtrt::BF16>(q, k, feat, s, n, out, scores, indices);
+  else return 2;
+  return 0;
+}
+
+// mass 0: keep a fixed `keep` (TokenSelectScored); otherwise keep is the most (TokenSelectDynamic). indices: the
+// patch each output row holds.
+int mmtrt_token_select_scored_cpu(int dtype, const float* scores, const void* feat, int n, int tokens, int dim,
+                                  int keep, int least, float mass, void* out, int* counts, int* indices) {
+  if (keep < 1 || keep > tokens || least < 1 || least > keep || mass < 0.0f || mass > 1.0f) return 1;
+  mmtrt::ScoredShape s = {tokens, dim, keep, least, mass};
+  if (dtype == mmtrt::kF32) mmtrt::token_select_scored<mmtrt::F32>(scores, feat, s, n, out, counts, indices);
+  else if (dtype == mmtrt::kF16) mmtrt::token_select_scored<mmtrt::F16>(scores, feat, s, n, out, counts, indices);
+  else if (dtype == mmtrt::kBF16) mmtrt::token_select_scored<mmtrt::BF16>(scores, feat, s, n, out, counts, indices);
   else return 2;
   return 0;
 }

@@ -2,6 +2,7 @@
 // AOT plugin interface (tensorrt.plugin.aot_impl) finds them by name in the PTX. Parameters follow that interface:
 // input pointers, then int32 scalars (the plugin's SymIntExprs), then output pointers.
 #include "int4_gemm.h"
+#include "token_budget.h"
 #include "token_select.h"
 
 namespace mmtrt {
@@ -86,6 +87,41 @@ __device__ void token_select(const typename T::raw* q, const typename T::raw* k,
   }
 }
 
+// grid (n, row chunks), block kTokenSelectThreads; every block ranks its image, then writes its share of rows.
+template <class T>
+__device__ void token_select_scored(const float* scores, const typename T::raw* feat, const ScoredShape s,
+                                    typename T::raw* out, int* counts) {
+  extern __shared__ float smem[];
+  float* score = smem;
+  float* ranked = score + s.tokens;
+  int* rank = reinterpret_cast<int*>(ranked + s.tokens);
+  float* kept = reinterpret_cast<float*>(rank + s.tokens);
+  int* src = reinterpret_cast<int*>(kept + s.tokens);
+  int* count = src + s.keep;
+  const int b = blockIdx.x, tid = threadIdx.x;
+  for (int t = tid; t < s.tokens; t += kTokenSelectThreads) score[t] = scores[static_cast<long long>(b) * s.tokens + t];
+  __syncthreads();
+  for (int t = tid; t < s.tokens; t += kTokenSelectThreads) {
+    rank[t] = rank_of(score, s.tokens, t);
+    ranked[rank[t]] = score[t];
+  }
+  __syncthreads();
+  if (tid == 0) *count = s.mass > 0.0f ? dynamic_count(ranked, s) : s.keep;
+  __syncthreads();
+  for (int t = tid; t < s.tokens; t += kTokenSelectThreads) kept[t] = rank[t] < *count ? 1.0f : 0.0f;
+  __syncthreads();
+  for (int t = tid; t < s.tokens; t += kTokenSelectThreads)
+    if (kept[t] != 0.0f) src[kept_before(kept, t)] = t;
+  __syncthreads();
+  if (counts && blockIdx.y == 0 && tid == 0) counts[b] = *count;
+  for (int r = blockIdx.y; r < s.keep; r += gridDim.y) {
+    const int from = scored_source(src, *count, s.tokens, r);
+    const typename T::raw* row = feat + (static_cast<long long>(b) * s.tokens + from) * s.dim;
+    typename T::raw* dst = out + (static_cast<long long>(b) * s.keep + r) * s.dim;
+    for (int c = tid; c < s.dim; c += kTokenSelectThreads) dst[c] = row[c];
+  }
+}
+
 // grid (ceil(N / kInt4Cols), ceil(M / kInt4MaxRows)), block (kInt4Lanes, kInt4Slices): lane -> kInt4ColsPerLane
 // columns, warp -> a K slice; the slices' partial sums meet in shared memory and are added in slice order.
 template <class T, class S>
@@ -141,6 +177,18 @@ __device__ void int4_gemm(const typename T::raw* x, const uint8_t* w, const type
     mmtrt::TokenSelectShape s = {heads, q_len, kv_len, head_dim, cls, tokens, dim, keep,                     \
                                  __int_as_float(scale_bits), contextual, target_at};                          \
     mmtrt::token_select<TYPE>(q, k, feat, s, out);                                                           \
+  }                                                                                                          \
+  /* a score from the graph: a fixed keep (TokenSelectScored), or dynamic with a count (TokenSelectDynamic) */ \
+  extern "C" __global__ void __launch_bounds__(mmtrt::kTokenSelectThreads, 4) mmtrt_token_select_scored_##SUFFIX( \
+      const float* scores, const TYPE::raw* feat, int tokens, int dim, int keep, TYPE::raw* out) {            \
+    mmtrt::ScoredShape s = {tokens, dim, keep, keep, 0.0f};                                                  \
+    mmtrt::token_select_scored<TYPE>(scores, feat, s, out, nullptr);                                         \
+  }                                                                                                          \
+  extern "C" __global__ void __launch_bounds__(mmtrt::kTokenSelectThreads, 4) mmtrt_token_select_dynamic_##SUFFIX( \
+      const float* scores, const TYPE::raw* feat, int tokens, int dim, int most, int least, int mass_bits,    \
+      TYPE::raw* out, int* counts) {                                                                         \
+    mmtrt::ScoredShape s = {tokens, dim, most, least, __int_as_float(mass_bits)};                            \
+    mmtrt::token_select_scored<TYPE>(scores, feat, s, out, counts);                                          \
   }
 
 #define MMTRT_INT4_GEMM(SUFFIX, TYPE, SCALE)                                                                   \
