@@ -5,9 +5,11 @@
                          -> order: Slice(most) -> Where(slot < count, order, slot + tokens) -> TopK(ascending)
                                    -> Min(tokens - 1) -> Unsqueeze -> GatherND(features, batch_dims 1)
 
-whatever criterion made the scores (they stay standard ops and feed the plugin). The plugin node replaces the
-GatherND and gives the count too (int32; a Cast hands the graph its int64). Every tensor inside is read by the chain
-only, except the count, and every node is in a TensorRT segment.
+whatever criterion made the scores (they stay standard ops and feed the plugin), casts included (cast_precision
+lowers the TopK and the comparison, not the sums). The plugin node replaces the GatherND and gives the count too
+(int32; a Cast hands the graph its int64). Every tensor inside is read by the chain only, except the count, and
+every node is in a TensorRT segment. The fused node counts in fp32 from the fp32 scores whatever cast_precision
+chose (the kernel and the decomposition agree).
 """
 
 from __future__ import annotations
@@ -84,17 +86,38 @@ def _reaching(view: GraphView, count: onnx.NodeProto, values: str, most: int) ->
     cast = _inner(view, shortfall.input[0], "Cast")
     check(attribute(cast, "to") == TensorProto.INT64, "the shortfall is not counted in int64")
     less = _inner(view, cast.input[0], "Less")
-    reached = _inner(view, less.input[0], "CumSum")
-    target = _inner(view, less.input[1], "Mul")
-    total = _inner(view, target.input[0], "ReduceSum")
-    check(reached.input[0] == values and total.input[0] == values and view.uses.get(values) == 2,
-          "the sums are not of the top-k values alone")
+    reached = _inner(view, less.input[0], "CumSum", skip_casts=True)
+    target = _inner(view, less.input[1], "Mul", skip_casts=True)
+    total = _inner(view, target.input[0], "ReduceSum", skip_casts=True)
+    for node in (reached, target, total):
+        view.single_use(node.output[0])
+    check(_uncast(view, reached.input[0]) == values and _uncast(view, total.input[0]) == values and
+          _readers(view, values) == {reached.output[0], total.output[0]}, "the sums are not of the top-k values alone")
     check(_int(view, reached.input[1]) == 1 and not attribute(reached, "exclusive", 0) and
           not attribute(reached, "reverse", 0), "not a running sum over the tokens")
     check(_ints(view, total.input[1]) == [1] and attribute(total, "keepdims", 1) == 1, "not a total per image")
     mass = view.const(target.input[1])
-    check(mass.size == 1 and mass.dtype == np.float32, "the mass is not one fp32 constant")
+    check(mass.size == 1 and mass.dtype.kind == "f", "the mass is not one float constant")
     return _int(view, count.input[1]), float(mass.reshape(-1)[0])
+
+
+def _uncast(view: GraphView, name: str) -> str:
+    """The tensor a chain of Casts (cast_precision's) starts from."""
+    while (node := view.made.get(name)) is not None and node.op_type == "Cast":
+        name = node.input[0]
+    return name
+
+
+def _readers(view: GraphView, name: str) -> set[str]:
+    """First outputs of the nodes that read `name`, directly or through Casts (a graph output reads as itself)."""
+    names, readers = {name}, set()
+    for node in view.graph.node:  # in topological order: a Cast comes before its readers
+        if names.intersection(node.input):
+            if node.op_type == "Cast":
+                names.update(node.output)
+            else:
+                readers.add(node.output[0])
+    return readers | (names & {o.name for o in view.graph.output})
 
 
 def _ints(view: GraphView, name: str) -> list[int]:

@@ -10,10 +10,14 @@ import numpy as np
 import onnx
 import pytest
 
+from builders import make_model, tensor
 from mmtrt.ir.frontend import lower
 from mmtrt.ir.graph import Component
 from mmtrt.kernels import cpu
 from passes.fusion.fuse_plugins import FusePlugins, FusePluginsConfig
+from passes.precision.cast_precision import CastPrecision, CastPrecisionConfig
+from passes.vision import token_criteria as tc
+from passes.vision import token_prune as tp
 from token_prune_graphs import channel_mean_saliency, prune, run
 
 CRITERIA = ["cls_attention", "norm", "random", "attention_entropy", "saliency"]
@@ -27,10 +31,15 @@ def clip_ir(tiny):
     return lower(*tiny)
 
 
-def fuse(model):
+def component(model):
     comp = Component.__new__(Component)
     comp.name, comp.onnx = "vision", model
     comp.metadata = {"placement": {"targeted": True, "min_segment_size": 1}}
+    return comp
+
+
+def fuse(model):
+    comp = component(model)
     report = FusePlugins(FusePluginsConfig(plugins=["token_select"])).run(SimpleNamespace(components={"vision": comp}))
     onnx.checker.check_model(comp.onnx, full_check=True)
     return comp.onnx, report["vision"]
@@ -104,3 +113,25 @@ def test_a_dynamic_selection_whose_order_is_read_elsewhere_is_left_alone(clip_ir
     fused, report = fuse(model)
     assert report["fused"] == {} and any("read elsewhere" in why for why in report["not_fused"])
     assert not any(n.domain == "mmtrt" for n in fused.graph.node)
+
+
+def test_a_dynamic_selection_after_cast_precision_fuses_and_counts_in_fp32(rng):
+    """cast_precision ranks and compares in fp16 (casts inside the count's arithmetic); the fused node reads the
+    fp32 scores before the casts and counts in fp32: the unfused fp32 selection, exactly."""
+    tokens, most, dim = 30, 12, 4
+    model = make_model([], [tensor("scores", ["n", tokens]), tensor("features", ["n", tokens, dim])],
+                       [tensor("block", ["n", most, dim]), onnx.helper.make_tensor_value_info("count", 7, ["n"])])
+    b = tc.Builder(model.graph)
+    block, count = tp._select_dynamic(b, "features", "scores", tp.Budget(tokens, most, 0, 0, 0, False, 0.7, 2))
+    model.graph.node.extend([onnx.helper.make_node("Identity", [block], ["block"]),
+                             onnx.helper.make_node("Identity", [count], ["count"])])
+    feeds = {"scores": rng.random((4, tokens), dtype=np.float32) ** 3,
+             "features": rng.normal(size=(4, tokens, dim)).astype(np.float32)}
+    reference = run(model, feeds)
+    comp = component(copy.deepcopy(model))
+    CastPrecision(CastPrecisionConfig(dtype="fp16"))._lower(comp)
+    assert any(n.op_type == "Cast" and n.output[0].startswith("token_prune/CumSum") for n in comp.onnx.graph.node)
+    fused, report = fuse(comp.onnx)
+    assert report["fused"] == {"mmtrt::TokenSelectDynamic": 1}
+    for ours, theirs in zip(run(fused, feeds), reference):
+        np.testing.assert_array_equal(ours, theirs)
