@@ -3,15 +3,20 @@
 import copy
 
 import numpy as np
+import torch
 import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper
 
 from builders import make_model, tensor
+from conftest import ROOT
 from mmtrt.ir.graph import Component, ModelIR
+from mmtrt.zoo.tiny_llava import build_tiny_llava
 from passes.vision.token_prune import TokenPrune
 
 HEADS, HEAD_DIM, GRID = 2, 4, 12
+DYNAMIC = "  - token_prune: {budget: dynamic, method: cls_attention, mass: 0.9, min: 4, max: 40}\n"
+SHARPEN = 30  # the random tiny tower attends almost uniformly: every image would keep the same count
 
 
 def run(model, feeds, extra=()):
@@ -63,3 +68,18 @@ def channel_mean_saliency(path):
                               [helper.make_tensor("axes", 7, [1], [1])])
     onnx.save(helper.make_model(graph, opset_imports=[helper.make_opsetid("", 18)]), path)
     return str(path)
+
+
+def dynamic_tiny_recipe(folder, more_passes: str = ""):
+    """(folder, recipe text) of the tiny LLaVA under a dynamic budget, its vision queries scaled so that [CLS]
+    attention, and so the kept count, differs from image to image; the checkpoint is saved in folder."""
+    model, processor = build_tiny_llava()
+    with torch.no_grad():
+        for name, weight in model.named_parameters():
+            if "vision" in name and "q_proj" in name:
+                weight.mul_(SHARPEN)
+    model.save_pretrained(folder / "checkpoint")
+    processor.save_pretrained(folder / "checkpoint")
+    recipe = (ROOT / "recipes" / "tiny-llava.yaml").read_text()
+    recipe = recipe.replace("{source: zoo, name: tiny-llava}", "{source: hf, path: checkpoint}")
+    return folder, recipe.replace("envelope:", DYNAMIC + more_passes + "envelope:")

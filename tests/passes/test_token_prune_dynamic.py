@@ -7,11 +7,10 @@ import json
 import numpy as np
 import onnx
 import pytest
-import torch
 from onnx import helper
 
 from builders import assert_same_up_to_near_ties, make_model, random_image, tensor
-from conftest import ROOT, compile_to
+from conftest import compile_to
 from mmtrt.cli import main
 from mmtrt.errors import UserError
 from mmtrt.ir.frontend import lower
@@ -19,10 +18,10 @@ from mmtrt.partition.placement import place_component
 from mmtrt.pipeline.instruments import verify_ir
 from mmtrt.runtime import load
 from mmtrt.runtime.batch import Request
-from mmtrt.zoo.tiny_llava import build_tiny_llava
 from passes.vision import token_criteria as tc
 from passes.vision import token_prune as tp
-from token_prune_graphs import GRID, HEADS, HEAD_DIM, channel_mean_saliency, one_layer_tower, prune, run, softmax
+from token_prune_graphs import (GRID, HEADS, HEAD_DIM, channel_mean_saliency, dynamic_tiny_recipe, one_layer_tower,
+                                prune, run, softmax)
 
 TOKENS, DIM = 12, 3
 
@@ -136,25 +135,9 @@ def test_dynamic_config_is_checked(config, words):
         tp.TokenPrune.Config(**config)
 
 
-DYNAMIC = "  - token_prune: {budget: dynamic, method: cls_attention, mass: 0.9, min: 4, max: 40}\n"
-SHARPEN = 30  # the random tiny tower attends almost uniformly: every image would keep the same count
-
-
 @pytest.fixture(scope="module")
 def dynamic_bundle(tmp_path_factory):
-    """The tiny LLaVA with its vision queries scaled, so [CLS] attention differs from image to image."""
-    folder = tmp_path_factory.mktemp("dynamic")
-    model, processor = build_tiny_llava()
-    with torch.no_grad():
-        for name, weight in model.named_parameters():
-            if "vision" in name and "q_proj" in name:
-                weight.mul_(SHARPEN)
-    model.save_pretrained(folder / "checkpoint")
-    processor.save_pretrained(folder / "checkpoint")
-    recipe = (ROOT / "recipes" / "tiny-llava.yaml").read_text()
-    recipe = recipe.replace("{source: zoo, name: tiny-llava}", "{source: hf, path: checkpoint}")
-    recipe = recipe.replace("envelope:", DYNAMIC + "  - kv_layout: {layout: static}\nenvelope:")
-    return compile_to(folder, recipe)
+    return compile_to(*dynamic_tiny_recipe(tmp_path_factory.mktemp("dynamic"), "  - kv_layout: {layout: static}\n"))
 
 
 def test_shapes_use_max_and_each_image_gets_its_own_count(dynamic_bundle, rng, capsys):

@@ -93,14 +93,6 @@ def test_a_kv_layout_it_does_not_run_is_refused(tiny_bundle, tmp_path, image):
     assert "KV cache layout is 'static'" in one_line_error(run_cpp(copy, image, "hi"))
 
 
-
-def test_a_dynamic_token_budget_is_refused(tiny_bundle, tmp_path, image):
-    copy = copy_of(tiny_bundle, tmp_path)
-    manifest = json.loads((copy / "manifest.json").read_text())
-    manifest["components"]["vision"]["outputs"].append({"name": "image_token_count", "dtype": "int64", "shape": ["num_images"]})
-    (copy / "manifest.json").write_text(json.dumps(manifest))
-    assert "budget: dynamic" in one_line_error(run_cpp(copy, image, "hi"))
-
 def _truncated(rng, folder, fmt):
     path = folder / f"cut.{fmt.lower()}"
     random_image(rng, 64, 64).save(path, format=fmt)

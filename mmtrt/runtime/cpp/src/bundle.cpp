@@ -10,6 +10,7 @@
 
 #include "engines.hpp"
 #include "image.hpp"
+#include "image_tokens.hpp"
 #include "kv_cache.hpp"
 #include "manifest.hpp"
 #include "preprocess.hpp"
@@ -214,11 +215,6 @@ std::unique_ptr<Bundle::Impl> Bundle::load_impl(const std::string& path, const L
   if (!m.outputs.count("preprocess") || m.outputs.at("preprocess").empty())
     throw Error(ErrorKind::BadBundle, path + "/manifest.json has no preprocess output; recompile the recipe");
   make_kv_cache(m);  // refuses a layout this runtime does not run, before the sessions load
-  for (const auto& output : m.raw.at("components").at("vision").at("outputs"))
-    if (output.value("name", "") == "image_token_count")
-      throw Error(ErrorKind::BadBundle, path + " keeps a different number of image tokens per image (token_prune "
-                                            "budget: dynamic), which the C++ runtime does not run yet; use the Python "
-                                            "runtime or recompile with budget: fixed");
   impl->preprocessor = std::make_unique<Preprocessor>(
       read_json_file(impl->root + "/" + m.raw.at("components").at("preprocess").at("artifact").get<std::string>()));
   const auto choices = engine_choices(impl->root, m);
@@ -268,6 +264,7 @@ Generation Bundle::generate(const std::string& image_path, const std::string& pr
                                         "manifest's preprocess output holds " + std::to_string(elements));
   Ort::Value pixel_tensor = tensor(pixels, shape);
   Tensors vision = b.run("vision", {{"pixel_values", pixel_tensor}});
+  fit_to_image_token_count(vision, ids, b.model->image_token_id);
   const auto t2 = Clock::now();
   auto cache = make_kv_cache(b.manifest);
   Ort::Value embeds = b.embed(ids, &vision.at("image_features"));
