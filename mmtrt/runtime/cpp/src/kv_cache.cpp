@@ -112,8 +112,8 @@ std::string kv_layout(const Manifest& manifest) {
 std::string kv_engine_fallback(const Manifest& manifest) {
   if (kv_layout(manifest) == "hf") return "";
   // as mmtrt.runtime.pipeline.STATIC_ON_ORT
-  return "the static KV cache is bound into one ONNX Runtime session of the whole LLM "
-         "(com.microsoft.GroupQueryAttention has no TensorRT form)";
+  return "the KV cache's shared buffers are bound into one ONNX Runtime session of the whole LLM; no "
+         "runtime binds them into an engine of its TensorRT form (TensorScatter + Attention) yet";
 }
 
 std::unique_ptr<KvCache> make_kv_cache(const Manifest& manifest) {
