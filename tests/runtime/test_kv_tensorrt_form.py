@@ -109,6 +109,8 @@ def test_placement_puts_the_whole_form_on_tensorrt_and_says_which_form_runs_wher
     assert [s["backend"] for s in llm["segments"]] == ["tensorrt"]
     assert not [n for n in llm["nodes"] if n["backend"] != "tensorrt"]
     assert set(llm["kv_cache_forms"]) == {"tensorrt", "onnxruntime"}
+    entry = next(e for e in manifest["tensorrt"]["segments"] if e["id"] == llm["segments"][0]["id"])
+    assert entry["profiles"] is not None, entry.get("unbuildable")  # the shape plan covers the mask and buffers
     segment = onnx.load(tiny_static_bundle / llm["segments"][0]["onnx"], load_external_data=False)
     assert "TensorScatter" in {n.op_type for n in segment.graph.node}
     text = describe_placement(tiny_static_bundle)
