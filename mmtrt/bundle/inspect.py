@@ -112,6 +112,7 @@ def describe_placement(bundle: str | Path) -> str:
     for comp, p in sorted(m["placement"].items(), key=lambda item: PIPELINE_ORDER.index(item[0])):
         on_trt = sum(n["backend"] == "tensorrt" for n in p["nodes"])
         lines.append(f"{comp}: {len(p['segments'])} segment(s), {on_trt}/{len(p['nodes'])} nodes in TensorRT")
+        lines += [f"  KV cache on {backend}: {form}" for backend, form in p.get("kv_cache_forms", {}).items()]
         for s in p["segments"]:
             entry = plan.get(s["id"])
             extra = f", {entry['precision']['dtype']}" if entry else ""

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+from mmtrt.backends.tensorrt.kv_cache_form import FORMS, has_gqa, tensorrt_form
 from mmtrt.backends.tensorrt.plan import build_plan, segment_entry
 from mmtrt.backends.tensorrt_llm import CHECKPOINT_DIR, trtllm_plan
 from mmtrt.ir.graph import ModelIR
@@ -30,9 +31,9 @@ def engine_sections(ir: ModelIR, recipe: Recipe, dims: dict, folder: Path, files
     typical = recipe.envelope.prompt_tokens.opt + ir.config["vision"]["image_tokens"]
     phases = phase_dims(dims, typical)
     for comp in ir.onnx_components():
-        placement = place_component(comp)
-        written = segments.write(placement, folder, threshold, files[comp.name])
-        report = placement.to_json()
+        placement, forms = _placement(comp)
+        written = segments.write(placement, folder, threshold, None if forms else files[comp.name])
+        report = {**placement.to_json(), **({"kv_cache_forms": forms} if forms else {})}
         for seg_json, seg_files in zip(report["segments"], written):
             seg_json.update(onnx=seg_files["onnx"], files=seg_files["files"])
         placements[comp.name] = report
@@ -52,6 +53,15 @@ def engine_sections(ir: ModelIR, recipe: Recipe, dims: dict, folder: Path, files
     contracts = {c.name: {**files[c.name], "inputs": [s.to_json() for s in c.inputs]} for c in ir.onnx_components()}
     loaders = write_loaders(contracts, dims, typical, ir.config["llm"]["vocab_size"], folder)
     return {"placement": placements, "tensorrt": plan, "tensorrt_llm": llm_plan, "polygraphy": loaders}
+
+
+def _placement(comp):
+    """The component's placement; a static KV cache's LLM is placed in the form TensorRT parses (its segments are
+    cut from that form), with what runs where."""
+    settings = comp.metadata.get("placement", {})
+    if comp.name != "llm" or not settings.get("targeted") or not has_gqa(comp.onnx):
+        return place_component(comp), None
+    return place_component(comp, tensorrt_form(comp.onnx)), FORMS
 
 
 def write_float_checkpoint(ir: ModelIR, recipe: Recipe, folder: Path) -> str | None:

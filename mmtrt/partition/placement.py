@@ -236,7 +236,8 @@ def annotate(ir, policy: PartitionPolicy) -> None:
                                       "backends": list(getattr(policy, comp.name))}
 
 
-def place_component(comp) -> Placement:
-    """Place a component with the settings `annotate` recorded (TensorRT offered, default size when absent)."""
+def place_component(comp, model: onnx.ModelProto | None = None) -> Placement:
+    """Place a component (or `model`, another form of its graph) with the settings `annotate` recorded (TensorRT
+    offered, default size when absent)."""
     settings = comp.metadata.get("placement", {"targeted": True, "min_segment_size": DEFAULT_MIN_SEGMENT_SIZE})
-    return place(comp.onnx, comp.name, settings["targeted"], settings["min_segment_size"])
+    return place(comp.onnx if model is None else model, comp.name, settings["targeted"], settings["min_segment_size"])

@@ -46,10 +46,12 @@ def _typed(placement: Placement, name: str) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, placement.facts.types.get(name, TensorProto.UNDEFINED), shape)
 
 
-def write(placement: Placement, folder: Path, threshold: int, component_files: dict[str, Any]) -> list[dict[str, Any]]:
-    """Write a file per segment when the component is split; returns per segment its files and their digest."""
+def write(placement: Placement, folder: Path, threshold: int,
+          component_files: dict[str, Any] | None) -> list[dict[str, Any]]:
+    """Write a file per segment when the component is split, or when the placement is of another form of its graph
+    (`component_files` None); returns per segment its files and their digest."""
     entries = []
-    whole = len(placement.segments) == 1
+    whole = len(placement.segments) == 1 and component_files is not None
     for s in placement.segments:
         if whole:
             files = list(component_files["files"])

@@ -31,8 +31,8 @@ from mmtrt.runtime.tokenizer import BundleTokenizer
 from mmtrt.runtime.trtllm import TrtllmLLM
 
 log = logging.getLogger("mmtrt.runtime")
-STATIC_ON_ORT = ("the static KV cache is bound into one ONNX Runtime session of the whole LLM "
-                 "(com.microsoft.GroupQueryAttention has no TensorRT form)")
+STATIC_ON_ORT = ("the KV cache's shared buffers are bound into one ONNX Runtime session of the whole LLM; no "
+                 "runtime binds them into an engine of its TensorRT form (TensorScatter + Attention) yet")
 
 
 @dataclass

@@ -27,14 +27,17 @@ from passes.kv.cache_type import adopt_reduced_cache, cache_in_fp16
 from passes.kv.paged import MAX_BLOCKS, NUM_SLOTS, SLOTS, TABLE, TOKENS, rewrite_paged
 
 CAPACITY = "capacity"
-CACHE_TYPES = {"fp32": "float32", "fp16": "float16"}
+CACHE_TYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
+NO_BF16 = ("kv_layout: a bfloat16 KV cache does not run: ONNX Runtime's CPU GroupQueryAttention has no bfloat16 "
+           "kernel (1.31) and the runtimes hold float32 or float16 buffers; use cast_precision dtype fp16 "
+           "(or cache_dtype fp16 on an fp32 LLM)")
 SEQLENS, TOTAL, LOGITS_FROM = "seqlens_k", "total_sequence_length", "logits_from"
 
 
 class KvLayoutConfig(PassConfig):
     layout: Literal["static", "paged"] = Field("static", description="`static`: one buffer per layer `[batch, H_kv, capacity, D]` (capacity = prompt + image tokens + max new tokens), past and present bound to the same memory and written in place. `paged`: one pool of blocks per layer `[num_slots, H_kv, D]` and a block table per sequence (vLLM, TensorRT-LLM), so a sequence holds only the blocks it fills.")
     block_tokens: int = Field(16, ge=1, le=1024, description="`paged` only: tokens per block, a power of two (TensorRT-LLM's XQA kernels take 64 or 128).")
-    cache_dtype: Literal["auto", "fp32", "fp16"] = Field("auto", description="The type the cache is stored in. `auto`: the type the LLM computes keys and values in (fp16 or bf16 when kv_layout follows cast_precision, whose casts at the cache I/O go; fp32 otherwise). `fp16` on an fp32 LLM halves KV memory; the graph casts the new keys and values on the way in (static: attention itself runs in fp16; paged: the gathered context is cast back for attention).")
+    cache_dtype: Literal["auto", "fp32", "fp16", "bf16"] = Field("auto", description="The type the cache is stored in. `auto`: the type the LLM computes keys and values in (fp16 when kv_layout follows an fp16 cast_precision, whose casts at the cache I/O go; fp32 otherwise). `fp16` on an fp32 LLM halves KV memory; the graph casts the new keys and values on the way in (static: attention itself runs in fp16; paged: the gathered context is cast back for attention). A bf16 cache (`bf16`, or `auto` after a bf16 cast_precision) is refused at plan time: ONNX Runtime's CPU GroupQueryAttention has no bfloat16 kernel.")
     pool_blocks: int | None = Field(None, ge=1, description="`paged` only: blocks in the pool. Default: enough for the envelope's batch maximum at full capacity; fewer make requests wait for blocks.")
 
     @model_validator(mode="after")
@@ -59,6 +62,8 @@ class KvLayout(Pass):
                             "cache_dtype (the cache takes the LLM's type) or put kv_layout before cast_precision")
         else:
             dtype = CACHE_TYPES[wanted]
+        if dtype == "bfloat16":
+            raise UserError(NO_BF16)
         return {**facts, "kv_cache": kv_facts(self.config, dtype)}
 
     def run(self, ir: ModelIR) -> dict:

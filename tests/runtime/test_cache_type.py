@@ -3,6 +3,7 @@ bundle's buffers, no Casts at the cache I/O, and the tokens of the same fp16 bun
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 
 from builders import assert_same_up_to_near_ties, random_image
@@ -63,3 +64,35 @@ def test_an_fp32_cache_after_cast_precision_is_refused_at_plan_time(tmp_path, ca
     err = capsys.readouterr().err
     assert "cache_dtype fp32 on an LLM that cast_precision lowered to float16; drop cache_dtype" in err
     assert len(err.strip().splitlines()) == 1 and not (tmp_path / "r.bundle").exists()
+
+
+@pytest.mark.parametrize("recipe_text", [
+    FP16.replace("dtype: fp16", "dtype: bf16").replace("envelope:", "  - kv_layout: {layout: static}\nenvelope:"),
+    (ROOT / "recipes" / "tiny-llava.yaml").read_text().replace(
+        "envelope:", "  - kv_layout: {layout: paged, cache_dtype: bf16}\nenvelope:")])
+def test_a_bf16_cache_is_refused_at_plan_time(recipe_text, tmp_path, capsys):
+    recipe = tmp_path / "r.yaml"
+    recipe.write_text(recipe_text)
+    assert main(["compile", str(recipe), "--plan"]) == 2
+    err = capsys.readouterr().err
+    assert "a bfloat16 KV cache does not run: ONNX Runtime's CPU GroupQueryAttention has no bfloat16 kernel" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_onnx_runtime_still_has_no_cpu_bf16_group_query_attention():
+    """Why bf16 is refused; when this fails, ONNX Runtime gained the kernel and the refusal can go."""
+    heads, kv_heads, dim, capacity = 4, 2, 8, 16
+    bf16, i32 = onnx.TensorProto.BFLOAT16, onnx.TensorProto.INT32
+    shapes = {"q": [1, 3, heads * dim], "k": [1, 3, kv_heads * dim], "v": [1, 3, kv_heads * dim],
+              "past_k": [1, kv_heads, capacity, dim], "past_v": [1, kv_heads, capacity, dim]}
+    inputs = [onnx.helper.make_tensor_value_info(n, bf16, s) for n, s in shapes.items()]
+    inputs += [onnx.helper.make_tensor_value_info("seqlens", i32, [1]),
+               onnx.helper.make_tensor_value_info("total", i32, [])]
+    node = onnx.helper.make_node("GroupQueryAttention", [i.name for i in inputs], ["o", "pk", "pv"],
+                                 domain="com.microsoft", num_heads=heads, kv_num_heads=kv_heads)
+    graph = onnx.helper.make_graph([node], "g", inputs, [onnx.helper.make_tensor_value_info(n, bf16, None)
+                                                         for n in ("o", "pk", "pv")])
+    model = onnx.helper.make_model(graph, ir_version=10, opset_imports=[
+        onnx.helper.make_opsetid("", 23), onnx.helper.make_opsetid("com.microsoft", 1)])
+    with pytest.raises(Exception, match="NOT_IMPLEMENTED|Could not find an implementation"):
+        ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])

@@ -85,13 +85,6 @@ def test_manifest_without_a_key_it_reads(tiny_bundle, tmp_path, image, key):
     assert "manifest.json lacks what the runtime" in one_line_error(run_cpp(copy, image, "hi"))
 
 
-def test_a_kv_layout_it_does_not_run_is_refused(tiny_bundle, tmp_path, image):
-    copy = copy_of(tiny_bundle, tmp_path)
-    manifest = json.loads((copy / "manifest.json").read_text())
-    manifest["properties"] = ["llm.kv_cache.static"]
-    (copy / "manifest.json").write_text(json.dumps(manifest))
-    assert "KV cache layout is 'static'" in one_line_error(run_cpp(copy, image, "hi"))
-
 
 def _truncated(rng, folder, fmt):
     path = folder / f"cut.{fmt.lower()}"

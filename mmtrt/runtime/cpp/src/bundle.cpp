@@ -87,15 +87,16 @@ struct Bundle::Impl {
   std::unique_ptr<Preprocessor> preprocessor;
   std::unique_ptr<Tokenizer> tokenizer;
   std::map<std::string, std::unique_ptr<Runner>> runners;
+  std::unique_ptr<KvCache> cache;  // allocated once per load; open() starts each sequence
   NamedStrings backends, fallbacks;
 
-  Tensors run(const std::string& name, const TensorViews& feeds) {
+  Tensors run(const std::string& name, const TensorViews& feeds, const TensorViews& bound = {}) {
     for (const auto& spec : manifest.inputs.at(name)) {
       const auto found = feeds.find(spec.name);
       if (found == feeds.end()) throw Error(ErrorKind::Runtime, name + " needs the input " + spec.name);
       check_shape(name, spec, shape_of(found->second), manifest.dims);
     }
-    return runners.at(name)->run(feeds);
+    return runners.at(name)->run_bound(feeds, bound);
   }
 
   std::vector<int32_t> prompt_ids(const std::string& prompt, bool raw) const {
@@ -167,16 +168,11 @@ struct Bundle::Impl {
 
   // One LLM call from the cache's position: returns the logits; the cache grows.
   Ort::Value step(const Ort::Value& embeds, KvCache& cache) {
-    const int64_t past = cache.past_length();
     const int64_t seq = shape_of(embeds)[1];
-    std::vector<int64_t> mask(static_cast<size_t>(past + seq), 1), positions(static_cast<size_t>(seq));
-    for (int64_t i = 0; i < seq; ++i) positions[i] = past + i;
-    Ort::Value mask_value = tensor(mask, {1, past + seq});
-    Ort::Value position_value = tensor(positions, {1, seq});
-    TensorViews feeds = {{"inputs_embeds", embeds}, {"attention_mask", mask_value}, {"position_ids", position_value}};
-    cache.add_feeds(feeds);
-    Tensors out = run("llm", feeds);
-    cache.update(out);
+    TensorViews feeds = {{"inputs_embeds", embeds}}, bound;
+    cache.add_feeds(seq, feeds, bound);
+    Tensors out = run("llm", feeds, bound);
+    cache.update(out, seq);
     return std::move(out.at("logits"));
   }
 
@@ -214,10 +210,13 @@ std::unique_ptr<Bundle::Impl> Bundle::load_impl(const std::string& path, const L
     if (!m.dims.count(dim)) throw Error(ErrorKind::BadBundle, path + "/manifest.json has no dim " + dim + "; recompile the recipe");
   if (!m.outputs.count("preprocess") || m.outputs.at("preprocess").empty())
     throw Error(ErrorKind::BadBundle, path + "/manifest.json has no preprocess output; recompile the recipe");
-  make_kv_cache(m);  // refuses a layout this runtime does not run, before the sessions load
+  impl->cache = make_kv_cache(m);  // refuses a layout this runtime does not run, before the sessions load
   impl->preprocessor = std::make_unique<Preprocessor>(
       read_json_file(impl->root + "/" + m.raw.at("components").at("preprocess").at("artifact").get<std::string>()));
-  const auto choices = engine_choices(impl->root, m);
+  auto choices = engine_choices(impl->root, m);
+  if (const std::string why = kv_engine_fallback(m); !why.empty())  // as mmtrt.runtime.pipeline.Pipeline
+    for (auto& [segment, choice] : choices)
+      if (segment.rfind("llm.", 0) == 0 && !choice.engine.empty()) choice = {"", why};
   for (const auto& [segment, choice] : choices)
     if (choice.engine.empty()) impl->fallbacks.emplace_back(segment, choice.why);
   // The Python runtime's key for the LLM's TensorRT-LLM engine: this runtime never runs one, and says so.
@@ -266,7 +265,8 @@ Generation Bundle::generate(const std::string& image_path, const std::string& pr
   Tensors vision = b.run("vision", {{"pixel_values", pixel_tensor}});
   fit_to_image_token_count(vision, ids, b.model->image_token_id);
   const auto t2 = Clock::now();
-  auto cache = make_kv_cache(b.manifest);
+  KvCache* cache = b.cache.get();
+  cache->open(static_cast<int64_t>(ids.size()) + wanted);
   Ort::Value embeds = b.embed(ids, &vision.at("image_features"));
   Ort::Value logits = b.step(embeds, *cache);
   const auto t3 = Clock::now();

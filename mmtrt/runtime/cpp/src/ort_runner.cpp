@@ -51,6 +51,39 @@ OrtRunner::OrtRunner(const std::string& path, const SessionSettings& settings)
     outputs_.push_back(session_.GetOutputNameAllocated(i, allocator).get());
 }
 
+Tensors Runner::run_bound(const TensorViews& feeds, const TensorViews& bound) {
+  if (!bound.empty()) throw Error(ErrorKind::Runtime, "only an ONNX Runtime session binds outputs in place");
+  return run(feeds);
+}
+
+Tensors OrtRunner::run_bound(const TensorViews& feeds, const TensorViews& bound) {
+  if (bound.empty()) return run(feeds);
+  const OrtApi& api = Ort::GetApi();
+  Ort::IoBinding binding(session_);
+  for (const auto& name : inputs_) {
+    const auto found = feeds.find(name);
+    if (found == feeds.end()) throw Error(ErrorKind::Runtime, "no value for the graph input " + name);
+    Ort::ThrowOnError(api.BindInput(binding, name.c_str(), found->second));
+  }
+  static const Ort::MemoryInfo cpu = Ort::MemoryInfo::CreateCpu(OrtDeviceAllocator, OrtMemTypeDefault);
+  for (const auto& name : outputs_) {
+    const auto found = bound.find(name);
+    if (found != bound.end()) Ort::ThrowOnError(api.BindOutput(binding, name.c_str(), found->second));
+    else binding.BindOutput(name.c_str(), cpu);
+  }
+  try {
+    session_.Run(Ort::RunOptions(), binding);
+  } catch (const Ort::Exception& exc) {
+    throw Error(ErrorKind::Runtime, std::string("ONNX Runtime failed: ") + exc.what());
+  }
+  const std::vector<std::string> names = binding.GetOutputNames();
+  std::vector<Ort::Value> values = binding.GetOutputValues();
+  Tensors out;
+  for (size_t i = 0; i < names.size(); ++i)
+    if (!bound.count(names[i])) out.emplace(names[i], std::move(values[i]));
+  return out;
+}
+
 Tensors OrtRunner::run(const TensorViews& feeds) {
   std::vector<const char*> in_names, out_names;
   std::vector<const OrtValue*> in_values;

@@ -17,6 +17,9 @@ class Runner {
   virtual ~Runner() = default;
   // Reads the inputs it needs by name from feeds; returns every output by name.
   virtual Tensors run(const TensorViews& feeds) = 0;
+  // As run, the outputs named in `bound` written into those values (IOBinding); the rest returned. Only ONNX
+  // Runtime sessions bind outputs: others refuse a non-empty `bound`.
+  virtual Tensors run_bound(const TensorViews& feeds, const TensorViews& bound);
   virtual std::vector<std::string> providers() const = 0;
 };
 
@@ -29,6 +32,7 @@ class OrtRunner : public Runner {
  public:
   OrtRunner(const std::string& path, const SessionSettings& settings);
   Tensors run(const TensorViews& feeds) override;
+  Tensors run_bound(const TensorViews& feeds, const TensorViews& bound) override;
   std::vector<std::string> providers() const override { return {"CPUExecutionProvider"}; }
 
  private:
