@@ -85,7 +85,6 @@ def test_manifest_without_a_key_it_reads(tiny_bundle, tmp_path, image, key):
     assert "manifest.json lacks what the runtime" in one_line_error(run_cpp(copy, image, "hi"))
 
 
-
 def _truncated(rng, folder, fmt):
     path = folder / f"cut.{fmt.lower()}"
     random_image(rng, 64, 64).save(path, format=fmt)
