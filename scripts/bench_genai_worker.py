@@ -2,7 +2,9 @@
 
 `mmtrt BUNDLE IDS_JSON NEW` runs in our venv (the mmtrt runtime), `genai MODEL_DIR IDS_JSON NEW` in the genai venv
 (which cannot import mmtrt); each prefills the same token ids, decodes greedily, and prints one JSON line with
-prefill and decode tokens/s and the process's peak RSS (VmHWM: ru_maxrss would carry over the parent's peak
+prefill and decode tokens/s, the decode's CPU milliseconds per token (process time: less
+sensitive than wall time to other processes sharing the cores, since at 1 thread both engines run on the calling
+thread) and the process's peak RSS (VmHWM: ru_maxrss would carry over the parent's peak
 across exec on Linux).
 """
 
@@ -24,17 +26,27 @@ def run_mmtrt(bundle: str, ids: list[int], new: int) -> dict:
     from mmtrt.runtime.paged import PagedStepper, decode_paged
 
     pipe = load(bundle, threads=1, spin=False, prefix_cache_mib=0)
-    prep = Prepared(0, ids, pipe.embed(np.array([ids], np.int64)), new, {})
-    if isinstance(pipe.stepper, PagedStepper):
-        seq = decode_paged(pipe, pipe.stepper, [prep])[0]
-    elif pipe.stepper:
-        seq = decode_static(pipe, pipe.stepper, [prep])[0]
-    else:
-        seq = pipe._decode_each([prep])[0]
+
+    def generate(limit: int):
+        prep = Prepared(0, ids, pipe.embed(np.array([ids], np.int64)), limit, {})
+        if isinstance(pipe.stepper, PagedStepper):
+            return decode_paged(pipe, pipe.stepper, [prep])[0]
+        if pipe.stepper:
+            pipe.stepper.reset(1)
+            return decode_static(pipe, pipe.stepper, [prep])[0]
+        return pipe._decode_each([prep])[0]
+
+    cpu = time.process_time()
+    seq = generate(new)
+    cpu = time.process_time() - cpu
     timings = pipe._generation(seq).timings
+    prefill_cpu = time.process_time()
+    generate(1)  # the prefill alone (warm now, so the decode's CPU time below errs high, against us)
+    decode_cpu = cpu - (time.process_time() - prefill_cpu)
     return {"layout": (pipe.kv or {}).get("layout", "hf"), "tokens": len(seq.tokens),
             "prefill_tok_s": len(ids) / (timings["prefill_ms"] / 1e3),
-            "decode_tok_s": 1e3 / timings["decode_ms_per_token"]}
+            "decode_tok_s": 1e3 / timings["decode_ms_per_token"],
+            "decode_cpu_ms": 1e3 * decode_cpu / (len(seq.tokens) - 1)}
 
 
 def run_genai(folder: str, ids: list[int], new: int) -> dict:
@@ -48,13 +60,13 @@ def run_genai(folder: str, ids: list[int], new: int) -> dict:
     generator.append_tokens(ids)  # the prefill: logits of the prompt's last position
     prefill_s = time.perf_counter() - t0
     generator.generate_next_token()  # picks the first token from the prefill's logits
-    t0, steps = time.perf_counter(), 0
+    t0, cpu, steps = time.perf_counter(), time.process_time(), 0
     while not generator.is_done():
         generator.generate_next_token()  # one decode step, then the next pick
         steps += 1
-    decode_s = time.perf_counter() - t0
+    decode_s, cpu = time.perf_counter() - t0, time.process_time() - cpu
     return {"layout": "genai", "tokens": steps + 1, "prefill_tok_s": len(ids) / prefill_s,
-            "decode_tok_s": steps / decode_s}
+            "decode_tok_s": steps / decode_s, "decode_cpu_ms": 1e3 * cpu / steps}
 
 
 def peak_rss_kib() -> int:
