@@ -275,12 +275,13 @@ def versus_genai(bundles: list[Path], rounds: int, new: int = 64) -> list[dict]:
     for name, results in runs.items():
         row = {"engine": name, "layout": results[0]["layout"]}
         row.update({k: round(statistics.median(r[k] for r in results), 1)
-                    for k in ("prefill_tok_s", "decode_tok_s", "peak_rss_mib")})
+                    for k in ("prefill_tok_s", "decode_tok_s", "decode_cpu_ms", "peak_rss_mib")})
         rows.append(row)
     base = rows[0]
     for row in rows:
         row.update({"prefill_vs_genai": round(row["prefill_tok_s"] / base["prefill_tok_s"], 2),
                     "decode_vs_genai": round(row["decode_tok_s"] / base["decode_tok_s"], 2),
+                    "decode_cpu_vs_genai": round(base["decode_cpu_ms"] / row["decode_cpu_ms"], 2),
                     "rss_vs_genai": round(row["peak_rss_mib"] / base["peak_rss_mib"], 2)})
         print(row, flush=True)
     return rows
