@@ -1,6 +1,6 @@
 """One measurement in a fresh process, for scripts/bench_kv.py's onnxruntime-genai comparison.
 
-`mmtrt BUNDLE IDS_JSON NEW` runs in our venv (the mmtrt runtime), `genai MODEL_DIR IDS_JSON NEW` in the genai venv
+`mmtrt BUNDLE IDS_JSON NEW [THREADS]` runs in our venv (the mmtrt runtime), `genai MODEL_DIR IDS_JSON NEW` in the genai venv
 (which cannot import mmtrt); each prefills the same token ids, decodes greedily, and prints one JSON line with
 prefill and decode tokens/s, the decode's CPU milliseconds per token (process time: less
 sensitive than wall time to other processes sharing the cores, since at 1 thread both engines run on the calling
@@ -18,14 +18,14 @@ import time
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
-def run_mmtrt(bundle: str, ids: list[int], new: int) -> dict:
+def run_mmtrt(bundle: str, ids: list[int], new: int, threads: int) -> dict:
     import numpy as np
 
     from mmtrt.runtime import load
     from mmtrt.runtime.batch import Prepared, decode_static
     from mmtrt.runtime.paged import PagedStepper, decode_paged
 
-    pipe = load(bundle, threads=1, spin=False, prefix_cache_mib=0)
+    pipe = load(bundle, threads=threads, spin=threads > 1, prefix_cache_mib=0)  # spinning: load's default
 
     def generate(limit: int):
         prep = Prepared(0, ids, pipe.embed(np.array([ids], np.int64)), limit, {})
@@ -49,7 +49,7 @@ def run_mmtrt(bundle: str, ids: list[int], new: int) -> dict:
             "decode_cpu_ms": 1e3 * decode_cpu / (len(seq.tokens) - 1)}
 
 
-def run_genai(folder: str, ids: list[int], new: int) -> dict:
+def run_genai(folder: str, ids: list[int], new: int, threads: int) -> dict:  # threads: in genai_config.json
     import onnxruntime_genai as og
 
     model = og.Model(folder)
@@ -76,7 +76,8 @@ def peak_rss_kib() -> int:
 
 def main() -> None:
     engine, path, ids, new = sys.argv[1], sys.argv[2], json.loads(sys.argv[3]), int(sys.argv[4])
-    row = (run_mmtrt if engine == "mmtrt" else run_genai)(path, ids, new)
+    threads = int(sys.argv[5]) if len(sys.argv) > 5 else 1
+    row = (run_mmtrt if engine == "mmtrt" else run_genai)(path, ids, new, threads)
     row["peak_rss_mib"] = peak_rss_kib() / 1024
     print(json.dumps(row))
 
