@@ -210,7 +210,7 @@ def genai_python() -> Path:
     return python
 
 
-def genai_model(python: Path) -> Path:
+def genai_model(python: Path, threads: int = 1) -> Path:
     """onnxruntime-genai's INT4 CPU model of SmolLM2-135M, built by its model builder from the zoo's weights; the
     builder runs under our python (it needs torch and transformers), from the genai venv's copy of its source."""
     out, hf = BUILD / "genai-int4", BUILD / "smollm2-hf"
@@ -223,7 +223,7 @@ def genai_model(python: Path) -> Path:
         subprocess.run([sys.executable, str(builder), "-i", str(hf), "-o", str(out), "-p", "int4", "-e", "cpu",
                         "-c", str(BUILD / "genai-cache")], check=True, capture_output=True)
     config = json.loads((out / "genai_config.json").read_text())
-    config["model"]["decoder"]["session_options"].update(intra_op_num_threads=1, inter_op_num_threads=1)
+    config["model"]["decoder"]["session_options"].update(intra_op_num_threads=threads, inter_op_num_threads=1)
     (out / "genai_config.json").write_text(json.dumps(config, indent=4))
     return out
 
@@ -260,27 +260,30 @@ def prompt_ids(bundle: Path, n: int = 101) -> list[int]:
     raise SystemExit(f"no prefix of the benchmark prompt templates to {n} tokens; change PROMPT")
 
 
-def versus_genai(bundles: list[Path], rounds: int, new: int = 64) -> list[dict]:
-    """Alternating fresh processes (genai, then each bundle), medians; ratios against genai."""
+def versus_genai(bundles: list[Path], rounds: int, threads: int = 1, new: int = 64) -> list[dict]:
+    """Alternating fresh processes (genai, then each bundle), medians; ratios against genai. Above 1 thread each
+    engine keeps its default waiting (spinning thread pools: ONNX Runtime's and mmtrt's `load` default)."""
     python = genai_python()
-    engines = {"onnxruntime-genai": [str(python), str(WORKER), "genai", str(genai_model(python))]}
+    engines = {"onnxruntime-genai": [str(python), str(WORKER), "genai", str(genai_model(python, threads))]}
     engines.update({b.name: [sys.executable, str(WORKER), "mmtrt", str(b)] for b in bundles})
     ids = json.dumps(prompt_ids(bundles[0]))
     runs = {name: [] for name in engines}
     for _ in range(rounds):
         for name, cmd in engines.items():
-            out = subprocess.run(cmd + [ids, str(new)], capture_output=True, text=True, check=True).stdout
+            out = subprocess.run(cmd + [ids, str(new), str(threads)], capture_output=True, text=True,
+                                 check=True).stdout
             runs[name].append(json.loads(out.strip().splitlines()[-1]))
     rows = []
     for name, results in runs.items():
         row = {"engine": name, "layout": results[0]["layout"]}
         row.update({k: round(statistics.median(r[k] for r in results), 1)
-                    for k in ("prefill_tok_s", "decode_tok_s", "peak_rss_mib")})
+                    for k in ("prefill_tok_s", "decode_tok_s", "decode_cpu_ms", "peak_rss_mib")})
         rows.append(row)
     base = rows[0]
     for row in rows:
         row.update({"prefill_vs_genai": round(row["prefill_tok_s"] / base["prefill_tok_s"], 2),
                     "decode_vs_genai": round(row["decode_tok_s"] / base["decode_tok_s"], 2),
+                    "decode_cpu_vs_genai": round(base["decode_cpu_ms"] / row["decode_cpu_ms"], 2),
                     "rss_vs_genai": round(row["peak_rss_mib"] / base["peak_rss_mib"], 2)})
         print(row, flush=True)
     return rows
@@ -296,6 +299,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=8)
     ap.add_argument("--genai-bundles", type=Path, nargs="+", default=[Path("/work/bundles/dino-smollm-int4.bundle")],
                     help="INT4 bundles run beside onnxruntime-genai (a static-layout one where available)")
+    ap.add_argument("--genai-threads", type=int, default=1, help="intra-op threads of both engines in the genai step")
     ap.add_argument("--skip", nargs="*", default=[], choices=["steps", "batch", "ttft", "genai"])
     args = ap.parse_args()
     from PIL import Image
@@ -321,7 +325,7 @@ def main() -> None:
             del ir
             ttft(load(path, threads=1, spin=False), image, args.rounds)
     if "genai" not in args.skip:
-        versus_genai(args.genai_bundles, args.rounds)
+        versus_genai(args.genai_bundles, args.rounds, args.genai_threads)
 
 
 if __name__ == "__main__":

@@ -6,10 +6,10 @@ from typing import TYPE_CHECKING, Any
 
 from mmtrt.errors import UserError
 from mmtrt.ir.spec import TensorSpec
-from mmtrt.recipe import Envelope
 
-if TYPE_CHECKING:  # the runtime checks shapes without importing onnx
+if TYPE_CHECKING:  # the runtime checks shapes without importing onnx, or the recipe schema (pydantic, yaml)
     from mmtrt.ir.graph import ModelIR
+    from mmtrt.recipe import Envelope
 
 # The recipe key that widens each dimension, for error messages.
 DIM_SOURCES = {

@@ -1,0 +1,120 @@
+"""fuse_projections: linears that read the same tensor (q/k/v, gate/up) run as one wider linear and a Split.
+
+A decoder layer projects its normed input three times for attention and twice for the MLP. At decode time each
+projection is a small matrix-vector product, so every extra node costs a kernel dispatch, an activation
+quantization (MatMulNBits at accuracy level 4 quantizes its input to int8 per call) and a read of the same input:
+onnxruntime-genai's builder writes one packed QKV MatMulNBits for that reason. Here the packed weights, scales
+and zero points of `com.microsoft.MatMulNBits` nodes with the same input and the same K, bits, block size and
+accuracy level are concatenated along N (each row of N is quantized on its own, so nothing is rounded again), and
+float MatMuls with constant [K, N] weights are concatenated along N the same way; a Split on the last axis gives
+each consumer its original tensor.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+from pydantic import Field
+
+from mmtrt.ir.graph import ModelIR, graph_io
+from mmtrt.ir.rewrite import attr, cleanup
+from mmtrt.pipeline.pass_base import Pass, PassConfig
+
+NBITS_ATTRS = ("K", "bits", "block_size", "accuracy_level")
+
+
+class FuseProjectionsConfig(PassConfig):
+    ops: list[Literal["matmulnbits", "matmul"]] = Field(["matmulnbits", "matmul"], min_length=1, description="Which linears are fused: `matmulnbits` (ONNX Runtime's INT4 linears, as awq_int4 lowers them) and `matmul` (float MatMuls with a constant weight).")
+    components: list[Literal["llm", "vision"]] = Field(["llm"], min_length=1, description="Components whose linears are fused.")
+
+
+class FuseProjections(Pass):
+    name = "fuse_projections"
+    Config = FuseProjectionsConfig
+    components = ("vision", "llm")
+
+    def run(self, ir: ModelIR) -> dict:
+        changes = {}
+        for name in self.config.components:
+            comp = ir.components[name]
+            fused = fuse_shared_input_linears(comp.onnx.graph, set(self.config.ops))
+            comp.onnx = cleanup(comp.onnx)
+            comp.inputs, comp.outputs = graph_io(comp.onnx, "inputs"), graph_io(comp.onnx, "outputs")
+            changes[name] = {"groups_fused": len(fused), "linears_fused": sum(len(g) for g in fused),
+                             "groups": [[n.name for n in g] for g in fused[:4]]}
+        return changes
+
+
+def fuse_shared_input_linears(graph: onnx.GraphProto, ops: set[str]) -> list[list[onnx.NodeProto]]:
+    """Replace each group of compatible linears on one input by a fused linear and a Split; returns the groups."""
+    inits = {t.name: t for t in graph.initializer}
+    groups: dict[tuple, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        key = _signature(node, inits, ops)
+        if key is not None:
+            groups.setdefault(key, []).append(node)
+    fused = [g for g in groups.values() if len(g) > 1]
+    for group in fused:
+        _fuse(graph, group, inits)
+    return fused
+
+
+def _signature(node: onnx.NodeProto, inits: dict, ops: set[str]) -> tuple | None:
+    """What linears must share to be fused, or None when the node is not a fusable linear."""
+    if node.op_type == "MatMulNBits" and node.domain == "com.microsoft" and "matmulnbits" in ops:
+        inputs = list(node.input) + [""] * (4 - len(node.input))
+        if len(node.input) > 4 or not all(i in inits for i in inputs[1:3]) or (inputs[3] and inputs[3] not in inits):
+            return None  # g_idx or bias, or weights computed in the graph
+        zp = inits[inputs[3]].data_type if inputs[3] else None
+        return ("nbits", node.input[0], *(attr(node, a, 0) for a in NBITS_ATTRS), inits[inputs[2]].data_type, zp)
+    if node.op_type == "MatMul" and node.domain in ("", "ai.onnx") and "matmul" in ops:
+        weight = inits.get(node.input[1])
+        if weight is None or len(weight.dims) != 2:
+            return None
+        return ("matmul", node.input[0], weight.dims[0], weight.data_type)
+    return None
+
+
+def _fuse(graph: onnx.GraphProto, group: list[onnx.NodeProto], inits: dict) -> None:
+    first = group[0]
+    name = "+".join(n.name or n.output[0] for n in group)
+    out = f"{name}.fused"
+    if first.op_type == "MatMulNBits":
+        widths = [attr(n, "N") for n in group]
+        rows = [_nbits_rows(n, inits) for n in group]
+        tensors = [_concat(f"{name}.{part}", [r[i] for r in rows], inits[first.input[i + 1]])
+                   for i, part in enumerate(("B", "scales", "zero_points")[:len(rows[0])])]
+        node = helper.make_node("MatMulNBits", [first.input[0], *(t.name for t in tensors)], [out], name=f"{name}",
+                                domain="com.microsoft")
+        node.attribute.extend(a for a in first.attribute if a.name != "N")
+        node.attribute.append(helper.make_attribute("N", sum(widths)))
+    else:
+        weights = [numpy_helper.to_array(inits[n.input[1]]) for n in group]
+        widths = [w.shape[1] for w in weights]
+        tensors = [numpy_helper.from_array(np.concatenate(weights, axis=1), f"{name}.weight")]
+        node = helper.make_node("MatMul", [first.input[0], tensors[0].name], [out], name=name)
+    sizes = numpy_helper.from_array(np.array(widths, np.int64), f"{name}.split")
+    split = helper.make_node("Split", [out, sizes.name], [n.output[0] for n in group], name=f"{name}.split", axis=-1)
+    graph.initializer.extend([*tensors, sizes])
+    at = list(graph.node).index(first)
+    for old in group:
+        graph.node.remove(old)
+    graph.node.insert(at, split)
+    graph.node.insert(at, node)
+
+
+def _nbits_rows(node: onnx.NodeProto, inits: dict) -> list[np.ndarray]:
+    """B, scales (and zero points) as arrays with N leading: each row of N is quantized on its own."""
+    n = attr(node, "N")
+    return [numpy_helper.to_array(inits[i]).reshape(n, -1) for i in node.input[1:] if i]
+
+
+def _concat(name: str, parts: list[np.ndarray], like: onnx.TensorProto) -> onnx.TensorProto:
+    """The parts stacked along N, in the rank the op read the first one in (B is 3-D, scales 1-D or 2-D)."""
+    stacked = np.concatenate(parts, axis=0)
+    rows = stacked.shape[0]
+    shape = (rows, *like.dims[1:]) if len(like.dims) > 1 else (stacked.size,)
+    return numpy_helper.from_array(stacked.reshape(shape), name)
