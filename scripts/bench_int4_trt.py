@@ -1,5 +1,7 @@
 """TensorRT-compatible INT4 (symmetric, group 128) on zoo:dino-smollm: today's AWQ against GPTQ, AWQ + GPTQ, mixed
-precision under a size budget and the int8 token embedding, side by side in one run.
+precision under a size budget, the int8 token embedding, `recover` (the projector refitted to the INT4 LLM) and
+`int8_weights` on the vision tower, side by side in one run; each row is printed (and appended to --rows) as it
+finishes, so that a run stopped early still yields its rows.
 
 zoo:dino-smollm is lowered once with the lossless passes of recipes/dino-smollm.yaml, every partition on ONNX
 Runtime; each configuration quantizes copies of the LLM and embed graphs with the pass itself (every linear,
