@@ -1,0 +1,41 @@
+"""int8_weights: the linears of the vision component (the vision tower, and the projector unless excluded) as
+weight-only INT8, one scale per output channel, dequantized by DequantizeLinear in front of each MatMul.
+
+awq_int4 leaves the vision tower in float by default; the tower is the bundle's largest float part after the LLM
+is in INT4 and the embedding in int8. Per-channel INT8 of the weights needs no calibration (activations stay
+float) and is the weight-only form TensorRT and ONNX Runtime both run. Place it after `recover`, which refits the
+float projector (or exclude the projector: `exclude: [vision.linear.*]`, the names the report lists).
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from typing import Any, Literal
+
+from pydantic import Field
+
+from mmtrt.ir.graph import ModelIR
+from mmtrt.pipeline.pass_base import Pass, PassConfig
+from mmtrt.quant.int8_weights import int8_weight_linears
+
+
+class Int8WeightsConfig(PassConfig):
+    components: list[Literal["vision"]] = Field(["vision"], min_length=1, description="Components whose linears are stored in INT8 (`vision` includes the projector).")
+    include: list[str] = Field(["*"], description="Glob patterns of linear names to quantize, e.g. `vision.layers.*`; names look like `vision.layers.0.fc1`, `vision.linear.18` (the pass report lists them).")
+    exclude: list[str] = Field([], description="Glob patterns of linear names to keep in float.")
+
+
+class Int8Weights(Pass):
+    name = "int8_weights"
+    Config = Int8WeightsConfig
+    components = ("vision",)
+    lossy = True
+
+    def run(self, ir: ModelIR) -> dict[str, Any]:
+        cfg = self.config
+
+        def select(name: str) -> bool:
+            return (any(fnmatch.fnmatchcase(name, p) for p in cfg.include)
+                    and not any(fnmatch.fnmatchcase(name, p) for p in cfg.exclude))
+
+        return {name: int8_weight_linears(ir.components[name].onnx, name, select) for name in cfg.components}
