@@ -20,6 +20,7 @@ import filecmp
 import hashlib
 import json
 import os
+import shutil
 import sys
 import time
 from pathlib import Path
@@ -53,6 +54,10 @@ def rows(args) -> list[tuple[str, str, dict | None]]:
         (f"mass {m}", {"budget": "dynamic", "mass": m, "min": args.min, "max": args.max}) for m in args.masses]
     return [("unpruned", "1.0", None)] + [(name, label, {"token_prune": {**METHODS[name], **budget}})
                                           for label, budget in budgets for name in args.methods]
+
+
+def folder_of(work: Path, name: str, keep: str) -> Path:
+    return work / f"{name}-{keep}".replace(" ", "-")
 
 
 def read_log(path: Path) -> dict[tuple[str, str], dict]:
@@ -112,21 +117,26 @@ class Answers:
             counts.append(tokens.shape[1])
             features.clear()
         metrics = {"accuracy_pct": round(100 * correct / len(data), 2)}
-        return {**metrics, **kept_tokens(counts)} if pipe.dynamic_tokens else metrics
+        if not pipe.dynamic_tokens:
+            return metrics
+        return {**metrics, **kept_tokens(counts), "kept_tokens_median": float(np.median(counts)),
+                "images_at_max": counts.count(pipe.model["vision"]["image_tokens"])}
 
 
 def accuracy(args) -> None:
     log, answers = args.work / "accuracy.jsonl", Answers(args.work / "answers.jsonl")
     done = read_log(log)
-    base_ir, reports = cached_lossless_ir(args.recipe, args.ir_cache)
-    base = args.work / "unpruned" / "bundle"
+    lowered = []  # the model is lowered once, when a row first needs a bundle
+    base = folder_of(args.work, "unpruned", "1.0") / "bundle"
     for name, keep, entry in rows(args):
         if (name, keep) in done:
             continue
         start = time.perf_counter()
-        folder = args.work / f"{name}-{keep}".replace(" ", "-")
+        folder = folder_of(args.work, name, keep)
         if not (folder / "bundle" / "manifest.json").exists():
-            bundle = write_bundle(args.recipe, base_ir, reports, entry, folder, ("vision",))[0]
+            lowered = lowered or [cached_lossless_ir(args.recipe, args.ir_cache)]
+            shutil.rmtree(folder, ignore_errors=True)  # what a stopped run left half-written
+            bundle = write_bundle(args.recipe, *lowered[0], entry, folder, ("vision",))[0]
             if entry is not None:
                 link_unchanged(bundle, base)
         pipe = load(folder / "bundle", threads=args.threads, spin=False)
