@@ -3,13 +3,14 @@ criterion, with the ratios to the unpruned bundle, in one run of three phases th
 
 `accuracy` (run it niced) lowers the model and runs the recipe's lossless passes once (`--ir-cache` keeps that IR
 for a rerun), then per row runs token_prune on a copy of the vision component, writes a real bundle with the
-compiler's own `stage_bundle` (files equal to the unpruned bundle's become hard links) and scores the digits suite
-in-process; each row is appended to WORK/accuracy.jsonl as it finishes, and a rerun skips the rows already there.
-`timing` (1 thread, spinning off) times every scored row not yet in WORK/timing.jsonl against the unpruned
-bundle, A B A B over a few held-out images, holding `--lock` for one row at a time. `table` prints the README
-table and the aims from both logs; `all` runs the three in turn. Rows run in priority order: unpruned, the
-`--keeps` for every criterion, then the `--masses` (budget: dynamic, min --min, max --max) in the order given.
-Dynamic rows give image tokens as the mean (min-max) kept over the digits suite.
+compiler's own `stage_bundle` (files equal to the unpruned bundle's become hard links: ONNX Runtime reads them,
+onnx.load refuses them, so they are the benchmark's own) and scores the digits suite in-process; each row is
+appended to WORK/accuracy.jsonl as it finishes, and a rerun skips the rows already there. `timing` (spinning
+off) times every scored row not yet in WORK/timing.jsonl against the unpruned bundle, A B A B over a few
+held-out images, holding `--lock` for one row at a time. `table` prints the README table and the aims from both
+logs; `all` runs the three in turn. Rows run in priority order: unpruned, the `--keeps` for every criterion, then
+the `--masses` (budget: dynamic, min --min, max --max) in the order given. Dynamic rows give image tokens as the
+mean (min-max) kept over the digits suite.
 """
 
 from __future__ import annotations
