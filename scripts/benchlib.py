@@ -4,6 +4,7 @@ configuration written by the compiler's own `stage_bundle`, and side-by-side tim
 from __future__ import annotations
 
 import copy
+import pickle
 import statistics
 import time
 from pathlib import Path
@@ -25,6 +26,19 @@ def lossless_ir(path: Path) -> tuple[ModelIR, list[dict]]:
     ir = lower(*load_source(recipe.model, recipe_dir))
     annotate(ir, recipe.partition)
     return ir, run_passes(plan_passes(recipe, set(FRONTEND_PROPERTIES), set(COMPONENTS)).passes, ir, [])
+
+
+def cached_lossless_ir(path: Path, cache: Path | None) -> tuple[ModelIR, list[dict]]:
+    """lossless_ir, read from the pickle `cache` when it exists and written to it otherwise (lowering
+    zoo:dino-smollm-page takes minutes; a benchmark rerun need not repeat it)."""
+    if cache is not None and cache.exists():
+        with cache.open("rb") as f:
+            return pickle.load(f)
+    ir, reports = lossless_ir(path)
+    if cache is not None:
+        with cache.open("wb") as f:
+            pickle.dump((ir, reports), f, protocol=pickle.HIGHEST_PROTOCOL)
+    return ir, reports
 
 
 def plan_for(recipe: Path, folder: Path, entry: dict | None, facts: dict, partition: dict | None = None) -> Plan:
@@ -64,14 +78,15 @@ def median_ms(fn, repeats: int = 3) -> float:
     return 1e3 * statistics.median(times)
 
 
-def side_by_side(base, other, stages: tuple[str, ...], rounds: int) -> dict[str, tuple[float, float]]:
+def side_by_side(base, other, stages: tuple[str, ...], rounds: int, repeats: int = 3
+                 ) -> dict[str, tuple[float, float]]:
     """Per stage (a method of both probes), (median ms of base, median ms of other), alternating within every
-    round."""
+    round (each round the median of `repeats` calls)."""
     out = {}
     for stage in stages:
         a, b = [], []
         for _ in range(rounds):
-            a.append(median_ms(getattr(base, stage)))
-            b.append(median_ms(getattr(other, stage)))
+            a.append(median_ms(getattr(base, stage), repeats))
+            b.append(median_ms(getattr(other, stage), repeats))
         out[stage] = (statistics.median(a), statistics.median(b))
     return out
