@@ -1,4 +1,4 @@
-"""Small graph-rewrite helpers shared by passes: constants, producers, use replacement, dead-node removal."""
+"""Small graph-rewrite helpers shared by passes: constants, producers, use replacement, dead-node removal, opset imports."""
 
 from __future__ import annotations
 
@@ -42,6 +42,12 @@ def replace_uses(graph: onnx.GraphProto, old: str, new: str) -> None:
                 if name == old:
                     node.output[i] = f"{old}_bypassed"
         graph.node.append(onnx.helper.make_node("Identity", [new], [old], name=f"{old}_identity"))
+
+
+def import_domain(model: onnx.ModelProto, domain: str) -> None:
+    """Declare `domain` (version 1) in the model's opset imports, once, so its nodes load."""
+    if not any(o.domain == domain for o in model.opset_import):
+        model.opset_import.append(onnx.helper.make_opsetid(domain, 1))
 
 
 def cleanup(model: onnx.ModelProto, fold_constants: bool = False) -> onnx.ModelProto:

@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from mmtrt.ir.rewrite import import_domain
 from mmtrt.quant.awq import (GroupStats, ModuleLoss, OwnLoss, ScaleResult, effective_weight, scaled_blocks, search_clip,
                              search_scale)
 from mmtrt.quant.calibration import run_with_outputs
@@ -260,8 +261,8 @@ def lower_linears(model: onnx.ModelProto, groups: list[Group], clips: list[list[
         quantized.append(QuantizedLinear(lin, q, scales, zp, pre, sum(len(t.raw_data) for t in lowered)))
     _replace_nodes(model, {i: replaced[n.output[0]] for i, n in enumerate(model.graph.node)
                            if n.op_type == "MatMul" and n.output[0] in replaced}, list(new.values()))
-    if settings.lowering == "matmulnbits" and not any(o.domain == "com.microsoft" for o in model.opset_import):
-        model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+    if settings.lowering == "matmulnbits":
+        import_domain(model, "com.microsoft")
     report = {"own_output_rel_mse": errors} if errors else {}
     if settings.float_budget:
         report["kept_float"] = sorted(kept)

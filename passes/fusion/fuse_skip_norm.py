@@ -17,7 +17,7 @@ from onnx import helper
 from pydantic import Field
 
 from mmtrt.ir.graph import ModelIR, graph_io
-from mmtrt.ir.rewrite import attr, cleanup, producers
+from mmtrt.ir.rewrite import attr, cleanup, import_domain, producers
 from mmtrt.pipeline.pass_base import Pass, PassConfig
 
 NORMS = {("RMSNormalization", ""), ("RMSNormalization", "ai.onnx"), ("SimplifiedLayerNormalization", ""),
@@ -38,8 +38,8 @@ class FuseSkipNorm(Pass):
         for name in self.config.components:
             comp = ir.components[name]
             fused = fuse_add_rms_norm(comp.onnx.graph)
-            if fused and not any(o.domain == "com.microsoft" for o in comp.onnx.opset_import):
-                comp.onnx.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+            if fused:
+                import_domain(comp.onnx, "com.microsoft")
             comp.onnx = cleanup(comp.onnx)
             comp.inputs, comp.outputs = graph_io(comp.onnx, "inputs"), graph_io(comp.onnx, "outputs")
             changes[name] = {"norms_fused": fused}

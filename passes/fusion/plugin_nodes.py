@@ -13,6 +13,7 @@ import numpy as np
 import onnx
 from onnx import AttributeProto, TensorProto, helper, numpy_helper
 
+from mmtrt.ir.rewrite import import_domain
 from mmtrt.kernels.catalog import CONTROL_ATTRIBUTES, DOMAIN, NAMESPACE, PLUGINS, PluginSpec
 
 INT64_MAX = np.iinfo(np.int64).max
@@ -179,5 +180,4 @@ def add_function(model: onnx.ModelProto, key: str) -> None:
     model.functions.append(helper.make_function(
         DOMAIN, spec.name, inputs, outputs, nodes, [helper.make_opsetid("", onnx_opset)],
         attributes=[*spec.attributes, *CONTROL_ATTRIBUTES], doc_string=spec.why))
-    if not any(o.domain == DOMAIN for o in model.opset_import):
-        model.opset_import.append(helper.make_opsetid(DOMAIN, 1))
+    import_domain(model, DOMAIN)

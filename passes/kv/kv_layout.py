@@ -21,7 +21,7 @@ from pydantic import Field, model_validator
 
 from mmtrt.errors import UserError
 from mmtrt.ir.graph import ModelIR, graph_io
-from mmtrt.ir.rewrite import attr, cleanup, producers
+from mmtrt.ir.rewrite import attr, cleanup, import_domain, producers
 from mmtrt.pipeline.pass_base import Pass, PassConfig
 from passes.kv.cache_type import adopt_reduced_cache, cache_in_fp16
 from passes.kv.paged import MAX_BLOCKS, NUM_SLOTS, SLOTS, TABLE, TOKENS, rewrite_paged
@@ -72,8 +72,7 @@ class KvLayout(Pass):
         reduced = adopt_reduced_cache(model.graph)  # plan_facts refused a cache_dtype other than this one
         rewrite = rewrite_attention if self.config.layout == "static" else self._paged
         layers = rewrite(model.graph, ir.config["llm"])
-        if not any(o.domain == "com.microsoft" for o in model.opset_import):
-            model.opset_import.append(helper.make_opsetid("com.microsoft", 1))
+        import_domain(model, "com.microsoft")
         head = slice_logits(model.graph)
         if reduced is None and self.config.cache_dtype == "fp16":
             cache_in_fp16(model.graph, self.config.layout)
