@@ -25,7 +25,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from mmtrt.backends.tensorrt.engines import ENGINE_DIR, INDEX, read_index, write_index
+from mmtrt.backends.tensorrt.engines import ENGINE_DIR, INDEX, probe_gpu, read_index, write_index
 from mmtrt.backends.tensorrt_llm import CHECKPOINT_DIR, ENGINE_DIR as PLANNED_ENGINE_DIR, TIMING_CACHE
 from mmtrt.bundle.manifest import read_manifest, sha256_file
 from mmtrt.errors import UserError
@@ -47,16 +47,8 @@ class LlmTarget:
 
 def probe_llm_target() -> LlmTarget | str:
     """This host's target, or why it cannot build or run TensorRT-LLM engines."""
-    try:
-        import tensorrt_llm
-    except Exception as exc:  # a broken install fails with more than ImportError
-        return f"tensorrt_llm is not importable on this host ({type(exc).__name__}: {exc})"
-    import torch
-
-    if not torch.cuda.is_available():
-        return f"tensorrt_llm {tensorrt_llm.__version__} imports but no CUDA GPU is visible"
-    major, minor = torch.cuda.get_device_capability()
-    return LlmTarget(f"{major}.{minor}", tensorrt_llm.__version__)
+    found = probe_gpu("tensorrt_llm")
+    return found if isinstance(found, str) else LlmTarget(*found)
 
 
 def checkpoint_digest(manifest: dict[str, Any]) -> str:

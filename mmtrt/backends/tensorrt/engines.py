@@ -9,6 +9,7 @@ hash (engines are per host, the portable bundle is not).
 from __future__ import annotations
 
 import hashlib
+import importlib
 import json
 import os
 import tempfile
@@ -34,18 +35,24 @@ class Target:
         return f"sm{self.compute_capability.replace('.', '')}-trt{self.tensorrt}"
 
 
-def probe_target() -> Target | str:
-    """This host's target, or why it cannot run TensorRT engines."""
+def probe_gpu(module: str) -> tuple[str, str] | str:
+    """This host's compute capability and `module`'s version, or why engines of `module` cannot run here."""
     try:
-        import tensorrt
+        found = importlib.import_module(module)
     except Exception as exc:  # a broken install fails with more than ImportError
-        return f"tensorrt is not importable on this host ({type(exc).__name__}: {exc})"
+        return f"{module} is not importable on this host ({type(exc).__name__}: {exc})"
     import torch
 
     if not torch.cuda.is_available():
-        return f"tensorrt {tensorrt.__version__} imports but no CUDA GPU is visible"
+        return f"{module} {found.__version__} imports but no CUDA GPU is visible"
     major, minor = torch.cuda.get_device_capability()
-    return Target(f"{major}.{minor}", tensorrt.__version__)
+    return f"{major}.{minor}", found.__version__
+
+
+def probe_target() -> Target | str:
+    """This host's target, or why it cannot run TensorRT engines."""
+    found = probe_gpu("tensorrt")
+    return found if isinstance(found, str) else Target(*found)
 
 
 def profile_digest(profiles: list[dict[str, Any]]) -> str:
