@@ -61,11 +61,11 @@ CONFIGS = {  # the most wanted first: a run cut short still has them
                                          "recover": {**RECOVER, "lr": 3e-5}},
     "  + int8 vision tower": {"after": "awq_gptq sym g128, float budget 16 MiB, int8 embedding", "int8_vision": True},
     "awq_gptq sym g128": {"awq": {"method": "awq_gptq"}},
+    "awq_gptq sym g128, lm_head float, int8 embedding": {"awq": {"method": "awq_gptq", "exclude": ["llm.lm_head"], **INT8}},
+    "awq_gptq sym g128, float budget 32 MiB, int8 embedding": {"awq": {**SHIPPED, "float_budget_mib": 32}},
     "gptq sym g128": {"awq": {"method": "gptq"}},
     "fp32, int8 embedding": {"awq": "embedding only"},
     "awq_gptq sym g128, float budget 16 MiB": {"awq": {"method": "awq_gptq", "float_budget_mib": 16}},
-    "awq_gptq sym g128, lm_head float, int8 embedding": {"awq": {"method": "awq_gptq", "exclude": ["llm.lm_head"], **INT8}},
-    "awq_gptq sym g128, float budget 32 MiB, int8 embedding": {"awq": {**SHIPPED, "float_budget_mib": 32}},
     "awq sym g128 + recover (64 images, lr 1e-4)": {"after": "awq sym g128 (today's default)",
                                                     "recover": {**RECOVER, "lr": 1e-4}},
 }

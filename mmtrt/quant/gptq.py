@@ -5,8 +5,11 @@ the output error ||X (W - Q)^T||^2 stays near the least-squares optimum of the a
 As the reference code: H is damped by 1 % of its mean diagonal, input channels that never fire are zeroed, the
 recurrence runs on the upper Cholesky factor of H^-1, and each group's scale is taken from the group's weights as
 compensated by every earlier group, when its first column comes up (a block is one group, so the block's lazy update
-lands before the next group's scale is chosen). Columns are taken in their natural order (no act-order: the groups
-stay contiguous, as DequantizeLinear and MatMulNBits need). Weights are in PyTorch's layout `[N, K]`.
+lands before the next group's scale is chosen). Columns are taken in their natural order, or with `act_order` in
+order of decreasing H diagonal (the channels that see the most energy first, while the most later columns can still
+absorb their error) with static groups: each group's scale is taken up front from the uncompensated weights, so the
+groups stay contiguous in the stored form, as DequantizeLinear and MatMulNBits need (the reference code's
+`desc_act` with `static_groups`). Weights are in PyTorch's layout `[N, K]`.
 """
 
 from __future__ import annotations
@@ -27,13 +30,16 @@ def damped(hessian: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return h, dead
 
 
-def gptq_quantize(w: np.ndarray, hessian: np.ndarray, grid: Grid) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+def gptq_quantize(w: np.ndarray, hessian: np.ndarray, grid: Grid,
+                  act_order: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """INT4 of `w` [N, K] with error compensation under `hessian` [K, K]: (q, scales, zero points) as
     `Grid.quantize` returns them."""
     w = np.array(w, np.float64)
-    n, k = w.shape
     h, dead = damped(hessian)
     w[:, dead] = 0
+    if act_order:
+        return _static_groups(w, h, grid)
+    n, k = w.shape
     u = np.linalg.cholesky(np.linalg.inv(h)).T  # H^-1 = U^T U
     q = np.zeros((n, k), np.int8)
     scales, zero_points = [], []
@@ -51,6 +57,29 @@ def gptq_quantize(w: np.ndarray, hessian: np.ndarray, grid: Grid) -> tuple[np.nd
         w[:, end:] -= errors @ u[start:end, end:]
     zp = None if zero_points[0] is None else np.concatenate(zero_points, axis=1)
     return q, np.concatenate(scales, axis=1), zp
+
+
+def _static_groups(w: np.ndarray, h: np.ndarray, grid: Grid) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Act-order GPTQ: the columns permuted by decreasing H diagonal, each rounded on its own group's up-front
+    scale, the error moved onto the columns after it in that order."""
+    _, scales, zero_points = grid.quantize(w.astype(np.float32))
+    order = np.argsort(-np.diag(h), kind="stable")
+    u = np.linalg.cholesky(np.linalg.inv(h[np.ix_(order, order)])).T
+    w = w[:, order]
+    q = np.zeros(w.shape, np.int8)
+    for start in range(0, w.shape[1], grid.group):
+        end = min(start + grid.group, w.shape[1])
+        block = w[:, start:end].copy()
+        errors = np.zeros_like(block)
+        for j in range(end - start):
+            column = order[start + j]
+            g = column // grid.group
+            q[:, column], deq = quantize_columns(block[:, j], scales[:, g],
+                                                 None if zero_points is None else zero_points[:, g], grid)
+            errors[:, j] = (block[:, j] - deq) / u[start + j, start + j]
+            block[:, j + 1:] -= np.outer(errors[:, j], u[start + j, start + j + 1:end])
+        w[:, end:] -= errors @ u[start:end, end:]
+    return q, scales, zero_points
 
 
 def output_error(w: np.ndarray, w_hat: np.ndarray, hessian: np.ndarray) -> float:

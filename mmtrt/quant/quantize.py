@@ -1,5 +1,5 @@
 """Quantize the linears of one ONNX component to INT4 in place: calibrate, search (AWQ or plain RTN), fold the
-scales into the graph, and lower every quantized linear for the backend that will run it.
+scales into the graph, and lower every quantized linear for the backend that will run it (mmtrt/quant/lowering.py).
 
 Every search reads the activations of the unmodified float graph (as the reference implementations do: scaling
 alone does not change any output), so all groups are calibrated in one pass over the calibration batches.
@@ -10,53 +10,21 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from mmtrt.ir.rewrite import import_domain
 from mmtrt.quant.awq import (GroupStats, ModuleLoss, OwnLoss, ScaleResult, effective_weight, scaled_blocks, search_clip,
                              search_scale)
 from mmtrt.quant.calibration import run_with_outputs
-from mmtrt.quant.gptq import gptq_quantize, output_error
-from mmtrt.quant.int4 import (Grid, dequantize_groups, dequantize_linear_nodes, matmulnbits_node,
-                              matmulnbits_offset_nodes)
 from mmtrt.quant.linears import GraphIndex, Group, Linear, find_linears, region_inputs
-from mmtrt.quant.mixed import keep_float
+from mmtrt.quant.lowering import GPTQ, QuantizedLinear, Settings, lower_linears, replace_nodes, sig
+
+__all__ = ["QuantizedLinear", "Settings", "fold_scales", "quantize_component"]
 
 NO_CLIP_ROLES = ("q_proj", "k_proj")  # as the reference: clipping them too measured no better on dino-smollm
 SCALED = ("awq", "awq_gptq")  # methods that search AWQ's scale
-GPTQ = ("gptq", "awq_gptq")  # methods that round with GPTQ's error compensation
-
-
-@dataclass(frozen=True)
-class Settings:
-    method: str
-    grid: Grid
-    clip: bool
-    lowering: str
-    accuracy_level: int
-    search_tokens: int
-    select: Callable[[str], bool]
-    float_budget: int = 0  # bytes the most sensitive linears may add by staying in float (mixed precision)
-
-    @property
-    def needs_hessian(self) -> bool:
-        return self.method in GPTQ or self.float_budget > 0
-
-
-@dataclass
-class QuantizedLinear:
-    """One lowered linear: W ~ dequant(q, scales, zero points) applied to x * prequant (prequant None: x as is)."""
-
-    linear: Linear
-    q: np.ndarray
-    scales: np.ndarray
-    zero_points: np.ndarray | None
-    prequant: np.ndarray | None
-    stored_bytes: int  # of the lowering's initializers (packed weights, scales, zero points) in the graph
 
 
 @dataclass
@@ -148,9 +116,9 @@ def _search(model, index, group: Group, ws: list[np.ndarray], stats: GroupStats,
         "group": group.name,
         "loss_at": "module" if group.region else "own outputs",
         "alpha": result.alpha,
-        "rtn_rel_mse": _sig(result.rtn_loss / energy),
-        "scaled_rel_mse": _sig(result.loss / energy),
-        "final_rel_mse": _sig(final / energy),
+        "rtn_rel_mse": sig(result.rtn_loss / energy),
+        "scaled_rel_mse": sig(result.loss / energy),
+        "final_rel_mse": sig(final / energy),
     }
     if settings.method in GPTQ:  # GPTQ rounds at lowering: its error is in the report's own_output_rel_mse
         report["final_rel_mse"] = report["scaled_rel_mse"]
@@ -160,10 +128,6 @@ def _search(model, index, group: Group, ws: list[np.ndarray], stats: GroupStats,
         inv = 1.0 / result.scale.astype(np.float64)
         hessian = stats.gram * inv[:, None] * inv[None, :]
     return _Plan(result, clips, hessian), report
-
-
-def _sig(x: float) -> float:
-    return float(f"{x:.4g}")
 
 
 def fold_scales(model: onnx.ModelProto, index: GraphIndex, linears: list[Linear], groups: list[Group],
@@ -209,7 +173,7 @@ def fold_scales(model: onnx.ModelProto, index: GraphIndex, linears: list[Linear]
             dtype = _dtype(index, lin)
             lin.weight = lin.node.input[1] = f"{lin.name}.awq_weight"
             new.append(numpy_helper.from_array(weights.pop(id(lin.node)).astype(dtype), lin.weight))
-    _replace_nodes(model, {i: [mul, model.graph.node[i]] for i, mul in inserts.items()}, new)
+    replace_nodes(model, {i: [mul, model.graph.node[i]] for i, mul in inserts.items()}, new)
     return folds
 
 
@@ -225,89 +189,4 @@ def _fold_into_norm(index: GraphIndex, norm: onnx.NodeProto, s: np.ndarray, labe
             value = numpy_helper.to_array(index.initializers[norm.input[i]])
             norm.input[i] = f"{label}.awq_norm_{suffix}"
             out.append(numpy_helper.from_array((value / s).astype(value.dtype), norm.input[i]))
-    return out
-
-
-def lower_linears(model: onnx.ModelProto, groups: list[Group], clips: list[list[np.ndarray | None]],
-                  prequant: list[np.ndarray | None], settings: Settings,
-                  hessians: list[np.ndarray | None] | None = None) -> tuple[list[QuantizedLinear], dict]:
-    """Quantize each linear's (scaled) weight (GPTQ when the method says so, else to nearest with its clip ratios),
-    keep the most sensitive ones in float within the budget, and replace the others' MatMuls by the lowering.
-    Returns them and, when Hessians were given, the report's `own_output_rel_mse` and `kept_float`."""
-    inits = {t.name: t for t in model.graph.initializer}
-    hessians = hessians or [None] * len(groups)
-    candidates, errors = [], {}
-    for group, group_clips, pre, h in zip(groups, clips, prequant, hessians):
-        for lin, clip in zip(group.linears, group_clips):
-            w = numpy_helper.to_array(inits[lin.weight]).T.astype(np.float32)
-            q, scales, zp = (gptq_quantize(w, h, settings.grid) if settings.method in GPTQ
-                             else settings.grid.quantize(w, clip))
-            if h is not None:
-                final = dequantize_groups(q, scales, zp, settings.grid.group)
-                errors[lin.name] = {"rtn": _sig(output_error(w, settings.grid.fake(w), h)),
-                                    "final": _sig(output_error(w, final, h))}
-            candidates.append((lin, q, scales, zp, pre))
-    kept = keep_float([(lin.name, errors[lin.name]["final"], _extra_bytes(inits, lin, q, scales, zp, settings))
-                       for lin, q, scales, zp, _ in candidates], settings.float_budget) if settings.float_budget else []
-    replaced, new, quantized = {}, {}, []
-    for lin, q, scales, zp, pre in candidates:
-        if lin.name in kept:
-            continue
-        dtype = helper.tensor_dtype_to_np_dtype(inits[lin.weight].data_type)
-        nodes, lowered = _lower(lin, q, scales.astype(dtype), zp, settings)
-        replaced[lin.output] = nodes
-        lowered = [t for t in lowered if t.name not in new]  # shared group indicators are stored once
-        new.update((t.name, t) for t in lowered)
-        quantized.append(QuantizedLinear(lin, q, scales, zp, pre, sum(len(t.raw_data) for t in lowered)))
-    _replace_nodes(model, {i: replaced[n.output[0]] for i, n in enumerate(model.graph.node)
-                           if n.op_type == "MatMul" and n.output[0] in replaced}, list(new.values()))
-    if settings.lowering == "matmulnbits":
-        import_domain(model, "com.microsoft")
-    report = {"own_output_rel_mse": errors} if errors else {}
-    if settings.float_budget:
-        report["kept_float"] = sorted(kept)
-    return quantized, report
-
-
-def _extra_bytes(inits: dict[str, onnx.TensorProto], lin: Linear, q, scales, zp, settings: Settings) -> int:
-    """Bytes a linear adds by staying in float: its float weight less its lowering's initializers."""
-    dtype = helper.tensor_dtype_to_np_dtype(inits[lin.weight].data_type)
-    lowered = _lower(lin, q, scales.astype(dtype), zp, settings)[1]
-    return lin.k * lin.n * dtype.itemsize - sum(len(t.raw_data) for t in lowered)
-
-
-def _lower(lin: Linear, q, scales, zp, settings: Settings) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
-    if settings.grid.float_zero_point:
-        return matmulnbits_offset_nodes(lin.name, lin.input, q, scales, zp, lin.k, lin.n, settings.grid.group,
-                                        settings.accuracy_level, output=lin.output)
-    if settings.lowering == "matmulnbits":
-        node, inits = matmulnbits_node(lin.name, lin.input, q, scales, zp, lin.k, lin.n, settings.grid.group,
-                                       settings.accuracy_level, output=lin.output)
-        return [node], inits
-    return dequantize_linear_nodes(lin.name, lin.input, lin.output, q, scales, settings.grid.group)
-
-
-def _replace_nodes(model: onnx.ModelProto, replacements: dict[int, list[onnx.NodeProto]],
-                   initializers: list[onnx.TensorProto]) -> None:
-    """Rebuild the node list with the nodes at the given positions replaced (a replacement node whose outputs are
-    already made is dropped), add initializers, drop the ones nothing reads."""
-    graph = model.graph
-    nodes, made = [], set()
-    for i, node in enumerate(graph.node):
-        for n in replacements.get(i, [node]):
-            if not made.intersection(n.output):  # a node shared by linears that read one tensor comes once
-                nodes.append(_copy(n))
-                made.update(n.output)
-    del graph.node[:]
-    graph.node.extend(nodes)
-    graph.initializer.extend(initializers)
-    used = {n for node in graph.node for n in node.input} | {o.name for o in graph.output}
-    keep = [t for t in graph.initializer if t.name in used]
-    del graph.initializer[:]
-    graph.initializer.extend(keep)
-
-
-def _copy(node: onnx.NodeProto) -> onnx.NodeProto:
-    out = onnx.NodeProto()
-    out.CopyFrom(node)
     return out

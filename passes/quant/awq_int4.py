@@ -56,6 +56,8 @@ class AwqInt4Config(PassConfig):
     calibration: Calibration = Field(Calibration(), description="Calibration data: `images` (`digits`, `recipe` or `none`), `samples` (images), `text` (`reference` or `recipe`), `text_windows` (512-token windows), `search_tokens` (tokens the module-output error is measured on).")
     clip: bool = Field(True, description="AWQ's clipping-range search after the scale search (`awq` only).")
     float_budget_mib: float = Field(0.0, ge=0, description="Mixed precision: MiB the most sensitive linears (largest measured relative output error after quantization on the calibration data) may add to the bundle by staying in the graph's float type; 0 quantizes every selected linear. The pass report lists them (`kept_float`).")
+    float_dtype: Literal["graph", "float16"] = Field("graph", description="How the linears `float_budget_mib` keeps are stored: `graph` (the graph's float type) or `float16` (an fp16 initializer cast to the graph's type in front of the MatMul, folded when the graph loads: half the bytes in an fp32 graph, so the same budget keeps about twice the linears).")
+    act_order: bool = Field(False, description="GPTQ methods: round the input columns in order of decreasing Hessian diagonal, with each group's scale taken up front (static groups), so the stored groups stay contiguous as TensorRT and MatMulNBits need.")
     embedding: Literal["float", "int8"] = Field("float", description="The token embedding table: `float` as exported, or `int8` with one scale per row (max|row| / 127), gathered and dequantized in the embed graph (4x smaller in fp32).")
     lowering: Literal["auto", "matmulnbits", "dequantize_linear"] = Field("auto", description="ONNX form: `matmulnbits` (ONNX Runtime), `dequantize_linear` (TensorRT's INT4 DequantizeLinear + MatMul, symmetric only), `auto` (TensorRT's when the component's partition offers TensorRT, the grid is symmetric and the group 64 or 128).")
     accuracy_level: Literal[0, 1, 2, 3, 4] = Field(4, description="MatMulNBits accuracy level: 4 computes with int8 activations (fastest on the CPU), 0 keeps them in float.")
@@ -76,6 +78,8 @@ class AwqInt4Config(PassConfig):
             raise ValueError(f"group_size must be a power of two from 16 to 256, got {self.group_size}")
         if self.symmetric and self.zero_point == "float":
             raise ValueError("zero_point: float applies to the asymmetric grid; set symmetric: false or drop zero_point")
+        if self.act_order and self.method not in ("gptq", "awq_gptq"):
+            raise ValueError("act_order applies to GPTQ's rounding; set method: gptq or awq_gptq, or drop act_order")
         if not self.symmetric and (self.lowering == "dequantize_linear" or self.trtllm_checkpoint == "always"):
             raise ValueError("TensorRT's DequantizeLinear and TensorRT-LLM's W4A16_AWQ take symmetric INT4 only; "
                              "set symmetric: true or lowering: matmulnbits and trtllm_checkpoint: never")
@@ -127,7 +131,7 @@ class AwqInt4(Pass):
 
         grid = Grid(cfg.group_size, cfg.symmetric, cfg.zero_point == "float")
         return Settings(cfg.method, grid, cfg.clip, lowering, cfg.accuracy_level, cfg.calibration.search_tokens, select,
-                        int(cfg.float_budget_mib * 2**20))
+                        int(cfg.float_budget_mib * 2**20), cfg.float_dtype, cfg.act_order)
 
     def _lowering(self, comp) -> tuple[str, str]:
         cfg = self.config

@@ -68,3 +68,39 @@ def test_dead_input_channels_quantize_to_zero(rng):
     w = rng.normal(size=(4, 32)).astype(np.float32)
     q, _, _ = gptq_quantize(w, x.T @ x, Grid(16))
     assert np.all(q[:, 5] == 0) and np.any(q != 0)
+
+
+def _act_order_reference(w: np.ndarray, x: np.ndarray, grid: Grid) -> tuple[np.ndarray, np.ndarray]:
+    """Act-order by the least-squares definition: columns by decreasing diagonal of X^T X, each rounded on its
+    group's scale taken from the untouched weights, then every column not yet rounded re-solved by lstsq."""
+    k = w.shape[1]
+    gram = x.T @ x
+    a = np.vstack([x, np.sqrt(DAMP * np.mean(np.diag(gram))) * np.eye(k)])
+    target = a @ w.T
+    _, scale, _ = grid.quantize(w)
+    current = w.astype(np.float64).copy()
+    q = np.zeros(w.shape, np.int8)
+    order = sorted(range(k), key=lambda c: -gram[c, c])
+    for i, c in enumerate(order):
+        s = scale[:, c // grid.group].astype(np.float64)
+        q[:, c] = np.clip(np.rint(current[:, c] / s), -8, 7)
+        current[:, c] = q[:, c] * s
+        rest_cols = order[i + 1:]
+        if rest_cols:
+            rest = target - a[:, order[:i + 1]] @ current[:, order[:i + 1]].T
+            current[:, rest_cols] = np.linalg.lstsq(a[:, rest_cols], rest, rcond=None)[0].T
+    return q, scale
+
+
+def test_act_order_matches_the_least_squares_recurrence_with_static_groups(rng):
+    n, k, tokens = 10, 48, 200
+    grid = Grid(16)
+    x = rng.normal(size=(tokens, k)) @ rng.normal(size=(k, k)) * rng.uniform(0.2, 3, size=k)
+    w = rng.normal(size=(n, k)).astype(np.float32)
+    q, scales, zp = gptq_quantize(w, x.T @ x, grid, act_order=True)
+    ref_q, ref_scales = _act_order_reference(w, x, grid)
+    np.testing.assert_array_equal(scales, ref_scales)
+    np.testing.assert_array_equal(q, ref_q)
+    assert zp is None
+    natural = dequantize_groups(*gptq_quantize(w, x.T @ x, grid), grid.group)
+    assert not np.array_equal(dequantize_groups(q, scales, zp, grid.group), natural)  # the order changed something

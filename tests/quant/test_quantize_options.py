@@ -83,6 +83,40 @@ def test_mixed_precision_keeps_exactly_the_reported_linears_in_float(tiny_bundle
     assert kept == expected
 
 
+def test_fp16_storage_keeps_the_float_weights_rounded_to_fp16_under_the_halved_cost(tiny_bundle, rng):
+    """float_dtype float16: a kept linear reads Cast(its weight in fp16), the budget counts 2 bytes a weight, and
+    the graph computes what numpy computes with the fp32 graph's kept weights rounded to fp16."""
+    feeds = tiny_llm_feeds(rng)
+    budget = 40_000
+    as_fp32, as_fp16 = onnx.load(tiny_bundle / "llm.onnx"), onnx.load(tiny_bundle / "llm.onnx")
+    linears = {lin.name: lin for lin in find_linears(as_fp16, "llm")[1]}
+    _, report = quantize_component(as_fp16, "llm", [feeds], _settings(method="rtn", float_budget=budget,
+                                                                      float_dtype="float16"))
+    kept = set(report["kept_float"])
+    errors = report["own_output_rel_mse"]
+    expected, spent = set(), 0
+    for name in sorted(errors, key=lambda n: -errors[n]["final"]):
+        lin = linears[name]
+        extra = lin.k * lin.n * 2 - lin.n * -(-lin.k // 64) * (32 + 4)
+        if spent + extra <= budget:
+            expected.add(name)
+            spent += extra
+    assert kept == expected and len(kept) > len(quantize_component(
+        as_fp32, "llm", [feeds], _settings(method="rtn", float_budget=budget))[1]["kept_float"])
+    producer = {n.output[0]: n for n in as_fp16.graph.node}
+    inits = {t.name: t for t in as_fp16.graph.initializer}
+    for name in kept:
+        cast = producer[producer[linears[name].output].input[1]]
+        assert cast.op_type == "Cast" and inits[cast.input[0]].data_type == onnx.TensorProto.FLOAT16, name
+    original = {lin.name: numpy_helper.to_array(t) for t in onnx.load(tiny_bundle / "llm.onnx").graph.initializer
+                for lin in linears.values() if t.name == lin.weight}
+    for name in kept:  # rtn: no scale folded, so the stored weight is the exported one rounded to fp16
+        cast = producer[producer[linears[name].output].input[1]]
+        np.testing.assert_array_equal(numpy_helper.to_array(inits[cast.input[0]]), original[name].astype(np.float16))
+    session = ort.InferenceSession(as_fp16.SerializeToString(), providers=["CPUExecutionProvider"])
+    assert np.isfinite(session.run(None, feeds)[0]).all()
+
+
 def test_int8_embedding_runs_numpys_dequantized_rows(tiny_bundle, rng):
     model = onnx.load(tiny_bundle / "embed.onnx")
     table = next(numpy_helper.to_array(t) for t in model.graph.initializer if len(t.dims) == 2)
