@@ -61,6 +61,15 @@ CONFIGS = {  # the most wanted first: a run cut short still has them
                                          "recover": {**RECOVER, "lr": 3e-5}},
     "  + int8 vision tower": {"after": "awq_gptq sym g128, float budget 16 MiB, int8 embedding", "int8_vision": True},
     "awq_gptq sym g128": {"awq": {"method": "awq_gptq"}},
+    "awq_gptq act-order sym g128, int8 embedding": {"awq": {"method": "awq_gptq", "act_order": True, **INT8}},
+    "awq_gptq sym g128, int8 embedding, 64 calibration images": {
+        "awq": {"method": "awq_gptq", **INT8, "calibration": {"samples": 64}}},
+    "awq_gptq sym g128, fp16 budget 72 MiB, int8 embedding, int8 vision": {
+        "awq": {**SHIPPED, "float_budget_mib": 72, "float_dtype": "float16"}, "int8_vision": True},
+    "awq_gptq sym g128, fp16 budget 72 MiB by Fisher, int8 embedding, int8 vision": {
+        "awq": {**SHIPPED, "float_budget_mib": 72, "float_dtype": "float16", "sensitivity": "fisher"},
+        "int8_vision": True},
+    "awq_gptq sym g128, float budget 16 MiB by Fisher, int8 embedding": {"awq": {**SHIPPED, "sensitivity": "fisher"}},
     "awq_gptq sym g128, lm_head float, int8 embedding": {"awq": {"method": "awq_gptq", "exclude": ["llm.lm_head"], **INT8}},
     "awq_gptq sym g128, float budget 32 MiB, int8 embedding": {"awq": {**SHIPPED, "float_budget_mib": 32}},
     "gptq sym g128": {"awq": {"method": "gptq"}},
@@ -88,14 +97,16 @@ class Variants(Model):
         plan = Plan(recipe, recipe_dir, self.ir.config, plan_passes(recipe, set(FRONTEND_PROPERTIES), set(COMPONENTS)),
                     assign_backends(recipe.partition, list(COMPONENTS)))
         base = self.kept.get(spec.get("after"), self.ir)
-        copied = ("vision",) if "after" in spec else ("embed", "llm")
+        copied = (("embed", "llm") if spec.get("awq") is not None else ()) + \
+            (("vision",) if "recover" in spec or spec.get("int8_vision") else ())
         ir = ModelIR({**base.components, **{n: copy.deepcopy(base.components[n]) for n in copied}},
                      copy.deepcopy(base.config), dict(base.assets), set(base.properties))
         report, start = {}, time.perf_counter()
         if spec.get("awq") == "embedding only":
             report = {"embed": int8_embedding(ir.components["embed"].onnx)}
         elif spec.get("awq") is not None:
-            report = AwqInt4(AwqInt4.Config.model_validate({**LEVEL0, **spec["awq"]})).run(ir)
+            with source_model(*self.llava):
+                report = AwqInt4(AwqInt4.Config.model_validate({**LEVEL0, **spec["awq"]})).run(ir)
         if "recover" in spec:
             with source_model(*self.llava):
                 report["recover"] = Recover(Recover.Config.model_validate(spec["recover"])).run(ir)

@@ -135,6 +135,12 @@ def calibration_batches(ir: ModelIR, images: str, samples: int, text_windows: in
     return Batches(vision_feeds, [_llm_feeds(ir, np.stack(b)) for b in ordered])
 
 
+def image_embeds(ir: ModelIR, images: str, samples: int) -> list[np.ndarray]:
+    """The LLM input embeddings [T, D] of each calibration image with its prompt, the IR's features in place."""
+    shown = _shown_images(images, samples, ir.components["preprocess"].outputs[0].shape[-1])
+    return _image_sequences(ir, _tokenizer(ir), shown)[1] if shown else []
+
+
 def _shown_images(images: str, samples: int, page: int) -> list[tuple[object, str]]:
     """(image, prompt) pairs: the first `samples` of the digits train split or of the recipe's data."""
     if images == "none" or not samples:

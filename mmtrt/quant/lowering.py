@@ -34,6 +34,8 @@ class Settings:
     float_budget: int = 0  # bytes the most sensitive linears may add by staying in float (mixed precision)
     float_dtype: str = "graph"  # how a kept linear is stored: the graph's float type, or "float16" (cast at load)
     act_order: bool = False  # GPTQ's columns by decreasing Hessian diagonal, with static groups
+    # the task's sensitivity of each linear, from {name: (float weight, dequantized INT4) [N, K]}; None: own error
+    sensitivity: Callable[[dict[str, tuple[np.ndarray, np.ndarray]]], dict[str, float]] | None = None
 
     @property
     def needs_hessian(self) -> bool:
@@ -71,8 +73,7 @@ def lower_linears(model: onnx.ModelProto, groups: list[Group], clips: list[list[
                 errors[lin.name] = {"rtn": sig(output_error(w, settings.grid.fake(w), h)),
                                     "final": sig(output_error(w, final, h))}
             candidates.append((lin, q, scales, zp, pre))
-    kept = keep_float([(lin.name, errors[lin.name]["final"], _extra_bytes(inits, lin, q, scales, zp, settings))
-                       for lin, q, scales, zp, _ in candidates], settings.float_budget) if settings.float_budget else []
+    kept, scores = _kept(inits, candidates, errors, settings) if settings.float_budget else ([], None)
     replaced, new, quantized = {}, {}, []
     for lin, q, scales, zp, pre in candidates:
         if lin.name in kept:
@@ -93,7 +94,24 @@ def lower_linears(model: onnx.ModelProto, groups: list[Group], clips: list[list[
     report = {"own_output_rel_mse": errors} if errors else {}
     if settings.float_budget:
         report["kept_float"] = sorted(kept)
+    if scores is not None:
+        report["task_sensitivity"] = {name: sig(v) for name, v in scores.items()}
     return quantized, report
+
+
+def _kept(inits: dict[str, onnx.TensorProto], candidates: list, errors: dict,
+          settings: Settings) -> tuple[list[str], dict[str, float] | None]:
+    """The linears the budget keeps in float and, with a task sensitivity, each linear's score. By own output
+    error: the largest first. By task sensitivity: the largest score per byte kept first (the knapsack's greedy
+    order: the budget buys the most sensitivity it can)."""
+    extra = {lin.name: _extra_bytes(inits, lin, q, scales, zp, settings) for lin, q, scales, zp, _ in candidates}
+    if settings.sensitivity is None:
+        return keep_float([(name, errors[name]["final"], b) for name, b in extra.items()], settings.float_budget), None
+    lowered = {lin.name: (numpy_helper.to_array(inits[lin.weight]).T.astype(np.float32),
+                          dequantize_groups(q, scales, zp, settings.grid.group)) for lin, q, scales, zp, _ in candidates}
+    scores = settings.sensitivity(lowered)
+    density = [(name, scores[name] / max(b, 1), b) for name, b in extra.items()]
+    return keep_float(density, settings.float_budget), scores
 
 
 def sig(x: float) -> float:

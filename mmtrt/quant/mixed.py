@@ -1,8 +1,9 @@
 """Mixed precision under a size budget: which quantized linears stay in float.
 
 Sensitivity is each linear's measured relative output error after quantization, ||X (W_q - W)^T||^2 / ||X W^T||^2
-on the calibration inputs (through their Gram matrix); the most sensitive linears stay in float, greedily in that
-order, each while the bytes it adds (its float weight less its INT4 form) still fit the budget.
+on the calibration inputs (through their Gram matrix), or its task sensitivity per byte (mmtrt/quant/fisher.py); the
+most sensitive linears stay in float, greedily in that order, each while the bytes it adds (its float weight less
+its INT4 form) still fit the budget.
 """
 
 from __future__ import annotations

@@ -28,8 +28,10 @@ from pydantic import Field, field_validator, model_validator
 from mmtrt.errors import UserError
 from mmtrt.ir.graph import ModelIR
 from mmtrt.pipeline.pass_base import Pass, PassConfig
-from mmtrt.quant.calibration import calibration_batches
+from mmtrt.pipeline.source import current_source
+from mmtrt.quant.calibration import calibration_batches, image_embeds
 from mmtrt.quant.embedding import int8_embedding
+from mmtrt.quant.fisher import fisher_scores, source_deltas, source_linears
 from mmtrt.quant.int4 import Grid
 from mmtrt.quant.quantize import QuantizedLinear, Settings, quantize_component
 from mmtrt.quant.trtllm_export import NotExportable, checkpoint_assets
@@ -56,6 +58,7 @@ class AwqInt4Config(PassConfig):
     calibration: Calibration = Field(Calibration(), description="Calibration data: `images` (`digits`, `recipe` or `none`), `samples` (images), `text` (`reference` or `recipe`), `text_windows` (512-token windows), `search_tokens` (tokens the module-output error is measured on).")
     clip: bool = Field(True, description="AWQ's clipping-range search after the scale search (`awq` only).")
     float_budget_mib: float = Field(0.0, ge=0, description="Mixed precision: MiB the most sensitive linears (largest measured relative output error after quantization on the calibration data) may add to the bundle by staying in the graph's float type; 0 quantizes every selected linear. The pass report lists them (`kept_float`).")
+    sensitivity: Literal["output_error", "fisher"] = Field("output_error", description="What ranks the linears `float_budget_mib` keeps: `output_error` (each linear's relative error at its own outputs, largest first) or `fisher` (the error's effect on the source model's answer at the calibration images' answer position, second order through the Fisher information, largest per byte first; needs the source model, as `mmtrt compile` holds it, and linears of the source's shapes). The report lists the scores (`task_sensitivity`).")
     float_dtype: Literal["graph", "float16"] = Field("graph", description="How the linears `float_budget_mib` keeps are stored: `graph` (the graph's float type) or `float16` (an fp16 initializer cast to the graph's type in front of the MatMul, folded when the graph loads: half the bytes in an fp32 graph, so the same budget keeps about twice the linears).")
     act_order: bool = Field(False, description="GPTQ methods: round the input columns in order of decreasing Hessian diagonal, with each group's scale taken up front (static groups), so the stored groups stay contiguous as TensorRT and MatMulNBits need.")
     embedding: Literal["float", "int8"] = Field("float", description="The token embedding table: `float` as exported, or `int8` with one scale per row (max|row| / 127), gathered and dequantized in the embed graph (4x smaller in fp32).")
@@ -84,6 +87,9 @@ class AwqInt4Config(PassConfig):
             raise ValueError("TensorRT's DequantizeLinear and TensorRT-LLM's W4A16_AWQ take symmetric INT4 only; "
                              "set symmetric: true or lowering: matmulnbits and trtllm_checkpoint: never")
         cal = self.calibration
+        if self.sensitivity == "fisher" and not (self.float_budget_mib and cal.images != "none" and cal.samples):
+            raise ValueError("sensitivity: fisher ranks the linears float_budget_mib keeps on the calibration images; "
+                             "set float_budget_mib > 0 and calibration images (calibration.images: digits or recipe)")
         if "vision" in self.components and (cal.images == "none" or not cal.samples):
             raise ValueError("quantizing the vision component needs calibration images (calibration.images: digits or recipe)")
         if (cal.images == "none" or not cal.samples) and not cal.text_windows:
@@ -114,7 +120,7 @@ class AwqInt4(Pass):
                 lowering, why = self._lowering(ir.components[name])
                 quantized, report = quantize_component(
                     ir.components[name].onnx, name, batches.vision if name == "vision" else batches.llm,
-                    self._settings(lowering))
+                    self._settings(lowering, self._task_sensitivity(ir) if name == "llm" else None))
                 changes[name] = _summary(quantized, report, lowering, why, cfg.group_size)
                 if name == "llm":
                     changes["trtllm_checkpoint"] = self._checkpoint(ir, quantized)
@@ -122,7 +128,7 @@ class AwqInt4(Pass):
             changes["embed"] = int8_embedding(ir.components["embed"].onnx)
         return changes
 
-    def _settings(self, lowering: str) -> Settings:
+    def _settings(self, lowering: str, sensitivity=None) -> Settings:
         cfg = self.config
 
         def select(name: str) -> bool:
@@ -131,7 +137,20 @@ class AwqInt4(Pass):
 
         grid = Grid(cfg.group_size, cfg.symmetric, cfg.zero_point == "float")
         return Settings(cfg.method, grid, cfg.clip, lowering, cfg.accuracy_level, cfg.calibration.search_tokens, select,
-                        int(cfg.float_budget_mib * 2**20), cfg.float_dtype, cfg.act_order)
+                        int(cfg.float_budget_mib * 2**20), cfg.float_dtype, cfg.act_order, sensitivity)
+
+    def _task_sensitivity(self, ir: ModelIR):
+        """The Fisher scorer of the LLM's linears on the calibration images, None unless the recipe asks for it."""
+        cfg = self.config
+        if cfg.sensitivity != "fisher":
+            return None
+        source = current_source()
+        if source is None:
+            raise UserError("awq_int4 sensitivity: fisher needs the source model, which only `mmtrt compile` holds; "
+                            "run it from a recipe")
+        llava, embeds = source[0], image_embeds(ir, cfg.calibration.images, cfg.calibration.samples)
+        linears = source_linears(llava)
+        return lambda lowered: fisher_scores(llava, embeds, source_deltas(linears, lowered))
 
     def _lowering(self, comp) -> tuple[str, str]:
         cfg = self.config
