@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
 import math
 import os
 import sys
 from pathlib import Path
+from typing import NoReturn
 
 from mmtrt.errors import Terminated, UserError
 from mmtrt.progress import set_quiet
@@ -313,5 +315,21 @@ def main(argv: list[str] | None = None) -> int:
         return EXIT_TERMINATED if terminated else EXIT_INTERRUPTED
 
 
+def run_as_module(argv: list[str] | None = None) -> NoReturn:
+    """`python -m mmtrt.cli`: main's exit status, 130 also after a Ctrl-C that main handled.
+
+    Under -m, CPython ends a process whose KeyboardInterrupt once escaped any C-level eval (a library's
+    PyRun_String, as pybind11's py::exec is) by killing it with SIGINT at exit, however that exception was handled
+    later: the flag it sets is global. So after a handled Ctrl-C the exit functions run here (temporary folders'
+    finalizers among them) and the process exits with the status main gave."""
+    code = main(argv)
+    if code == EXIT_INTERRUPTED:
+        atexit._run_exitfuncs()
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    sys.exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run_as_module()

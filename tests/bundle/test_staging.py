@@ -121,6 +121,36 @@ def test_a_signal_during_compile_cleans_up_with_one_line(tmp_path, sig, code, wo
     assert list(tmp_path.iterdir()) == []
 
 
+INTERRUPTED_IN_C_EVAL = """
+import argparse, ctypes
+from mmtrt import cli
+
+def interrupted(args):  # a KeyboardInterrupt escapes a C-level eval, as one can from a library's PyRun_String
+    run = ctypes.pythonapi.PyRun_String
+    run.restype, run.argtypes = ctypes.py_object, [ctypes.c_char_p, ctypes.c_int, ctypes.py_object, ctypes.py_object]
+    run(b"raise KeyboardInterrupt", 257, {}, {})
+
+def parser():
+    p = argparse.ArgumentParser()
+    p.set_defaults(func=interrupted)
+    return p
+
+cli.build_parser = parser
+cli.run_as_module([])
+"""
+
+
+def test_python_m_exits_130_after_a_ctrl_c_that_escaped_a_c_level_eval(tmp_path):
+    """The intermittent rc -2 of the test above: under -m, CPython kills the process with SIGINT at exit when a
+    KeyboardInterrupt once escaped run_eval_code_obj, although main handled it; here made to happen every time."""
+    (tmp_path / "interrupted_in_c_eval.py").write_text(INTERRUPTED_IN_C_EVAL)
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")])}
+    proc = subprocess.run([sys.executable, "-m", "interrupted_in_c_eval"], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 130, proc.stderr
+    assert proc.stderr.strip().splitlines() == ["mmtrt: interrupted by Ctrl-C; nothing half-written was left"]
+
+
 class SignalsInFinalizer:
     """Sends SIGTERM from __del__: the handler's exception is raised inside the finalizer, where Python ignores it."""
 
