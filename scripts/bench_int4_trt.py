@@ -49,6 +49,8 @@ LICENCES = [Path("/usr/share/common-licenses") / n for n in ("GPL-3", "GFDL-1.3"
 INT8 = {"embedding": "int8"}
 SHIPPED = {"method": "awq_gptq", "float_budget_mib": 16, **INT8}
 RECOVER = {"samples": 64, "heldout": 32, "epochs": 3, "batch": 4}
+ACT_BUDGET = "awq_gptq act-order sym g128, fp16 budget 72 MiB, int8 embedding"
+ACT_FISHER = "awq_gptq act-order sym g128, fp16 budget 72 MiB by Fisher, int8 embedding"
 # label -> what the row does: `awq` (awq_int4's config; None: fp32; "embedding only": fp32 with the int8 embedding),
 # or `after` (a row above: its IR) then `recover` (recover's config) and/or `int8_vision` (int8_weights on vision)
 CONFIGS = {  # the most wanted first: a run cut short still has them
@@ -62,6 +64,15 @@ CONFIGS = {  # the most wanted first: a run cut short still has them
     "  + int8 vision tower": {"after": "awq_gptq sym g128, float budget 16 MiB, int8 embedding", "int8_vision": True},
     "awq_gptq sym g128": {"awq": {"method": "awq_gptq"}},
     "awq_gptq act-order sym g128, int8 embedding": {"awq": {"method": "awq_gptq", "act_order": True, **INT8}},
+    ACT_BUDGET: {"awq": {**SHIPPED, "act_order": True, "float_budget_mib": 72, "float_dtype": "float16"}},
+    ACT_FISHER: {"awq": {**SHIPPED, "act_order": True, "float_budget_mib": 72, "float_dtype": "float16",
+                         "sensitivity": "fisher"}},
+    "  + recover (64 images, lr 3e-5), int8 vision tower (budget by output error)": {
+        "after": ACT_BUDGET, "recover": {**RECOVER, "lr": 3e-5}, "int8_vision": True},
+    "  + recover (64 images, lr 3e-5), int8 vision tower (budget by Fisher)": {
+        "after": ACT_FISHER, "recover": {**RECOVER, "lr": 3e-5}, "int8_vision": True},
+    "  + int8 vision tower (budget by output error)": {"after": ACT_BUDGET, "int8_vision": True},
+    "  + int8 vision tower (budget by Fisher)": {"after": ACT_FISHER, "int8_vision": True},
     "awq_gptq sym g128, int8 embedding, 64 calibration images": {
         "awq": {"method": "awq_gptq", **INT8, "calibration": {"samples": 64}}},
     "awq_gptq sym g128, fp16 budget 72 MiB, int8 embedding, int8 vision": {
@@ -178,15 +189,20 @@ def main(argv=None) -> int:
     parser.add_argument("--only", nargs="*", help="labels to run (fp32 always runs first, and the row a chosen one "
                         "starts from)")
     parser.add_argument("--rows", help="append each row as a JSON line to this file as soon as it is measured")
+    parser.add_argument("--fp32-from", help="a --rows file of an earlier run on this machine: its fp32 row is the "
+                        "reference instead of measuring fp32 again")
     args = parser.parse_args(argv)
     print(f"threads={args.threads}, spinning off; the machine is shared with other jobs")
     rows = []
+    if args.fp32_from:
+        rows = [next(r for r in map(json.loads, Path(args.fp32_from).read_text().splitlines()) if r["label"] == "fp32")]
+        print(table_row(rows[0], rows[0]), f"(from {args.fp32_from})", flush=True)
     with tempfile.TemporaryDirectory(prefix="bench-int4-trt-") as tmp:
         other = Path(tmp) / "licences.txt"
         other.write_text("\n\n".join(p.read_text() for p in LICENCES))
         model = Variants({"source": "zoo", "name": "dino-smollm"}, Path(tmp) / "dino")
         for label, spec in CONFIGS.items():
-            wanted = not args.only or label == "fp32" or label in args.only
+            wanted = (not args.only or label == "fp32" or label in args.only) and not (label == "fp32" and rows)
             if not wanted and not any(CONFIGS[o].get("after") == label for o in args.only):
                 continue
             path, report, seconds = model.variant(label, spec)
