@@ -59,7 +59,8 @@ def lower_linears(model: onnx.ModelProto, groups: list[Group], clips: list[list[
                   hessians: list[np.ndarray | None] | None = None) -> tuple[list[QuantizedLinear], dict]:
     """Quantize each linear's (scaled) weight (GPTQ when the method says so, else to nearest with its clip ratios),
     keep the most sensitive ones in float within the budget, and replace the others' MatMuls by the lowering.
-    Returns them and, when Hessians were given, the report's `own_output_rel_mse` and `kept_float`."""
+    Returns them and, when Hessians were given, the report's `own_output_rel_mse`, `kept_float` and (with a task
+    sensitivity) `task_sensitivity`."""
     inits = {t.name: t for t in model.graph.initializer}
     hessians = hessians or [None] * len(groups)
     candidates, errors = [], {}
