@@ -49,8 +49,11 @@ LICENCES = [Path("/usr/share/common-licenses") / n for n in ("GPL-3", "GFDL-1.3"
 INT8 = {"embedding": "int8"}
 SHIPPED = {"method": "awq_gptq", "float_budget_mib": 16, **INT8}
 RECOVER = {"samples": 64, "heldout": 32, "epochs": 3, "batch": 4}
-ACT_BUDGET = "awq_gptq act-order sym g128, fp16 budget 72 MiB, int8 embedding"
-ACT_FISHER = "awq_gptq act-order sym g128, fp16 budget 72 MiB by Fisher, int8 embedding"
+# act-order with 64 calibration images; the fp16 budget is what int8 vision leaves under 3.5x smaller than fp32
+ACT = {"method": "awq_gptq", "act_order": True, "calibration": {"samples": 64}, "float_budget_mib": 72, **INT8}
+ACT64 = "awq_gptq act-order sym g128, int8 embedding, 64 calibration images"
+ACT_BUDGET = "awq_gptq act-order sym g128, fp16 budget 72 MiB, int8 embedding, 64 calibration images"
+ACT_FISHER = "awq_gptq act-order sym g128, fp16 budget 72 MiB by Fisher, int8 embedding, 64 calibration images"
 # label -> what the row does: `awq` (awq_int4's config; None: fp32; "embedding only": fp32 with the int8 embedding),
 # or `after` (a row above: its IR) then `recover` (recover's config) and/or `int8_vision` (int8_weights on vision)
 CONFIGS = {  # the most wanted first: a run cut short still has them
@@ -64,9 +67,9 @@ CONFIGS = {  # the most wanted first: a run cut short still has them
     "  + int8 vision tower": {"after": "awq_gptq sym g128, float budget 16 MiB, int8 embedding", "int8_vision": True},
     "awq_gptq sym g128": {"awq": {"method": "awq_gptq"}},
     "awq_gptq act-order sym g128, int8 embedding": {"awq": {"method": "awq_gptq", "act_order": True, **INT8}},
-    ACT_BUDGET: {"awq": {**SHIPPED, "act_order": True, "float_budget_mib": 72, "float_dtype": "float16"}},
-    ACT_FISHER: {"awq": {**SHIPPED, "act_order": True, "float_budget_mib": 72, "float_dtype": "float16",
-                         "sensitivity": "fisher"}},
+    ACT64: {"awq": {**ACT, "float_budget_mib": 0}},
+    ACT_BUDGET: {"awq": {**ACT, "float_dtype": "float16"}},
+    ACT_FISHER: {"awq": {**ACT, "float_dtype": "float16", "sensitivity": "fisher"}},
     "  + recover (64 images, lr 3e-5), int8 vision tower (budget by output error)": {
         "after": ACT_BUDGET, "recover": {**RECOVER, "lr": 3e-5}, "int8_vision": True},
     "  + recover (64 images, lr 3e-5), int8 vision tower (budget by Fisher)": {
@@ -75,12 +78,6 @@ CONFIGS = {  # the most wanted first: a run cut short still has them
     "  + int8 vision tower (budget by Fisher)": {"after": ACT_FISHER, "int8_vision": True},
     "awq_gptq sym g128, int8 embedding, 64 calibration images": {
         "awq": {"method": "awq_gptq", **INT8, "calibration": {"samples": 64}}},
-    "awq_gptq sym g128, fp16 budget 72 MiB, int8 embedding, int8 vision": {
-        "awq": {**SHIPPED, "float_budget_mib": 72, "float_dtype": "float16"}, "int8_vision": True},
-    "awq_gptq sym g128, fp16 budget 72 MiB by Fisher, int8 embedding, int8 vision": {
-        "awq": {**SHIPPED, "float_budget_mib": 72, "float_dtype": "float16", "sensitivity": "fisher"},
-        "int8_vision": True},
-    "awq_gptq sym g128, float budget 16 MiB by Fisher, int8 embedding": {"awq": {**SHIPPED, "sensitivity": "fisher"}},
     "awq_gptq sym g128, lm_head float, int8 embedding": {"awq": {"method": "awq_gptq", "exclude": ["llm.lm_head"], **INT8}},
     "awq_gptq sym g128, float budget 32 MiB, int8 embedding": {"awq": {**SHIPPED, "float_budget_mib": 32}},
     "gptq sym g128": {"awq": {"method": "gptq"}},
