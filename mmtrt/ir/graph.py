@@ -35,6 +35,11 @@ class Component:
             return 0
         return int(sum(np.prod(t.dims, dtype=np.int64) for t in self.onnx.graph.initializer))
 
+    def set_graph(self, model: onnx.ModelProto) -> None:
+        """Take a rewritten graph, with the inputs and outputs it declares."""
+        self.onnx = model
+        self.inputs, self.outputs = graph_io(model, "inputs"), graph_io(model, "outputs")
+
     def initializer(self, name: str) -> np.ndarray:
         for t in self.onnx.graph.initializer:
             if t.name == name:

@@ -22,7 +22,7 @@ import onnx
 from onnx import numpy_helper
 from pydantic import Field
 
-from mmtrt.ir.graph import ModelIR, graph_io
+from mmtrt.ir.graph import ModelIR
 from mmtrt.ir.rewrite import attr, cleanup, producers, replace_uses
 from mmtrt.pipeline.pass_base import Pass, PassConfig
 
@@ -43,8 +43,7 @@ class FoldPrequantScale(Pass):
         for name in self.config.components:
             comp = ir.components[name]
             folded, left = fold_channel_muls(comp.onnx.graph)
-            comp.onnx = cleanup(comp.onnx)
-            comp.inputs, comp.outputs = graph_io(comp.onnx, "inputs"), graph_io(comp.onnx, "outputs")
+            comp.set_graph(cleanup(comp.onnx))
             changes[name] = {"muls_folded": dict(folded), "muls_left": dict(left)}
         return changes
 

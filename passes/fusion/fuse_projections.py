@@ -19,7 +19,7 @@ import onnx
 from onnx import helper, numpy_helper
 from pydantic import Field
 
-from mmtrt.ir.graph import ModelIR, graph_io
+from mmtrt.ir.graph import ModelIR
 from mmtrt.ir.rewrite import attr, cleanup
 from mmtrt.pipeline.pass_base import Pass, PassConfig
 
@@ -41,8 +41,7 @@ class FuseProjections(Pass):
         for name in self.config.components:
             comp = ir.components[name]
             fused = fuse_shared_input_linears(comp.onnx.graph, set(self.config.ops))
-            comp.onnx = cleanup(comp.onnx)
-            comp.inputs, comp.outputs = graph_io(comp.onnx, "inputs"), graph_io(comp.onnx, "outputs")
+            comp.set_graph(cleanup(comp.onnx))
             changes[name] = {"groups_fused": len(fused), "linears_fused": sum(len(g) for g in fused),
                              "groups": [[n.name for n in g] for g in fused[:4]]}
         return changes

@@ -16,7 +16,7 @@ import onnx
 from onnx import helper
 from pydantic import Field
 
-from mmtrt.ir.graph import ModelIR, graph_io
+from mmtrt.ir.graph import ModelIR
 from mmtrt.ir.rewrite import attr, cleanup, import_domain, producers
 from mmtrt.pipeline.pass_base import Pass, PassConfig
 
@@ -40,8 +40,7 @@ class FuseSkipNorm(Pass):
             fused = fuse_add_rms_norm(comp.onnx.graph)
             if fused:
                 import_domain(comp.onnx, "com.microsoft")
-            comp.onnx = cleanup(comp.onnx)
-            comp.inputs, comp.outputs = graph_io(comp.onnx, "inputs"), graph_io(comp.onnx, "outputs")
+            comp.set_graph(cleanup(comp.onnx))
             changes[name] = {"norms_fused": fused}
         return changes
 

@@ -20,7 +20,7 @@ from onnx import TensorProto, helper
 from pydantic import Field, model_validator
 
 from mmtrt.errors import UserError
-from mmtrt.ir.graph import ModelIR, graph_io
+from mmtrt.ir.graph import ModelIR
 from mmtrt.ir.rewrite import attr, cleanup, import_domain, producers
 from mmtrt.pipeline.pass_base import Pass, PassConfig
 from passes.kv.cache_type import adopt_reduced_cache, cache_in_fp16
@@ -76,10 +76,10 @@ class KvLayout(Pass):
         head = slice_logits(model.graph)
         if reduced is None and self.config.cache_dtype == "fp16":
             cache_in_fp16(model.graph, self.config.layout)
-        comp.onnx = cleanup(model)
-        _drop_unused_inputs(comp.onnx.graph)
-        _name_cache_dims(comp.onnx.graph, self.config.layout, ir.config["llm"])
-        comp.inputs, comp.outputs = graph_io(comp.onnx, "inputs"), graph_io(comp.onnx, "outputs")
+        model = cleanup(model)
+        _drop_unused_inputs(model.graph)
+        _name_cache_dims(model.graph, self.config.layout, ir.config["llm"])
+        comp.set_graph(model)
         dtype = next(s.dtype for s in comp.inputs if s.name.startswith("past."))
         ir.config["kv_cache"] = kv_facts(self.config, dtype)
         return {"llm": {**self.config.model_dump(), "attention_rewritten": layers, "logits_sliced_after": head,

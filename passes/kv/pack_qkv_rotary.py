@@ -20,7 +20,7 @@ import onnxruntime as ort
 from onnx import helper, numpy_helper
 
 from mmtrt.errors import UserError
-from mmtrt.ir.graph import ModelIR, graph_io
+from mmtrt.ir.graph import ModelIR
 from mmtrt.ir.rewrite import attr, cleanup, producers
 from mmtrt.pipeline.pass_base import Pass, PassConfig
 
@@ -60,8 +60,7 @@ class PackQkvRotary(Pass):
                                   helper.make_attribute("rotary_interleaved", attr(q_rot, "interleaved", 0))])
             for node in (q_rot, k_rot, split):
                 graph.node.remove(node)
-        comp.onnx = cleanup(comp.onnx)
-        comp.inputs, comp.outputs = graph_io(comp.onnx, "inputs"), graph_io(comp.onnx, "outputs")
+        comp.set_graph(cleanup(comp.onnx))
         return {"llm": {"layers_packed": len(layers), "cos_cache": list(cos.shape)}}
 
 

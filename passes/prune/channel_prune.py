@@ -23,7 +23,7 @@ import numpy as np
 from pydantic import Field, model_validator
 
 from mmtrt.ir.flops import count_flops
-from mmtrt.ir.graph import ModelIR, graph_io
+from mmtrt.ir.graph import ModelIR
 from mmtrt.pipeline.pass_base import Pass, PassConfig
 from mmtrt.prune.groups import PruneGroup, bias_of, find_groups
 from mmtrt.prune.importance import activation_stats, kept_count, kept_units, l2_scores
@@ -99,8 +99,7 @@ class ChannelPrune(Pass):
             kept = self._decide(groups, ratios, scores)
             before = _measure(comp.onnx, name)
             predicted = _params_removed(comp.onnx, groups, kept, self.config.bias_compensation)
-            comp.onnx = prune_graph(comp.onnx, groups, kept, means if self.config.bias_compensation else None)
-            comp.inputs, comp.outputs = graph_io(comp.onnx, "inputs"), graph_io(comp.onnx, "outputs")
+            comp.set_graph(prune_graph(comp.onnx, groups, kept, means if self.config.bias_compensation else None))
             report[name] = _component_report(groups, kept, before, _measure(comp.onnx, name), predicted)
         ir.config = self.plan_facts(ir.config)
         return {**report, "graph_changed": True}
