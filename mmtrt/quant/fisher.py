@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from mmtrt.errors import UserError
+from mmtrt.pipeline.source import frozen
 
 TOKENS = 3  # answer tokens per image, most likely first (the digits answers hold over 90 % of p in the top 3)
 
@@ -56,12 +57,9 @@ def fisher_scores(llava, embeds: list[np.ndarray], deltas: dict[str, np.ndarray]
     chosen = {name: linears[name] for name in deltas}
     dw = {name: torch.from_numpy(d) for name, d in deltas.items()}
     totals = dict.fromkeys(deltas, 0.0)
-    flags = [p.requires_grad for p in llava.parameters()]
-    for p in llava.parameters():
-        p.requires_grad_(False)
-    for m in chosen.values():
-        m.weight.requires_grad_(True)
-    try:
+    with frozen(llava):
+        for m in chosen.values():
+            m.weight.requires_grad_(True)
         for e in embeds:
             hidden = llava.model.language_model(inputs_embeds=torch.from_numpy(e)[None].to(llava.lm_head.weight.dtype),
                                                 use_cache=False).last_hidden_state
@@ -71,7 +69,4 @@ def fisher_scores(llava, embeds: list[np.ndarray], deltas: dict[str, np.ndarray]
                 grads = torch.autograd.grad(logp[y], [m.weight for m in chosen.values()], retain_graph=k + 1 < TOKENS)
                 for (name, _), g in zip(chosen.items(), grads):
                     totals[name] += 0.5 * py * float((g.double() * dw[name]).sum()) ** 2 / len(embeds)
-    finally:
-        for p, flag in zip(llava.parameters(), flags):
-            p.requires_grad_(flag)
     return totals

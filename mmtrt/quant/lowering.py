@@ -73,17 +73,16 @@ def lower_linears(model: onnx.ModelProto, groups: list[Group], clips: list[list[
                 final = dequantize_groups(q, scales, zp, settings.grid.group)
                 errors[lin.name] = {"rtn": sig(output_error(w, settings.grid.fake(w), h)),
                                     "final": sig(output_error(w, final, h))}
-            candidates.append((lin, q, scales, zp, pre))
+            dtype = helper.tensor_dtype_to_np_dtype(inits[lin.weight].data_type)
+            candidates.append((lin, q, scales, zp, pre, _lower(lin, q, scales.astype(dtype), zp, settings)))
     kept, scores = _kept(inits, candidates, errors, settings) if settings.float_budget else ([], None)
     replaced, new, quantized = {}, {}, []
-    for lin, q, scales, zp, pre in candidates:
+    for lin, q, scales, zp, pre, (nodes, lowered) in candidates:
         if lin.name in kept:
             if settings.float_dtype == "float16":
                 replaced[lin.output], stored = _fp16_weight(lin, inits[lin.weight])
                 new[stored.name] = stored
             continue
-        dtype = helper.tensor_dtype_to_np_dtype(inits[lin.weight].data_type)
-        nodes, lowered = _lower(lin, q, scales.astype(dtype), zp, settings)
         replaced[lin.output] = nodes
         lowered = [t for t in lowered if t.name not in new]  # shared group indicators are stored once
         new.update((t.name, t) for t in lowered)
@@ -105,11 +104,11 @@ def _kept(inits: dict[str, onnx.TensorProto], candidates: list, errors: dict,
     """The linears the budget keeps in float and, with a task sensitivity, each linear's score. By own output
     error: the largest first. By task sensitivity: the largest score per byte kept first (the knapsack's greedy
     order: the budget buys the most sensitivity it can)."""
-    extra = {lin.name: _extra_bytes(inits, lin, q, scales, zp, settings) for lin, q, scales, zp, _ in candidates}
+    extra = {lin.name: _extra_bytes(inits[lin.weight], lin, form[1], settings) for lin, *_, form in candidates}
     if settings.sensitivity is None:
         return keep_float([(name, errors[name]["final"], b) for name, b in extra.items()], settings.float_budget), None
     lowered = {lin.name: (numpy_helper.to_array(inits[lin.weight]).T.astype(np.float32),
-                          dequantize_groups(q, scales, zp, settings.grid.group)) for lin, q, scales, zp, _ in candidates}
+                          dequantize_groups(q, scales, zp, settings.grid.group)) for lin, q, scales, zp, *_ in candidates}
     scores = settings.sensitivity(lowered)
     density = [(name, scores[name] / max(b, 1), b) for name, b in extra.items()]
     return keep_float(density, settings.float_budget), scores
@@ -120,11 +119,9 @@ def sig(x: float) -> float:
     return float(f"{x:.4g}")
 
 
-def _extra_bytes(inits: dict[str, onnx.TensorProto], lin: Linear, q, scales, zp, settings: Settings) -> int:
+def _extra_bytes(weight: onnx.TensorProto, lin: Linear, lowered: list[onnx.TensorProto], settings: Settings) -> int:
     """Bytes a linear adds by staying in float: its float weight less its lowering's initializers."""
-    dtype = helper.tensor_dtype_to_np_dtype(inits[lin.weight].data_type)
-    lowered = _lower(lin, q, scales.astype(dtype), zp, settings)[1]
-    stored = 2 if settings.float_dtype == "float16" else dtype.itemsize
+    stored = 2 if settings.float_dtype == "float16" else helper.tensor_dtype_to_np_dtype(weight.data_type).itemsize
     return lin.k * lin.n * stored - sum(len(t.raw_data) for t in lowered)
 
 

@@ -12,7 +12,6 @@ with the lossy graph; the best projector over the epochs (including the untouche
 from __future__ import annotations
 
 import copy
-from contextlib import contextmanager
 from dataclasses import dataclass
 
 import numpy as np
@@ -22,6 +21,7 @@ from onnx import numpy_helper
 
 from mmtrt.ir.export import VisionWithProjector
 from mmtrt.ir.graph import ModelIR
+from mmtrt.pipeline.source import frozen
 from mmtrt.progress import track
 from mmtrt.quant.calibration import _llm_feeds, _tokenizer, run_with_outputs, session
 
@@ -155,19 +155,6 @@ class Student:
             surrogate = self._pick(_source_logits(self.llava, embeds)[after_image(s.ids, self.image_token_id)])
             (surrogate * grad).sum().backward()
         return value
-
-
-@contextmanager
-def frozen(module: torch.nn.Module):
-    """No gradient into `module`'s parameters for the duration; their flags as they were afterwards."""
-    flags = [p.requires_grad for p in module.parameters()]
-    for p in module.parameters():
-        p.requires_grad_(False)
-    try:
-        yield
-    finally:
-        for p, flag in zip(module.parameters(), flags):
-            p.requires_grad_(flag)
 
 
 def train(student: Student, fit: list[Sample], held: list[Sample], epochs: int, batch: int, lr: float,
