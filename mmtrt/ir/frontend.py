@@ -13,7 +13,9 @@ import torch
 from mmtrt.errors import UserError
 from mmtrt.ir import export
 from mmtrt.ir.graph import Component, ModelIR, TensorSpec, graph_io
+from mmtrt.ir.hub_cache import checkpoint_folder
 from mmtrt.ir.preprocess import spec_from_image_processor
+from mmtrt.progress import facts_digest, stage
 from mmtrt.recipe import ModelSource
 
 CHECKPOINT_FILES = ("config.json",)
@@ -29,7 +31,7 @@ def load_source(source: ModelSource, recipe_dir: Path):
         return build_zoo_model(source.name)
     from transformers import LlavaForConditionalGeneration
 
-    folder, processor = _checkpoint_processor(recipe_dir / source.path)
+    folder, processor = _checkpoint_processor(checkpoint_folder(source.path, recipe_dir))
     with _checkpoint_errors(f"could not load the weights in {folder}", "re-save the model with save_pretrained"):
         return LlavaForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval(), processor
 
@@ -43,7 +45,7 @@ def describe_source(source: ModelSource, recipe_dir: Path) -> dict[str, Any]:
     else:
         from transformers import AutoConfig, GenerationConfig
 
-        folder, processor = _checkpoint_processor(recipe_dir / source.path)
+        folder, processor = _checkpoint_processor(checkpoint_folder(source.path, recipe_dir))
         with _checkpoint_errors(f"could not load {folder / 'config.json'}", "re-save the model with save_pretrained"):
             config = AutoConfig.from_pretrained(folder)
         try:
@@ -157,7 +159,8 @@ def lower(model, processor) -> ModelIR:
     facts = model_facts(model.config, model.generation_config, processor, spec)
     v, t = facts["vision"], facts["llm"]
     size = tuple(spec["output_size"])
-    vision = _onnx_component("vision", export.export_vision(model, v["feature_layer"], v["select_strategy"], size))
+    with lowering("vision", facts):
+        vision = _onnx_component("vision", export.export_vision(model, v["feature_layer"], v["select_strategy"], size))
     exported_tokens = vision.outputs[0].shape[1]
     if exported_tokens != v["image_tokens"]:
         raise UserError(f"the vision tower yields {exported_tokens} tokens per image but the processor expands "
@@ -170,11 +173,20 @@ def lower(model, processor) -> ModelIR:
             spec=spec,
         ),
         "vision": vision,
-        "embed": _onnx_component("embed", export.export_embedding(model)),
-        "llm": _onnx_component(
-            "llm", export.export_decoder(model, t["num_layers"], t["num_kv_heads"], t["head_dim"], t["hidden_size"])),
     }
+    with lowering("embed", facts):
+        components["embed"] = _onnx_component("embed", export.export_embedding(model))
+    with lowering("llm", facts):
+        components["llm"] = _onnx_component(
+            "llm", export.export_decoder(model, t["num_layers"], t["num_kv_heads"], t["head_dim"], t["hidden_size"]))
     return ModelIR(components, facts, tokenizer_assets(processor), set(FRONTEND_PROPERTIES))
+
+
+def lowering(component: str, facts: dict[str, Any]):
+    """Progress for one component's export, with its depth and, after a first compile, its estimated time."""
+    layers = facts.get(component, {}).get("num_layers")
+    size = f" ({layers} layers)" if layers else ""
+    return stage(f"lowering {component}{size} to ONNX", key=f"lower {component} {facts_digest(facts)}")
 
 
 def _onnx_component(name: str, model) -> Component:
