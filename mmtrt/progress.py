@@ -100,7 +100,7 @@ class _Ticker(threading.Thread):
             print(f"\r{self.line} {duration(time.perf_counter() - self.started)}", file=sys.stderr, end="",
                   flush=True)
 
-    def _stop(self) -> None:
+    def _halt(self) -> None:
         self.done.set()
         self.join()
         _Ticker.current = None
@@ -109,7 +109,7 @@ class _Ticker(threading.Thread):
         """End the line with `suffix` if it is still this stage's; False when something else ended it."""
         if _Ticker.current is not self:
             return False
-        self._stop()
+        self._halt()
         print(f"\r{self.line}{suffix}", file=sys.stderr, flush=True)
         return True
 
@@ -118,7 +118,7 @@ class _Ticker(threading.Thread):
         """Stop the running stage's ticker and end its line, so the next output starts on a line of its own."""
         ticker = _Ticker.current
         if ticker:
-            ticker._stop()
+            ticker._halt()
             print(file=sys.stderr, flush=True)
 
 
