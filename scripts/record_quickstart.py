@@ -4,8 +4,9 @@ checks the pages' excerpts against that record and runs the cheap commands itsel
 
     flock /work/wt/heavy.lock nice -n 10 .venv/bin/python scripts/record_quickstart.py      # 10-30 minutes
 
-Run it from a checkout whose `make demo` environment exists (.venv), after changing a recorded command or its
-output; it compiles zoo:dino-smollm into out/ (about 1 GB, several GB of memory while lowering).
+Run it from a checkout whose `make demo` environment exists (.venv) and that has no out/ folder yet, after
+changing a recorded command or its output; it compiles zoo:dino-smollm into out/ (about 1 GB, several GB of memory
+while lowering). Step times are recorded in a fresh cache folder, so compile shows what a first compile shows.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import re
 import select
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -83,8 +85,11 @@ def machine() -> str:
 
 
 def main() -> None:
+    if (ROOT / "out").exists():
+        raise SystemExit("out/ exists: the quick start compiles into it as a new user would; move it away first")
     env = {k: v for k, v in os.environ.items() if k not in ("CI", "MMTRT_NO_PROGRESS")}
     env["PATH"] = f"{ROOT / '.venv' / 'bin'}{os.pathsep}{env['PATH']}"
+    env["MMTRT_CACHE"] = tempfile.mkdtemp(prefix="mmtrt-record-cache-")
     commit = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True,
                             check=True).stdout.strip()
     load_before = os.getloadavg()[0]
