@@ -3,8 +3,9 @@
 TensorRT runs token_prune's selection as a dozen small kernels plus a data-dependent gather (three dozen with
 VisionZip's merge, about twenty for a dynamic budget, whatever the criterion), and an INT4 linear at
 decode as a dequantize into a full fp16 weight before a GEMM; one fused kernel each reads the inputs once (see the
-README's roofline). The pass places like the compiler does (mmtrt.partition.placement) and fuses only chains whose
-every node lies in a TensorRT segment, so ONNX Runtime segments keep their standard ops. A fused node carries its
+roofline estimate in docs/results/plugin-roofline.md). The pass places like the compiler does
+(mmtrt.partition.placement) and fuses only chains whose every node lies in a TensorRT segment, so ONNX Runtime
+segments keep their standard ops. A fused node carries its
 decomposition as a local function (passes/fusion/plugin_nodes.py): ONNX Runtime, and TensorRT without the plugin,
 still run it. Run it last: after token_prune, after awq_int4 with the TensorRT (DequantizeLinear) lowering and after
 cast_precision, whose casts the patterns see through.

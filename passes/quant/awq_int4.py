@@ -12,7 +12,7 @@ stays a pre-quant Mul before o_proj; then each weight group's clipping range is 
 is measured on a token budget (`calibration.search_tokens`) rather than on every calibration token.
 `method: gptq` / `awq_gptq` round with GPTQ's error compensation instead (mmtrt/quant/gptq.py, optionally in
 act-order); `float_budget_mib` keeps the most sensitive linears in float or fp16 (mixed.py; by own output error, or by
-the source model's Fisher sensitivity, fisher.py), the TensorRT-compatible INT4 of README's measurements.
+the source model's Fisher sensitivity, fisher.py), the TensorRT-compatible INT4 of docs/results/int4-tensorrt.md.
 
 Lowering: `com.microsoft.MatMulNBits` for ONNX Runtime; INT4 initializer -> DequantizeLinear (blocked, symmetric)
 -> MatMul for TensorRT, which ONNX Runtime also runs by fusing the pair into MatMulNBits itself. With `auto` the

@@ -17,5 +17,5 @@ class RecoverConfig(PassConfig):
     batch: int = Field(4, ge=1, description="Images per optimizer step.")
     lr: float = Field(1e-4, gt=0, description="Adam's learning rate.")
     loss: Literal["kl", "mse"] = Field("kl", description="Distillation loss on the logits after the image: `kl` (KL divergence from the source's distribution) or `mse` (squared logit error).")
-    positions: Literal["last", "after_image"] = Field("last", description="Logits compared: `last` (the prompt's last position, where the answer's first token is predicted) or `after_image` (every prompt position after the image; on dino-smollm after channel_prune it lowered that loss but cost digits accuracy, README).")
+    positions: Literal["last", "after_image"] = Field("last", description="Logits compared: `last` (the prompt's last position, where the answer's first token is predicted) or `after_image` (every prompt position after the image; on dino-smollm after channel_prune it lowered that loss but cost digits accuracy, docs/results/recovery.md).")
     seed: int = Field(0, description="Seed of the sample order and of PyTorch's generator (same seed, same bundle).")
