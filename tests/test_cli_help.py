@@ -10,6 +10,7 @@ import pytest
 
 from conftest import ROOT
 from mmtrt.cli import build_parser, main
+from mmtrt.compare.report import format_report
 from mmtrt.runtime import load
 from mmtrt.terminal import one_line, printable
 
@@ -78,3 +79,18 @@ def test_run_on_a_terminal_escapes_what_the_model_says(tiny_bundle):
                            "--prompt", prompt, "--max-new-tokens", "16"], capture_output=True, text=True, check=True)
     assert proc.stdout == printable(exact) + "\n"
     assert not [c for c in proc.stdout + proc.stderr if c != "\n" and printable(c) != c], repr(proc.stdout)
+
+
+def test_inspect_shows_an_unbounded_side_as_any(tiny_bundle, capsys):
+    assert main(["inspect", str(tiny_bundle)]) == 0
+    text = capsys.readouterr().out
+    assert "preprocess.image" in text and "/ [any, any, 3]" in text and "None" not in text, text
+
+
+@pytest.mark.parametrize("iterations, words", [(1, "(one iteration)"), (3, "(medians of 3 iterations)")])
+def test_compare_counts_its_iterations_in_words(iterations, words):
+    partition = {"comparable": True, "runners": {"a": "onnxruntime", "b": "onnxruntime"},
+                 "median_ms": {"a": 1.0, "b": 2.0}, "iterations": iterations, "outputs": {}}
+    report = {"tolerances": {"atol": 1e-5, "rtol": 1e-5}, "a": {"bundle": "A"}, "b": {"bundle": "B"},
+              "partitions": {"llm": partition}, "differences": [], "passed": True}
+    assert words in format_report(report)
