@@ -160,10 +160,9 @@ def _record(key: str, seconds: float) -> None:
 
 
 def quiet_libraries() -> None:
-    """Third-party bars follow the same switch as ours: transformers' weight loading, and its GGUF conversion
-    (a bare tqdm, so its module's `tqdm` is replaced by a disabled one)."""
-    if enabled():
-        return
+    """Third-party bars stay off: transformers' weight loading, and its GGUF conversion (a bare tqdm, so its
+    module's `tqdm` is replaced by a disabled one). Our stages show those steps, and a second bar drawn on the
+    stage's line would garble it."""
     from functools import partial
 
     from transformers import modeling_gguf_pytorch_utils as gguf_utils

@@ -7,7 +7,7 @@ from pathlib import Path
 from mmtrt.errors import UserError
 from mmtrt.ir.frontend import load_source
 from mmtrt.ir.hub_cache import cached_snapshot
-from mmtrt.progress import quiet_libraries
+from mmtrt.progress import quiet_libraries, stage
 from mmtrt.recipe import ModelSource
 
 
@@ -20,4 +20,5 @@ def source_model(manifest: dict, override: Path | None = None):
         if override is None:
             raise UserError(f"this bundle was compiled from the checkpoint {source.path}; pass --source-model FOLDER")
         source = ModelSource(source="hf", path=str(Path(override).resolve()))
-    return load_source(source, Path.cwd())
+    with stage("loading the PyTorch model the bundle was compiled from"):
+        return load_source(source, Path.cwd())
