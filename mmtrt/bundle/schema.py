@@ -139,7 +139,7 @@ def _relations(m: dict[str, Any]) -> str | None:
         if not r["min"] <= r["opt"] or (r["max"] is not None and r["opt"] > r["max"]):
             return f"dims.{name} must have min <= opt <= max, not {_show(r)}"
     for comp, c in m["components"].items():
-        for t in c["inputs"] + c["outputs"]:
+        for t in c["inputs"]:  # what the runtimes check shapes against (outputs may have free dims)
             unknown = [d for d in t["shape"] if isinstance(d, str) and d not in dims]
             if unknown:
                 return f"components.{comp} tensor {t['name']} names dim {unknown[0]!r}, which dims lacks"
