@@ -25,6 +25,7 @@ from mmtrt.partition.shapes import check_shape
 from mmtrt.runtime.batch import Prepared, Request, Sequence, StaticStepper, decode_static
 from mmtrt.runtime.executors import TRTLLM, component_runner, engine_choices, llm_engine_choice
 from mmtrt.runtime.image_bounds import check_image
+from mmtrt.runtime.image_file import upright_8bit
 from mmtrt.runtime.kv import StaticCache, cache_device
 from mmtrt.runtime.paged import PagedCache, PagedStepper, decode_paged
 from mmtrt.runtime.prefix import PrefixCache, prefix_key, prefix_length
@@ -74,7 +75,7 @@ def open_image(image) -> Image.Image:
     try:
         with Image.open(image) as img:
             img.load()
-            return img
+            return upright_8bit(img)
     except (FileNotFoundError, IsADirectoryError):
         raise UserError(f"image {image} does not exist; pass the path of a PNG or JPEG file") from None
     except Image.DecompressionBombError as exc:
