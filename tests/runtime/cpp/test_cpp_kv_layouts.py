@@ -100,7 +100,11 @@ def python_message(call) -> str:
 
 
 def test_a_pool_too_small_for_the_request_is_refused_as_python_does(tiny_paged_bundle, rng, tmp_path):
-    copy = edited_copy(tiny_paged_bundle, tmp_path, lambda m: m["dims"]["pool_blocks"].update(max=3))
+    def small_pool(m):  # a smaller pool of the same blocks: the schema wants num_slots = pool_blocks x block_tokens
+        m["dims"]["pool_blocks"].update(max=3)
+        m["dims"]["num_slots"].update(min=48, opt=48, max=48)
+
+    copy = edited_copy(tiny_paged_bundle, tmp_path, small_pool)
     image = image_file(rng, tmp_path)
     message = one_line(run_cpp(copy, image, PROMPTS[0]))
     assert message.startswith("the request needs ") and "the bundle's pool holds 3;" in message
