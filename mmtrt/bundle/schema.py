@@ -128,7 +128,8 @@ def _kind(spec: dict[str, Any]) -> str:
 
 
 def _show(value: Any) -> str:
-    text = json.dumps(value)
+    """Compact, sorted, ASCII JSON, as the C++ runtime writes it (nlohmann's dump)."""
+    text = json.dumps(value, separators=(",", ":"), sort_keys=True)
     return text if len(text) <= 40 else text[:37] + "..."
 
 
@@ -147,12 +148,16 @@ def _relations(m: dict[str, Any]) -> str | None:
     for key, ids in (("image_token_id", [model["image_token_id"]]), ("eos_token_ids", model["eos_token_ids"])):
         if any(i >= vocab for i in ids):
             return f"model.{key} {_show(ids)} lies outside the vocabulary of {vocab} (model.llm.vocab_size)"
+    pre, vision = m["components"]["preprocess"]["outputs"][0]["shape"], _tensor(m, "vision", "inputs", "pixel_values")
+    if len(pre) != 4 or (vision and any(isinstance(a, int) and isinstance(b, int) and a != b
+                                        for a, b in zip(pre[1:], vision["shape"][1:]))):
+        return f"components.preprocess output {_show(pre)} does not fit the vision input {_show(vision and vision['shape'])}"
     features = _tensor(m, "vision", "outputs", "image_features")
     tokens = model["vision"]["image_tokens"]
     if features and len(features["shape"]) == 3 and isinstance(features["shape"][1], int) \
             and features["shape"][1] != tokens:
         return f"model.vision.image_tokens is {tokens} but the vision output holds {features['shape'][1]} per image"
-    return _cache_relations(m) or _file_relations(m)
+    return _cache_relations(m) or _plan_relations(m) or _file_relations(m)
 
 
 def _tensor(m: dict, comp: str, side: str, name: str) -> dict | None:
@@ -206,17 +211,46 @@ def _cache_shape(pasts: list[dict], llm: dict[str, Any]) -> str | None:
     return None
 
 
+def _plan_relations(m: dict[str, Any]) -> str | None:
+    """What the engine choice reads when a plan holds no engine: the reason it gives instead."""
+    for seg in (m.get("tensorrt") or {}).get("segments", []):
+        if seg["profiles"] is None and not isinstance(seg.get("unbuildable"), str):
+            return f"tensorrt segment {seg['id']} has no profiles and no reason (unbuildable)"
+    llm = m.get("tensorrt_llm")
+    if llm and llm["checkpoint"] is None and not isinstance(llm.get("checkpoint_missing"), str):
+        return "tensorrt_llm has no checkpoint and no reason (checkpoint_missing)"
+    return None
+
+
 def _file_relations(m: dict[str, Any]) -> str | None:
     listed = m["artifacts"]
     for comp, c in m["components"].items():
         for f in [c["artifact"], *c.get("files", [])]:
             if f not in listed:
                 return f"components.{comp} reads {f}, which artifacts does not list (nor hash)"
-    for seg in (m.get("tensorrt") or {}).get("segments") or []:
-        for f in seg.get("files", []) if isinstance(seg, dict) else []:
+    for seg in (m.get("tensorrt") or {}).get("segments", []):
+        for f in seg.get("files", []):
             if f not in listed:
-                return f"tensorrt segment {seg.get('id')} reads {_show(f)}, which artifacts does not list (nor hash)"
+                return f"tensorrt segment {seg['id']} reads {f}, which artifacts does not list (nor hash)"
+    for comp, place in (m.get("placement") or {}).items():
+        for seg in place.get("segments", []):
+            if "onnx" in seg and seg["onnx"] not in listed:
+                return f"placement.{comp} segment {seg['id']} reads {seg['onnx']}, which artifacts does not list (nor hash)"
     return None
+
+
+def check_token_ids(bundle: Path, model: dict[str, Any], special: dict[str, int]) -> None:
+    """The manifest's token ids are the tokenizer's: the image placeholder's id, and end-of-sequence ids that are
+    special tokens (`special`: each special token's text and id)."""
+    where = f"{bundle}/{MANIFEST}"
+    if special.get(model["image_token"]) != model["image_token_id"]:
+        raise UserError(f"{where}: model.image_token_id is {model['image_token_id']} but the tokenizer gives "
+                        f"{model['image_token']} the id {special.get(model['image_token'])}; {FIX}")
+    ids = set(special.values())
+    for eos in model["eos_token_ids"]:
+        if eos not in ids:
+            raise UserError(f"{where}: model.eos_token_ids holds {eos}, which is not a special token of the "
+                            f"tokenizer; {FIX}")
 
 
 def check_files(bundle: Path, manifest: dict[str, Any]) -> None:

@@ -16,7 +16,7 @@ from PIL import Image, UnidentifiedImageError
 
 from mmtrt.backends.numpy_preprocess import build_transform, covers
 from mmtrt.bundle.manifest import read_manifest
-from mmtrt.bundle.schema import check_schema
+from mmtrt.bundle.schema import check_schema, check_token_ids
 from mmtrt.bundle.trust import Trust, check_trust
 from mmtrt.bundle.verify import verify_bundle
 from mmtrt.errors import UserError
@@ -112,6 +112,7 @@ class Pipeline:
         self.runners = {name: component_runner(self.path, self.manifest, name, choices, threads, spin)
                         for name in ("vision", "embed", "llm")}
         self.tokenizer = BundleTokenizer(self.path / "tokenizer")
+        check_token_ids(self.path, self.model, self.tokenizer.special_ids)
         self.backends = {name: "+".join(r.providers) for name, r in self.runners.items()}
         self.backends["preprocess"] = "numpy" if covers(self.preprocess_spec) else "torchvision"
         self.stepper = self._static_stepper() if self.kv else None
@@ -145,6 +146,9 @@ class Pipeline:
 
     def _run(self, name: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         for spec in self.specs[name]:
+            if spec.name not in feeds:
+                raise UserError(f"{self.path}/manifest.json: components.{name} takes {spec.name!r}, which the runtime "
+                                f"does not give ({', '.join(feeds)}); recompile the recipe or restore the bundle")
             check_shape(name, spec, feeds[spec.name].shape, self.dims)
         return self.runners[name].run(feeds)
 

@@ -16,6 +16,7 @@
 #include "preprocess.hpp"
 #include "runner.hpp"
 #include "signature.hpp"
+#include "special_tokens.hpp"
 #include "tokenizer.hpp"
 
 namespace mmtrt {
@@ -95,7 +96,13 @@ struct Bundle::Impl {
   Tensors run(const std::string& name, const TensorViews& feeds, const TensorViews& bound = {}) {
     for (const auto& spec : manifest.inputs.at(name)) {
       const auto found = feeds.find(spec.name);
-      if (found == feeds.end()) throw Error(ErrorKind::Runtime, name + " needs the input " + spec.name);
+      if (found == feeds.end()) {
+        std::string given;
+        for (const auto& [k, v] : feeds) given += (given.empty() ? "" : ", ") + k;
+        throw Error(ErrorKind::BadBundle, path + "/manifest.json: components." + name + " takes '" + spec.name +
+                                              "', which the runtime does not give (" + given + "); recompile the "
+                                              "recipe or restore the bundle");
+      }
       check_shape(name, spec, shape_of(found->second), manifest.dims);
     }
     return runners.at(name)->run_bound(feeds, bound);
@@ -272,6 +279,7 @@ std::unique_ptr<Bundle::Impl> Bundle::load_impl(const std::string& path, const L
   impl->backends.emplace_back("preprocess", "cpp");
   impl->tokenizer = std::make_unique<Tokenizer>(impl->root + "/tokenizer", m.raw.at("model"));
   impl->parse_special_tokens = options.parse_special_tokens;
+  check_token_ids(path, m.raw.at("model"), impl->tokenizer->special_tokens());
   return impl;
 }
 
@@ -302,8 +310,9 @@ Generation Bundle::generate(const std::string& image_path, const std::string& pr
   int64_t elements = 1;
   for (int64_t d : shape) elements *= d;
   if (elements != static_cast<int64_t>(pixels.size()))
-    throw Error(ErrorKind::Runtime, "preprocessing gave " + std::to_string(pixels.size()) + " values where the "
-                                        "manifest's preprocess output holds " + std::to_string(elements));
+    throw Error(ErrorKind::BadBundle, "preprocessing gave " + std::to_string(pixels.size()) + " values where the "
+                                          "manifest's preprocess output holds " + std::to_string(elements) +
+                                          "; recompile the recipe or restore the bundle");
   Ort::Value pixel_tensor = tensor(pixels, shape);
   Tensors vision = b.run("vision", {{"pixel_values", pixel_tensor}});
   fit_to_image_token_count(vision, ids, b.model->image_token_id);

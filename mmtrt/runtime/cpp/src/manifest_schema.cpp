@@ -258,14 +258,35 @@ std::string file_relations(const json& m) {
       if (!listed.contains(f)) return "components." + comp + " reads " + f + ", which artifacts does not list (nor hash)";
   }
   const auto trt = m.find("tensorrt");
-  if (trt != m.end() && trt->is_object() && trt->contains("segments") && trt->at("segments").is_array())
-    for (const auto& seg : trt->at("segments")) {
-      if (!seg.is_object() || !seg.contains("files") || !seg.at("files").is_array()) continue;
-      for (const auto& f : seg.at("files"))
-        if (!f.is_string() || !listed.contains(f.get<std::string>()))
-          return "tensorrt segment " + (seg.contains("id") ? seg.at("id").get<std::string>() : std::string("None")) +
-                 " reads " + show(f) + ", which artifacts does not list (nor hash)";
-    }
+  if (trt != m.end() && trt->is_object() && trt->contains("segments"))
+    for (const auto& seg : trt->at("segments"))
+      if (seg.contains("files"))
+        for (const auto& f : seg.at("files"))
+          if (!listed.contains(f.get<std::string>()))
+            return "tensorrt segment " + seg.at("id").get<std::string>() + " reads " + f.get<std::string>() +
+                   ", which artifacts does not list (nor hash)";
+  const auto placement = m.find("placement");
+  if (placement != m.end())
+    for (const auto& [comp, place] : placement->items())
+      if (place.contains("segments"))
+        for (const auto& seg : place.at("segments"))
+          if (seg.contains("onnx") && !listed.contains(seg.at("onnx").get<std::string>()))
+            return "placement." + comp + " segment " + seg.at("id").get<std::string>() + " reads " +
+                   seg.at("onnx").get<std::string>() + ", which artifacts does not list (nor hash)";
+  return "";
+}
+
+// What the engine choice reads when a plan holds no engine: the reason it gives instead.
+std::string plan_relations(const json& m) {
+  const auto trt = m.find("tensorrt");
+  if (trt != m.end() && trt->is_object() && trt->contains("segments"))
+    for (const auto& seg : trt->at("segments"))
+      if (seg.at("profiles").is_null() && !(seg.contains("unbuildable") && seg.at("unbuildable").is_string()))
+        return "tensorrt segment " + seg.at("id").get<std::string>() + " has no profiles and no reason (unbuildable)";
+  const auto llm = m.find("tensorrt_llm");
+  if (llm != m.end() && llm->is_object() && !llm->empty() && llm->at("checkpoint").is_null() &&
+      !(llm->contains("checkpoint_missing") && llm->at("checkpoint_missing").is_string()))
+    return "tensorrt_llm has no checkpoint and no reason (checkpoint_missing)";
   return "";
 }
 
@@ -291,6 +312,16 @@ std::string relations(const json& m) {
     if (id.get<int64_t>() >= vocab)
       return "model.eos_token_ids " + show(model.at("eos_token_ids")) + " lies outside the vocabulary of " +
              std::to_string(vocab) + " (model.llm.vocab_size)";
+  const json& pre = m.at("components").at("preprocess").at("outputs").at(0).at("shape");
+  const json* vision = tensor(m, "vision", "inputs", "pixel_values");
+  bool fits = pre.size() == 4;
+  if (fits && vision)
+    for (size_t i = 1; i < 4 && i < vision->at("shape").size(); ++i)
+      if (pre[i].is_number_integer() && vision->at("shape")[i].is_number_integer() && pre[i] != vision->at("shape")[i])
+        fits = false;
+  if (!fits)
+    return "components.preprocess output " + show(pre) + " does not fit the vision input " +
+           (vision ? show(vision->at("shape")) : std::string("null"));
   const json* features = tensor(m, "vision", "outputs", "image_features");
   const json& tokens = model.at("vision").at("image_tokens");
   if (features && features->at("shape").size() == 3 && features->at("shape")[1].is_number_integer() &&
@@ -298,6 +329,7 @@ std::string relations(const json& m) {
     return "model.vision.image_tokens is " + tokens.dump() + " but the vision output holds " +
            features->at("shape")[1].dump() + " per image";
   std::string why = cache_relations(m);
+  if (why.empty()) why = plan_relations(m);
   return why.empty() ? file_relations(m) : why;
 }
 

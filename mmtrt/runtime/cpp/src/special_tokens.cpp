@@ -1,5 +1,7 @@
 #include "special_tokens.hpp"
 
+#include <algorithm>
+
 #include "mmtrt/bundle.hpp"
 
 namespace mmtrt {
@@ -38,7 +40,10 @@ SpecialTokens SpecialTokens::from_file(const std::string& tokenizer_json) {
   try {
     add_processor(tokenizer.value("post_processor", json()), out);
     for (const auto& token : tokenizer.value("added_tokens", json::array()))
-      if (token.value("special", false)) out.contents.push_back(token.at("content").get<std::string>());
+      if (token.value("special", false)) {
+        out.contents.push_back(token.at("content").get<std::string>());
+        out.ids.push_back(token.at("id").get<int32_t>());
+      }
   } catch (const json::exception& exc) {
     throw Error(ErrorKind::BadBundle, tokenizer_json + " has a post-processor the runtime cannot read (" +
                                           exc.what() + "); recompile the recipe");
@@ -70,6 +75,27 @@ json without_special_tokens(const std::string& file_name, json content) {
     }
   }
   return content;
+}
+
+void check_token_ids(const std::string& bundle, const json& model, const SpecialTokens& special) {
+  const std::string where = bundle + "/manifest.json: ";
+  const std::string fix = "; recompile the recipe or restore the bundle";
+  const std::string image_token = model.at("image_token");
+  const int64_t image_token_id = model.at("image_token_id");
+  std::string given = "None";
+  bool same = false;
+  for (size_t i = 0; i < special.contents.size(); ++i)
+    if (special.contents[i] == image_token) {
+      given = std::to_string(special.ids[i]);
+      same = special.ids[i] == image_token_id;
+    }
+  if (!same)
+    throw Error(ErrorKind::BadBundle, where + "model.image_token_id is " + std::to_string(image_token_id) +
+                                          " but the tokenizer gives " + image_token + " the id " + given + fix);
+  for (const auto& eos : model.at("eos_token_ids"))
+    if (std::find(special.ids.begin(), special.ids.end(), eos.get<int64_t>()) == special.ids.end())
+      throw Error(ErrorKind::BadBundle, where + "model.eos_token_ids holds " + eos.dump() +
+                                            ", which is not a special token of the tokenizer" + fix);
 }
 
 }  // namespace mmtrt

@@ -14,6 +14,7 @@ namespace mmtrt {
 struct SpecialTokens {
   std::vector<int32_t> prefix, suffix;  // the post-processor's tokens before and after a single sequence
   std::vector<std::string> contents;    // the text of every special added token
+  std::vector<int32_t> ids;             // and its id
   static SpecialTokens from_file(const std::string& tokenizer_json);
   bool found_in(const std::string& text) const;
 };
@@ -21,5 +22,9 @@ struct SpecialTokens {
 // tokenizer.json or tokenizer_config.json without the special added tokens: text that holds one is then
 // tokenized as text (transformers' split_special_tokens).
 json without_special_tokens(const std::string& file_name, json content);
+
+// The manifest's token ids are the tokenizer's (mmtrt.bundle.schema.check_token_ids): the image placeholder's id,
+// and end-of-sequence ids that are special tokens.
+void check_token_ids(const std::string& bundle, const json& model, const SpecialTokens& special);
 
 }  // namespace mmtrt

@@ -31,6 +31,7 @@ class Tokenizer {
   // Special tokens in `text` as text (transformers' split_special_tokens); nothing added around it.
   std::vector<int32_t> encode_text(const std::string& text) const;
   bool holds_special_tokens(const std::string& text) const { return special_.found_in(text); }
+  const SpecialTokens& special_tokens() const { return special_; }
   std::string decode(const std::vector<int32_t>& ids) const;  // skips special tokens, as HF's decode
   const std::string& bos_token() const { return bos_token_; }
 
