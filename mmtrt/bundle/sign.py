@@ -32,6 +32,7 @@ def sign_bundle(bundle: Path, key: Path, password: str | None = None) -> str:
     verify_bundle(bundle, manifest, full=True)
     if not Path(key).is_file():
         raise UserError(f"private key {key} does not exist; pass a PEM elliptic-curve key (openssl ecparam -genkey)")
+    _check_private_key(Path(key), password)
     ms = _model_signing()
     hashing = ms.hashing.Config().set_ignored_paths(paths=sorted(IGNORED), ignore_git_paths=False)
     fd, tmp = tempfile.mkstemp(prefix=f".{SIGNATURE}.", dir=bundle.parent)
@@ -47,6 +48,22 @@ def sign_bundle(bundle: Path, key: Path, password: str | None = None) -> str:
     finally:
         Path(tmp).unlink(missing_ok=True)
     return manifest_digest(bundle)
+
+
+def _check_private_key(key: Path, password: str | None) -> None:
+    """model-signing signs with P-256, P-384 or P-521 keys and fails on others with an AttributeError."""
+    from cryptography.hazmat.primitives import serialization
+    from cryptography.hazmat.primitives.asymmetric import ec
+
+    try:
+        private = serialization.load_pem_private_key(key.read_bytes(), password.encode() if password else None)
+    except (ValueError, TypeError) as exc:
+        raise UserError(f"cannot sign with {key} ({_first_line(exc)}); pass a PEM elliptic-curve private key, and "
+                        "its password in MMTRT_SIGNING_PASSWORD if it is encrypted") from None
+    if not isinstance(private, ec.EllipticCurvePrivateKey) or private.curve.name not in ("secp256r1", "secp384r1",
+                                                                                       "secp521r1"):
+        raise UserError(f"cannot sign with {key}: model-signing takes elliptic-curve keys on P-256, P-384 or P-521 "
+                        "(openssl ecparam -name prime256v1 -genkey -noout -out key.pem)")
 
 
 def verify_signature(bundle: Path, public_key: Path) -> None:

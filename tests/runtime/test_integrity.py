@@ -109,3 +109,22 @@ def test_the_digest_is_printed_and_pinned(tiny_bundle, tmp_path, capsys, rng):
     random_image(rng, 40, 40).save(image)
     assert main(["run", str(other), "--image", str(image), "--prompt", "hi", "--expect-digest", digest]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_compile_prints_the_digest(tiny_bundle, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr("mmtrt.compiler.compile_recipe", lambda recipe, out, **kw: tiny_bundle)
+    assert main(["compile", "recipe.yaml", "-o", str(tmp_path / "x")]) == 0
+    from mmtrt.bundle.manifest import sha256_file
+
+    assert f"digest sha256:{sha256_file(tiny_bundle / 'manifest.json')}" in capsys.readouterr().out
+
+
+def test_a_pool_larger_than_the_envelope_can_use_is_refused_at_compile(tmp_path, capsys):
+    from conftest import ROOT
+
+    recipe = (ROOT / "recipes" / "tiny-llava.yaml").read_text().replace(
+        "envelope:", "  - kv_layout: {layout: paged, pool_blocks: 1000000000000}\nenvelope:")
+    (tmp_path / "r.yaml").write_text(recipe)
+    assert main(["compile", str(tmp_path / "r.yaml"), "--plan"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "pool_blocks 1000000000000 is more than the envelope can ever use" in err
