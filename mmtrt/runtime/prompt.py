@@ -55,7 +55,8 @@ def tokenize_user_text(tokenizer, chat_template: str, prompt: str, image_token: 
 
 
 def holds_special_tokens(tokenizer, text: str) -> bool:
-    return any(token in text for token in tokenizer.special_contents)
+    """Whether `text` holds a special added token's text (BundleTokenizer and transformers' tokenizers alike)."""
+    return any(t.special and t.content in text for t in tokenizer.added_tokens_decoder.values())
 
 
 def is_text(value: str) -> bool:

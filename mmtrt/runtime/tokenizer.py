@@ -32,8 +32,8 @@ class BundleTokenizer:
         config = json.loads((folder / "tokenizer_config.json").read_text())
         self.special_tokens = {name: _content(config[name]) for name in NAMED_TOKENS if config.get(name) is not None}
         self.bos_token = self.special_tokens.get("bos_token")
-        self.special_ids = {t.content: i for i, t in self.backend.get_added_tokens_decoder().items() if t.special}
-        self.special_contents = sorted(self.special_ids)
+        self.added_tokens_decoder = self.backend.get_added_tokens_decoder()  # id -> AddedToken, as transformers'
+        self.special_ids = {t.content: i for i, t in self.added_tokens_decoder.items() if t.special}
         self.eos_token = self.special_tokens.get("eos_token")
         self.clean_up = bool(config.get("clean_up_tokenization_spaces")) and \
             type(self.backend.model).__name__ != "BPE"  # transformers skips the clean-up for BPE models

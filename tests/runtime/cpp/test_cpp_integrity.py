@@ -9,7 +9,7 @@ import subprocess
 import pytest
 
 from builders import random_image
-from cpp_harness import PROGRAM, needs_build, run_cpp
+from cpp_harness import PROGRAM, SANITIZED, CApi, needs_build, run_cpp
 from mmtrt.bundle.sign import sign_bundle
 from mmtrt.cli import main
 from mmtrt.errors import UserError
@@ -92,6 +92,18 @@ def test_digest_pin_and_signature(tiny_bundle, tmp_path, image, keys, capsys):
     assert "does not verify with" in wrong and wrong == python_error(lambda: load(bundle, public_key=other))
     pinned = cpp_error(run_cpp(bundle, image, "hi", "--expect-digest", "sha256:" + "0" * 64))
     assert pinned == python_error(lambda: load(bundle, expect_digest="0" * 64))
+    if not SANITIZED:  # the C API's twin of the options
+        import ctypes
+
+        lib, handle = CApi().lib, ctypes.c_void_p()
+        lib.mmtrt_bundle_load_trusted.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_char_p,
+                                                  ctypes.c_char_p, ctypes.POINTER(ctypes.c_void_p)]
+        assert lib.mmtrt_bundle_load_trusted(str(bundle).encode(), 1, 0, digest.encode(), str(pub).encode(),
+                                             ctypes.byref(handle)) == 0
+        lib.mmtrt_bundle_free(handle)
+        assert lib.mmtrt_bundle_load_trusted(str(bundle).encode(), 1, 0, None, str(other).encode(),
+                                             ctypes.byref(handle)) == 2
+        assert lib.mmtrt_last_error().decode() == wrong
 
     # tampered after signing: the manifest (and so the digest) is consistent again, the signature is not
     data = bundle / "embed.onnx.data"
