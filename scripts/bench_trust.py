@@ -4,7 +4,8 @@ ratio to a plain load measured in the same rounds; and, for scale, model-signing
 every byte (`mmtrt verify --public-key`).
 
 The bundle is linked into a scratch folder (hard links: no bytes copied) and signed there with a fresh P-256 key.
-Configurations alternate within every round (A B C D E, A B C D E, ...); medians. One ONNX Runtime thread,
+Configurations alternate within every round, each round starting one further along (A B C D E, B C D E A,
+...); medians. One ONNX Runtime thread,
 spinning off, OMP_WAIT_POLICY=PASSIVE; the machine may be shared, so the ratios matter more than the seconds.
 """
 
@@ -65,9 +66,10 @@ def main() -> None:
         }
         load(bundle, threads=1, spin=False)  # the verified-files record and the page cache, as after a first load
         times = {name: [] for name in configs}
-        for _ in range(args.rounds):
-            for name, fn in configs.items():
-                times[name].append(timed(fn))
+        names = list(configs)
+        for r in range(args.rounds):  # each round starts one further along, so no check always runs first
+            for name in names[r % len(names):] + names[:r % len(names)]:
+                times[name].append(timed(configs[name]))
     base = statistics.median(times["plain load"])
     print(f"{args.bundle}: {len(manifest['artifacts'])} artifacts, {size / 1e6:.0f} MB; medians of {args.rounds} "
           "rounds, 1 thread")
