@@ -26,7 +26,7 @@ from mmtrt.runtime.batch import Prepared, Request, Sequence, StaticStepper, deco
 from mmtrt.runtime.executors import TRTLLM, component_runner, engine_choices, llm_engine_choice
 from mmtrt.runtime.image_bounds import check_image
 from mmtrt.runtime.image_file import upright_8bit
-from mmtrt.runtime.kv import StaticCache, cache_device
+from mmtrt.runtime.kv import StaticCache, cache_device, cache_providers
 from mmtrt.runtime.paged import PagedCache, PagedStepper, decode_paged
 from mmtrt.runtime.prefix import PrefixCache, prefix_key, prefix_length
 from mmtrt.runtime.prompt import (check_prompt, format_prompt, holds_special_tokens, tokenize,
@@ -141,7 +141,7 @@ class Pipeline:
             return PagedStepper(runner.session, PagedCache(self.kv, self.model["llm"], self.dims),
                                 self.dims["batch"]["max"])
         cache = StaticCache(self.kv, self.model["llm"], self.dims["batch"]["max"], self.dims["capacity"]["max"],
-                            cache_device(runner.providers))
+                            cache_device(runner.providers), cache_providers(runner.providers))
         return StaticStepper(runner.session, cache)
 
     def _run(self, name: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
