@@ -46,7 +46,7 @@ def engine_choices(bundle: Path, manifest: dict[str, Any]) -> dict[str, tuple[Pa
     found = {TENSORRT.name: {e["id"]: select(bundle, e, probe_target(TENSORRT), index) for e in entries}}
     if any(r.get("flavor") == RTX.name for r in index.values()):  # importing tensorrt_rtx costs a second
         rtx = probe_target(RTX)
-        found[RTX.name] = {e["id"]: select(bundle, e, rtx, index) for e in entries}
+        found[RTX.name] = {e["id"]: _rtx_choice(bundle, e, rtx, index) for e in entries}
     else:
         found[RTX.name] = {e["id"]: (None, "no TensorRT-RTX engine in this bundle (mmtrt build-engines BUNDLE "
                                            "--target rtx builds them on any host)") for e in entries}
@@ -54,6 +54,14 @@ def engine_choices(bundle: Path, manifest: dict[str, Any]) -> dict[str, tuple[Pa
     other = RTX.name if best == TENSORRT.name else TENSORRT.name
     return {seg: (engine, why) if engine is not None else (None, f"{why}; {other}: {found[other][seg][1]}")
             for seg, (engine, why) in found[best].items()}
+
+
+def _rtx_choice(bundle: Path, entry: dict, target, index: dict) -> tuple[Path | None, str]:
+    """select(), saying which built TensorRT-RTX engine stays unused when this host cannot run it."""
+    built = sorted(r["file"] for r in index.values() if r["segment"] == entry["id"] and r.get("flavor") == RTX.name)
+    if isinstance(target, str) and built:
+        return None, f"TensorRT-RTX engine {built[0]} not loaded: {target}"
+    return select(bundle, entry, target, index)
 
 
 def engine_flavor(path: Path) -> str:
