@@ -47,12 +47,28 @@ def test_manifest_carries_every_plugin_file_with_its_digest(bundle):
 
 
 def test_plan_lists_plugins_per_segment(bundle, capsys):
-    assert cli.main(["build-engines", str(bundle), "--plan"]) == 0
+    assert cli.main(["build-engines", str(bundle), "--plan", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert sorted(plan["plugins"]) == PLUGINS
     by_segment = {s["id"]: s["aot_plugins"] for s in plan["segments"]}
     assert by_segment == {"vision.0": ["mmtrt::TokenSelect"], "llm.0": ["mmtrt::Int4GroupGemm"]}
-    assert all("trtexec cannot load" in s["trtexec_note"] for s in plan["segments"])
+    manifest = read_manifest(bundle)["tensorrt"]["segments"]
+    assert all("trtexec cannot load" in s["trtexec_note"] for s in manifest)
+    assert all("trtexec" not in s for s in plan["segments"])
+
+
+def test_tensorrt_rtx_cannot_register_the_plugins_and_says_why(bundle, tmp_path, capsys):
+    """TensorRT-RTX's wheel has no tensorrt_rtx.plugin bindings: each plugin segment is skipped with that reason
+    (the check that it really does not import is part of the test), and the exit code says not all built."""
+    pytest.importorskip("tensorrt_rtx")
+    with pytest.raises(ImportError, match="tensorrt_rtx_bindings.plugin"):
+        import tensorrt_rtx.plugin  # noqa: F401
+    copy = shutil.copytree(bundle, tmp_path / "b")
+    assert cli.main(["build-engines", str(copy), "--target", "rtx", "--json"]) == 1
+    records = {r["segment"]: r for r in json.loads(capsys.readouterr().out)}
+    assert records["vision.0"]["status"] == records["llm.0"]["status"] == "skipped"
+    assert records["vision.0"]["reason"].startswith("calls mmtrt::TokenSelect: TensorRT-RTX's Python package has no "
+                                                    "plugin module")
 
 
 def test_inspect_shows_plugin_nodes_and_plugins(bundle):

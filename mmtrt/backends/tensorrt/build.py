@@ -133,7 +133,8 @@ def _build_one(trt, bundle: Path, entry: dict, target: Target, index: dict, cach
         return {**head, "status": "failed", "stage": exc.stage, "reason": str(exc)}
     seconds = round(time.perf_counter() - started, 2)
     write_bytes(path, engine)
-    write_bytes(cache_path, cache)
+    if cache:
+        write_bytes(cache_path, cache)
     return {**head, "status": "built", "key": key, "file": rel, "sha256": sha256_file(path), "build_seconds": seconds,
             "tensorrt": target.tensorrt, "compute_capability": target.compute_capability, "engine_bytes": len(engine),
             "built_at": datetime.now(timezone.utc).isoformat(timespec="seconds")}
@@ -199,11 +200,13 @@ def build_serialized(trt, bundle: Path, entry: dict, timing_cache: bytes) -> tup
             profile.set_shape_input(name, values["min"], values["opt"], values["max"])
         if config.add_optimization_profile(profile) < 0:
             raise BuildError("profile", f"the {planned['name']} profile was refused: {'; '.join(logger.errors)}")
-    cache = config.create_timing_cache(timing_cache)
-    # A cache written on another GPU or TensorRT is rejected instead of silently mixed in (Polygraphy does the same).
-    if not config.set_timing_cache(cache, ignore_mismatch=False):
-        config.set_timing_cache(config.create_timing_cache(b""), ignore_mismatch=False)
+    rtx = trt.__name__ == RTX.module
+    if not rtx:  # TensorRT-RTX times nothing ahead of time: its timing cache calls are deprecated no-ops
+        cache = config.create_timing_cache(timing_cache)
+        # A cache written on another GPU or TensorRT is rejected instead of silently mixed in (as Polygraphy does).
+        if not config.set_timing_cache(cache, ignore_mismatch=False):
+            config.set_timing_cache(config.create_timing_cache(b""), ignore_mismatch=False)
     engine = builder.build_serialized_network(network, config)
     if engine is None:
         raise BuildError("build", "; ".join(logger.errors) or "the builder returned no engine and logged no error")
-    return bytes(engine), bytes(config.get_timing_cache().serialize())
+    return bytes(engine), b"" if rtx else bytes(config.get_timing_cache().serialize())

@@ -9,6 +9,8 @@ written down here and nowhere else:
   building needs that GPU; TensorRT-RTX builds ahead of time on the CPU ("CPU-only AOT", its default) for a list
   of compute capabilities set on the builder config (`num_compute_capabilities`, `set_compute_capability`, an API
   TensorRT lacks) and specialises the engine just in time on the device.
+- Timing cache: TensorRT times tactics on the GPU and keeps them per GPU and version; TensorRT-RTX times nothing
+  ahead of time (its timing cache calls are deprecated no-ops since 1.2), so it gets none.
 - Plugins: TensorRT has `tensorrt.plugin` (the Python decorators mmtrt's AOT plugins register through); the
   TensorRT-RTX wheel's `tensorrt_rtx.plugin` does not import (its bindings have no `plugin` module), so a segment
   that calls an mmtrt plugin cannot be built with it. `init_libnvinfer_plugins` exists in both.
