@@ -8,6 +8,7 @@ engines are built, never run."""
 import json
 import shutil
 
+import ml_dtypes
 import numpy as np
 import onnx
 import pytest
@@ -22,6 +23,7 @@ from mmtrt.bundle.manifest import read_manifest
 from mmtrt.cli import main
 from mmtrt.partition.placement import place
 from mmtrt.quant.int4 import dequantize_linear_nodes, quantize_groups
+from mmtrt.runtime import load
 
 trt = pytest.importorskip("tensorrt_rtx", reason="TensorRT-RTX is installed by `make test` (pyproject extra rtx)")
 
@@ -62,6 +64,11 @@ def test_fp32_segments_build_and_the_index_and_inspect_list_them(tiny_bundle, tm
     assert all(r["file"] in describe(bundle) for r in records)
     assert main(["build-engines", str(bundle), "--target", "rtx"]) == 0
     assert capsys.readouterr().out.strip().endswith("0 built, 2 up to date, 0 skipped, 0 failed")
+    # the runtime finds them and says why it cannot use them on this host (no GPU), once per segment
+    fallbacks = load(bundle).fallbacks
+    for record in records:
+        assert f"TensorRT-RTX engine {record['file']} not loaded: " in fallbacks[record["segment"]]
+        assert "no CUDA GPU is visible" in fallbacks[record["segment"]]
 
 
 def test_the_recipe_forms_ship_with_their_engines(forms_bundle):
@@ -167,8 +174,6 @@ def test_placement_agrees_with_the_parser_where_it_refuses_nodes(rng):
     """Nodes the parser refuses go to ONNX Runtime with its reason: a partial INT4 block (K = 576, block 128,
     written as ONNX allows: five scale rows), an antialiased Resize, a custom-domain op; the rest is taken."""
     q = rng.integers(-8, 8, size=(576, 8)).astype(np.int8)
-    import ml_dtypes
-
     inits = [numpy_helper.from_array(q.astype(ml_dtypes.int4), "w"),
              numpy_helper.from_array(rng.uniform(0.1, 1, (5, 8)).astype(np.float32), "s"),
              numpy_helper.from_array(np.array([1, 1, 2, 2], np.float32), "scales")]
@@ -204,7 +209,7 @@ def test_int4_weights_with_a_partial_last_group_parse(rng, tmp_path, k, group):
 
 def test_each_segment_gets_its_result_and_the_exit_code_says_not_all_built(tiny_bundle, tmp_path, capsys):
     """The parser's form of vision.0 without TRT_decomposable: the builder's own message (no fused kernel for an
-    fp32 attention); llm.0 with a softcap the parser refuses: the parser's message. Both reported, exit 1."""
+    fp32 attention); llm.0 with an op the parser does not know: the parser's message. Both reported, exit 1."""
     bundle = shutil.copytree(tiny_bundle, tmp_path / "b")
     plan = {e["id"]: e for e in read_manifest(bundle)["tensorrt"]["segments"]}
     vision = onnx.load(bundle / plan["vision.0"]["tensorrt_onnx"], load_external_data=False)
@@ -213,14 +218,14 @@ def test_each_segment_gets_its_result_and_the_exit_code_says_not_all_built(tiny_
             node.attribute.remove(a)
     onnx.save(vision, bundle / plan["vision.0"]["tensorrt_onnx"])
     llm = onnx.load(bundle / plan["llm.0"]["tensorrt_onnx"], load_external_data=False)
-    next(n for n in llm.graph.node if n.op_type == "Attention").attribute.append(helper.make_attribute("softcap", 30.0))
+    next(n for n in llm.graph.node if n.op_type == "RMSNormalization").op_type = "NoSuchOp"
     onnx.save(llm, bundle / plan["llm.0"]["tensorrt_onnx"])
     assert main(["build-engines", str(bundle), "--target", "rtx", "--json"]) == 1
     records = {r["segment"]: r for r in json.loads(capsys.readouterr().out)}
     assert records["vision.0"]["status"] == "failed" and records["vision.0"]["stage"] == "build"
     assert "Attention operation was not supported by a dedicated kernel" in records["vision.0"]["reason"]
     assert records["llm.0"]["status"] == "failed" and records["llm.0"]["stage"] == "parse"
-    assert "Setting softcap is not supported in TensorRT Attention" in records["llm.0"]["reason"]
+    assert "(NoSuchOp): " in records["llm.0"]["reason"] and "Plugin not found" in records["llm.0"]["reason"]
     assert read_index(bundle) == {}
 
 
