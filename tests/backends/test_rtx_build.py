@@ -32,8 +32,8 @@ FORMS = """model: {source: zoo, name: tiny-llava}
 passes:
   - dead_layer_elimination: {}
   - token_prune: {keep: 0.5}
-  - channel_prune: {vision: {mlp: 0.25}, llm: {mlp: 0.25, heads: 0.5}}
-  - awq_int4: {method: rtn, calibration: {samples: 1, text_windows: 1, search_tokens: 64}}
+  - channel_prune: {importance: l2, vision: {mlp: 0.25}, llm: {mlp: 0.25, heads: 0.5}}
+  - awq_int4: {method: rtn, calibration: {images: none, text_windows: 1, search_tokens: 64}}
   - graph_cleanup: {}
   - cast_precision: {dtype: fp16}
   - kv_layout: {layout: static}

@@ -39,8 +39,9 @@ def import_flavor(flavor: Flavor):
     try:
         return flavor.load()
     except Exception as exc:  # a broken install fails with more than ImportError
+        other = "" if flavor is RTX else f"; --target rtx builds TensorRT-RTX engines on any host ({RTX.install})"
         raise UserError(f"build-engines --target {flavor.name} needs {flavor.module}, which does not import here "
-                        f"({type(exc).__name__}); install {flavor.install}") from None
+                        f"({type(exc).__name__}); install {flavor.install}{other}") from None
 
 
 def build_target(trt, flavor: Flavor) -> Target:

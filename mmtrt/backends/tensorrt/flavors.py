@@ -46,7 +46,7 @@ TENSORRT = Flavor(
     builds_on_cpu=False, plugins=None)
 RTX = Flavor(
     name="rtx", module="tensorrt_rtx", tool="tensorrt_rtx",
-    install="pip install tensorrt-rtx-cu13==1.7.1.116 (builds on any host, no GPU needed)",
+    install="pip install tensorrt-rtx-cu13==1.7.1.116",
     builds_on_cpu=True,
     plugins="TensorRT-RTX's Python package has no plugin module (tensorrt_rtx.plugin imports "
             "tensorrt_rtx_bindings.plugin, which its wheel lacks), so mmtrt's tensorrt.plugin AOT plugins cannot be "
