@@ -4,8 +4,8 @@ which nodes placement left on ONNX Runtime and why.
 
     python scripts/bench_trt_build.py --work /tmp/trt-bench [--recipes recipes/tiny-llava.yaml ...]
 
-Bundles are compiled into WORK (reused when WORK/<recipe>.bundle holds a bundle of the same recipe) and every
-segment is built afresh (`--force`). dino-smollm compiles take minutes and several GB: run it alone. Prints a
+Bundles are compiled into WORK (reused when WORK/<recipe>.bundle holds a bundle of the same recipe; a recipe's
+`evaluate` and `budgets` are left out, which changes no graph) and every segment is built afresh (`--force`). dino-smollm compiles take minutes and several GB: run it alone. Prints a
 Markdown table (docs/results/tensorrt-build.md) and writes WORK/tensorrt-build.json.
 """
 
@@ -23,6 +23,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 RECIPES = ["tiny-llava", "tiny-llava-fp16", "dino-smollm", "dino-smollm-fp16", "dino-smollm-int4-trt",
            "dino-smollm-static"]
+
+
+def without_evaluation(recipe: Path, work: Path) -> Path:
+    """The recipe less its `evaluate` and `budgets` (accuracy measured during the compile): the same graphs and
+    engines, minutes less to compile."""
+    import yaml
+
+    text = yaml.safe_load(recipe.read_text())
+    if "evaluate" not in text and "budgets" not in text:
+        return recipe
+    text = {k: v for k, v in text.items() if k not in ("evaluate", "budgets")}
+    lean = work / recipe.name
+    lean.write_text(yaml.safe_dump(text, sort_keys=False))
+    return lean
 
 
 def compiled(recipe: Path, work: Path) -> Path:
@@ -54,7 +68,7 @@ def measure(recipe: Path, work: Path) -> list[dict]:
     from mmtrt.backends.tensorrt.build import build_engines
     from mmtrt.bundle.manifest import read_manifest
 
-    bundle = compiled(recipe, work)
+    bundle = compiled(without_evaluation(recipe, work), work)
     m = read_manifest(bundle)
     records = {r["segment"]: r for r in build_engines(bundle, force=True, target="rtx", log=lambda line: None)}
     rows = []
