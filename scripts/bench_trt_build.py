@@ -21,7 +21,7 @@ from datetime import date
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-RECIPES = ["tiny-llava", "tiny-llava-fp16", "dino-smollm", "dino-smollm-fp16", "dino-smollm-int4-trt",
+RECIPES = ["tiny-llava", "tiny-llava-fp16", "tiny-llava-static", "dino-smollm", "dino-smollm-fp16", "dino-smollm-int4-trt",
            "dino-smollm-static"]
 
 
