@@ -64,6 +64,17 @@ def _rtx_choice(bundle: Path, entry: dict, target, index: dict) -> tuple[Path | 
     return select(bundle, entry, target, index)
 
 
+def _register_rtx_plugins(bundle: Path, manifest: dict[str, Any], entries: list[dict]) -> None:
+    """A TensorRT-RTX engine records mmtrt's plugins, not their kernels: their creators must be registered before
+    it loads (TensorRT 11's AOT plugins carry the kernel in the engine and need nothing)."""
+    if any(e.get("aot_plugins") for e in entries):
+        import tensorrt_rtx
+
+        from mmtrt.kernels.bundle import register_plugins
+
+        register_plugins(bundle, manifest["tensorrt"]["plugins"], tensorrt_rtx)
+
+
 def engine_flavor(path: Path) -> str:
     """Which TensorRT built an engine: its file name carries the target's tag (`engines.Target.tag`)."""
     return RTX.name if "-rtx" in Path(path).name else TENSORRT.name
@@ -89,6 +100,8 @@ def component_runner(bundle: Path, manifest: dict[str, Any], name: str, choices:
     if not engines:
         return OrtRunner(bundle / manifest["components"][name]["artifact"], threads, spin)
     plan = {e["id"]: e for e in manifest["tensorrt"]["segments"]}
+    _register_rtx_plugins(bundle, manifest, [plan[seg] for seg, path in engines.items()
+                                             if engine_flavor(path) == RTX.name])
     steps = []
     for s in segments:
         runner = (EngineRunner(engines[s["id"]], plan[s["id"]]["profiles"], flavor=engine_flavor(engines[s["id"]]))

@@ -97,19 +97,18 @@ def _selected(entries: list[dict], only: list[str] | None) -> list[dict]:
 
 
 def _register_plugins(trt, flavor: Flavor, bundle: Path, manifest: dict, entries: list[dict]) -> str | None:
-    """None when every plugin the selected segments call is registered; otherwise why they cannot be."""
+    """None when every plugin the selected segments call is registered (TensorRT 11: the bundle's tensorrt.plugin
+    AOT registration; TensorRT-RTX: mmtrt.kernels.rtx's IPluginV3 creators); otherwise why they cannot be."""
     plugins = manifest["tensorrt"].get("plugins") or {}
     if not any(e.get("aot_plugins") for e in entries):
         return None
-    if flavor.plugins:
-        return flavor.plugins
     trt.init_libnvinfer_plugins(trt.Logger(trt.Logger.WARNING), "")
     try:
-        register_plugins(bundle, plugins)  # mmtrt's own, checked against the manifest (a mismatch is a UserError)
+        register_plugins(bundle, plugins, trt)  # checked against the manifest first (a mismatch is a UserError)
     except UserError:
         raise
-    except Exception as exc:  # the registration module runs tensorrt.plugin's validators
-        return f"registering mmtrt's plugins failed ({type(exc).__name__}: {exc})"
+    except Exception as exc:  # the registration runs tensorrt.plugin's validators, or builds RTX's link library
+        return f"registering mmtrt's plugins with {flavor.module} failed ({type(exc).__name__}: {exc})"
     return None
 
 

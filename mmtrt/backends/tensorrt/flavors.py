@@ -11,9 +11,10 @@ written down here and nowhere else:
   TensorRT lacks) and specialises the engine just in time on the device.
 - Timing cache: TensorRT times tactics on the GPU and keeps them per GPU and version; TensorRT-RTX times nothing
   ahead of time (its timing cache calls are deprecated no-ops since 1.2), so it gets none.
-- Plugins: TensorRT has `tensorrt.plugin` (the Python decorators mmtrt's AOT plugins register through); the
-  TensorRT-RTX wheel's `tensorrt_rtx.plugin` does not import (its bindings have no `plugin` module), so a segment
-  that calls an mmtrt plugin cannot be built with it. `init_libnvinfer_plugins` exists in both.
+- Plugins: TensorRT registers mmtrt's plugins as AOT plugins through `tensorrt.plugin` (the kernel goes into the
+  engine); TensorRT-RTX has no AOT plugin interface (`tensorrt_rtx.plugin` does not import), so they register as
+  Python IPluginV3 plugins (`mmtrt/kernels/rtx.py`, through `kernels/bundle.register_plugins`) whose kernel the
+  Python runtime launches from the bundle's PTX: such an engine needs them registered again where it runs.
 - The command-line builder: `trtexec` for TensorRT, `tensorrt_rtx` for TensorRT-RTX (same flags for what mmtrt
   uses; it ships with the TensorRT-RTX archive, not with the wheel).
 - Polygraphy runs either, one per process (`polygraphy.config.USE_TENSORRT_RTX`).
@@ -32,7 +33,6 @@ class Flavor:
     tool: str               # the command-line builder
     install: str            # what installs it
     builds_on_cpu: bool     # True: no GPU needed to build
-    plugins: str | None     # None: mmtrt's tensorrt.plugin plugins register; else why not
 
     def load(self):
         """The module, or an ImportError-like exception naming what installs it."""
@@ -43,14 +43,11 @@ TENSORRT = Flavor(
     name="tensorrt", module="tensorrt", tool="trtexec",
     install="TensorRT 11 on a GPU host: pip install tensorrt-cu13 (its libraries download from NVIDIA's package "
             "index)",
-    builds_on_cpu=False, plugins=None)
+    builds_on_cpu=False)
 RTX = Flavor(
     name="rtx", module="tensorrt_rtx", tool="tensorrt_rtx",
     install="pip install tensorrt-rtx-cu13==1.7.1.116",
-    builds_on_cpu=True,
-    plugins="TensorRT-RTX's Python package has no plugin module (tensorrt_rtx.plugin imports "
-            "tensorrt_rtx_bindings.plugin, which its wheel lacks), so mmtrt's tensorrt.plugin AOT plugins cannot be "
-            "registered into its builder")
+    builds_on_cpu=True)
 FLAVORS = {f.name: f for f in (TENSORRT, RTX)}
 
 # TensorRT-RTX's default targets when none is set (its documentation: "CPU-Only AOT and TensorRT-RTX Engines"),

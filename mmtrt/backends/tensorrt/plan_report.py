@@ -41,8 +41,6 @@ def _segment(entry: dict, flavor: Flavor, target: Target | str, index: dict, bun
            "command": f"mmtrt build-engines {bundle} --target {flavor.name} --segment {entry['id']}"}
     if entry["profiles"] is None:
         return {**out, "command": None, "skip": entry["unbuildable"]}
-    if out["aot_plugins"] and flavor.plugins:
-        return {**out, "command": None, "skip": f"calls {', '.join(out['aot_plugins'])}: {flavor.plugins}"}
     if not isinstance(target, Target):
         return out
     key = engine_key(entry, target)
