@@ -99,7 +99,7 @@ class ServingLoop:
         self._queue: deque[Handle] = deque()
         self._cancelled: list[Handle] = []
         self._running: dict[int, Handle] = {}
-        self._state = "open"  # then "draining" (no new requests) or "closed"
+        self._state = "open"  # then "draining" (no new requests), "closed", or "stopped" by a fault of the loop
         self._ids = itertools.count()
         self._counts = dict(finished=0, refused=0, tokens=0, first_tokens=0)
         self._ttft_sum = self._busy_s = 0.0
@@ -177,6 +177,18 @@ class ServingLoop:
             handle._done.wait(timeout)
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        except BaseException as exc:  # a fault of the loop itself: no request waits forever for it
+            with self._cv:
+                self._state = "stopped"  # close() still frees the pipeline
+                waiting, self._queue = list(self._queue), deque()
+            for handle in waiting + list(self._running.values()):
+                if not handle.done:
+                    self._fail(handle, exc)
+            raise
+
+    def _serve(self) -> None:
         while True:
             with self._cv:
                 self._cv.wait_for(lambda: self._queue or self._cancelled or self._running or self._state == "closed")
