@@ -16,7 +16,6 @@ import numpy as np
 import onnxruntime as ort
 
 from mmtrt.errors import UserError
-from mmtrt.runtime.row_copy import RowCopier
 
 DTYPES = {"float32": np.float32, "float16": np.float16}
 
@@ -52,6 +51,8 @@ class StaticCache:
             self.values = {past: ort.OrtValue.ortvalue_from_shape_and_type(shape, self.dtype, device, 0)
                            for past, _ in self.names}
             self.ptrs = {past: v.data_ptr() for past, v in self.values.items()}
+            from mmtrt.runtime.row_copy import RowCopier  # builds its graphs with onnx: only where it is needed
+
             self.copier = RowCopier(device, self.dtype, providers, self.row_shape)
             for past in self.ptrs:  # the device's memory starts undefined; the host path's starts at zero
                 for row in range(rows):
