@@ -53,6 +53,8 @@ class StaticCache:
             self.values = {past: ort.OrtValue.ortvalue_from_shape_and_type(shape, self.dtype, device, 0)
                            for past, _ in self.names}
             self.ptrs = {past: v.data_ptr() for past, v in self.values.items()}
+            from mmtrt.runtime.row_copy import RowCopier  # builds its graphs with onnx: only where it is needed
+
             self.copier = RowCopier(device, self.dtype, providers, self.row_shape)
             for past in self.ptrs:  # the device's memory starts undefined; the host path's starts at zero
                 for row in range(rows):

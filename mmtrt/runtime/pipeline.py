@@ -1,4 +1,4 @@
-"""The Python runtime: load a bundle, run each partition on its backend, decode greedily with the KV cache."""
+"""The Python runtime: load a bundle, run each partition on its backend, decode with the KV cache."""
 
 from __future__ import annotations
 
@@ -6,10 +6,11 @@ import hashlib
 
 import json
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
@@ -22,15 +23,18 @@ from mmtrt.bundle.verify import verify_bundle
 from mmtrt.errors import UserError
 from mmtrt.ir.spec import TensorSpec
 from mmtrt.partition.shapes import check_shape
-from mmtrt.runtime.batch import Prepared, Request, Sequence, StaticStepper, decode_static
+from mmtrt.runtime.batch import Prepared, Request, Sequence, StaticStepper
 from mmtrt.runtime.executors import TRTLLM, component_runner, engine_choices, llm_engine_choice
 from mmtrt.runtime.image_bounds import check_image
 from mmtrt.runtime.image_file import upright_8bit
 from mmtrt.runtime.kv import StaticCache, cache_device, cache_providers
-from mmtrt.runtime.paged import PagedCache, PagedStepper, decode_paged
+from mmtrt.runtime.paged import PagedCache, PagedStepper
 from mmtrt.runtime.prefix import PrefixCache, prefix_key, prefix_length
 from mmtrt.runtime.prompt import (check_prompt, format_prompt, holds_special_tokens, tokenize,
                                  tokenize_user_text)
+from mmtrt.runtime.sampling import SamplingParams
+from mmtrt.runtime.scheduler import run_to_end
+from mmtrt.runtime.streaming import Delta
 from mmtrt.runtime.tokenizer import BundleTokenizer
 from mmtrt.runtime.trtllm import TrtllmLLM
 
@@ -50,9 +54,11 @@ class Generation:
     fallbacks: dict[str, str] = field(default_factory=dict)
     # per token, the top-2 logit margin of the step that chose it (a near tie may flip between kernels)
     margins: list[float] = field(default_factory=list, repr=False)
+    finish_reason: str = "stop"  # "stop": an end-of-sequence token or a stop string; "length": max_new_tokens
 
     def to_json(self) -> dict[str, Any]:
-        return {"text": self.text, "token_ids": self.token_ids, "prompt_tokens": self.prompt_tokens,
+        return {"text": self.text, "token_ids": self.token_ids, "finish_reason": self.finish_reason,
+                "prompt_tokens": self.prompt_tokens,
                 "image_tokens": self.image_tokens, "timings": self.timings, "backends": self.backends, "fallbacks": self.fallbacks}
 
 
@@ -67,21 +73,23 @@ class Refused:
         return {"error": f"request {self.index + 1}: {self.reason}"}
 
 
-def open_image(image) -> Image.Image:
+def open_image(image, name: str | None = None) -> Image.Image:
+    """A PIL image from itself, a path or a binary file object; `name` stands for it in messages."""
     if isinstance(image, Image.Image):
         return image
-    if not isinstance(image, (str, Path)):
+    if not isinstance(image, (str, Path)) and not hasattr(image, "read"):
         raise UserError(f"image must be a file path or a PIL image, not {type(image).__name__}")
+    label = name or image
     try:
         with Image.open(image) as img:
             img.load()
             return upright_8bit(img)
     except (FileNotFoundError, IsADirectoryError):
-        raise UserError(f"image {image} does not exist; pass the path of a PNG or JPEG file") from None
+        raise UserError(f"image {label} does not exist; pass the path of a PNG or JPEG file") from None
     except Image.DecompressionBombError as exc:
-        raise UserError(f"image {image} is refused as a decompression bomb ({exc}); pass a smaller image") from None
+        raise UserError(f"image {label} is refused as a decompression bomb ({exc}); pass a smaller image") from None
     except (UnidentifiedImageError, OSError) as exc:
-        raise UserError(f"cannot read image {image} ({exc}); pass a PNG or JPEG file") from None
+        raise UserError(f"cannot read image {label} ({exc}); pass a PNG or JPEG file") from None
 
 
 class Pipeline:
@@ -117,6 +125,7 @@ class Pipeline:
         self.backends["preprocess"] = "numpy" if covers(self.preprocess_spec) else "torchvision"
         self.stepper = self._static_stepper() if self.kv else None
         self.prefixes = PrefixCache(prefix_cache_mib)
+        self.decoding = threading.Lock()  # held by the one Scheduler driving the KV cache
         # token_prune's dynamic budget: the vision output is a padded block with a per-image count
         self.dynamic_tokens = any(o["name"] == "image_token_count"
                                   for o in self.manifest["components"]["vision"]["outputs"])
@@ -152,20 +161,20 @@ class Pipeline:
             check_shape(name, spec, feeds[spec.name].shape, self.dims)
         return self.runners[name].run(feeds)
 
-    def prompt_ids(self, prompt: str, raw_prompt: bool = False) -> list[int]:
+    def prompt_ids(self, prompt: str, raw_prompt: bool = False, images: int = 1) -> list[int]:
         check_prompt(prompt)
         image_token, count = self.model["image_token"], self.model["vision"]["image_tokens"]
         if raw_prompt or self.parse_special_tokens or not holds_special_tokens(self.tokenizer, prompt):
-            text = format_prompt(self.tokenizer, self.model["chat_template"], prompt, raw_prompt)
-            ids = tokenize(self.tokenizer, text, image_token, count)
+            text = format_prompt(self.tokenizer, self.model["chat_template"], prompt, raw_prompt, images)
+            ids = tokenize(self.tokenizer, text, image_token, count, images)
         else:
-            ids = tokenize_user_text(self.tokenizer, self.model["chat_template"], prompt, image_token, count)
-        limit = self.dims["seq"]["max"]
+            ids = tokenize_user_text(self.tokenizer, self.model["chat_template"], prompt, image_token, count, images)
+        limit, image_tokens = self.dims["seq"]["max"], images * count
         if len(ids) > limit:
-            text_tokens = len(ids) - self.model["vision"]["image_tokens"]
-            raise UserError(f"the prompt is {text_tokens} tokens after the chat template; this bundle accepts at most "
-                            f"{limit - self.model['vision']['image_tokens']}; shorten it or recompile with a larger "
-                            "envelope.prompt_tokens.max")
+            raise UserError(f"the prompt is {len(ids) - image_tokens} tokens after the chat template; this bundle "
+                            f"accepts at most {limit - image_tokens}"
+                            f"{f' beside {images} images' if images > 1 else ''}; shorten it or recompile with a "
+                            "larger envelope.prompt_tokens.max")
         return ids
 
     def pixel_values(self, image) -> np.ndarray:
@@ -180,11 +189,19 @@ class Pipeline:
             return out["image_features"]
         return out["image_features"][:, :int(out["image_token_count"][0])]
 
-    def fit_image_tokens(self, ids: list[int], count: int) -> list[int]:
-        """The prompt with its expanded placeholder cut to `count` image tokens (one token id each)."""
-        token = self.model["image_token_id"]
-        first, total = ids.index(token), ids.count(token)
-        return ids[:first] + [token] * count + ids[first + total:]
+    def fit_image_tokens(self, ids: list[int], count: int | list[int]) -> list[int]:
+        """The prompt with each image's expanded placeholder (a run of the bundle's image-token count, adjacent
+        images one after the other) cut to that image's count."""
+        token, counts = self.model["image_token_id"], iter([count] if isinstance(count, int) else count)
+        per_image, out, at = self.model["vision"]["image_tokens"], [], 0
+        while at < len(ids):
+            if ids[at] != token:
+                out.append(ids[at])
+                at += 1
+                continue
+            out += [token] * next(counts)
+            at += per_image
+        return out
 
     def embed(self, ids: np.ndarray, features: np.ndarray | None = None) -> np.ndarray:
         embeds = self._run("embed", {"input_ids": ids})["inputs_embeds"]
@@ -216,15 +233,30 @@ class Pipeline:
         out = self._run("llm", feeds)
         return out["logits"], {k.replace("present.", "past."): v for k, v in out.items() if k.startswith("present.")}
 
-    def generate(self, image, prompt: str, max_new_tokens: int | None = None, raw_prompt: bool = False) -> Generation:
-        result = self.generate_batch([Request(image, prompt, max_new_tokens, raw_prompt)])[0]
+    def generate(self, image, prompt: str, max_new_tokens: int | None = None, raw_prompt: bool = False,
+                 sampling: SamplingParams | None = None, on_delta: Callable[[Delta], None] | None = None) -> Generation:
+        """One request; `on_delta` is called with each step's text as it comes (see `stream`)."""
+        request = Request(image, prompt, max_new_tokens, raw_prompt, sampling)
+        if on_delta is not None:
+            for seq, delta in run_to_end(self, [self.prepare(0, request)], text=True):
+                on_delta(delta)
+            return self.generation(seq)
+        result = self.generate_batch([request])[0]
         if isinstance(result, Refused):
             raise UserError(result.reason)
         return result
 
+    def stream(self, image, prompt: str, max_new_tokens: int | None = None, raw_prompt: bool = False,
+               sampling: SamplingParams | None = None) -> Iterator[Delta]:
+        """The request's output as it is made: one `Delta` per token (its text possibly empty while a character
+        or a possible stop string is incomplete), the last with its finish_reason."""
+        request = Request(image, prompt, max_new_tokens, raw_prompt, sampling)
+        return (delta for _, delta in run_to_end(self, [self.prepare(0, request)], text=True))
+
     def generate_batch(self, requests: list[Request]) -> list[Generation | Refused]:
-        """Greedy generation for every request, in input order; one outside the envelope is refused alone.
-        Under a static KV layout the requests decode together (up to the envelope's batch); otherwise in turn."""
+        """Every request, in input order; one outside the envelope (or with sampling values out of range) is
+        refused alone. Under a kv_layout the requests decode together (up to the envelope's batch), joining as
+        places free up; otherwise each sequence's calls interleave."""
         results: list[Generation | Refused | None] = [None] * len(requests)
         prepared, features = [], {}
         for i, req in enumerate(requests):
@@ -232,47 +264,71 @@ class Pipeline:
                 prepared.append(self.prepare(i, req, features))
             except UserError as exc:
                 results[i] = Refused(i, str(exc))
-        if self.trtllm:
+        if self.trtllm and all(p.sampling.greedy and not p.sampling.stop for p in prepared):
             sequences = self.trtllm.decode(prepared)
-        elif isinstance(self.stepper, PagedStepper):
-            sequences = decode_paged(self, self.stepper, prepared)
-        else:
-            sequences = decode_static(self, self.stepper, prepared) if self.stepper else self._decode_each(prepared)
+        else:  # sampling and stop strings run on the ONNX Runtime LLM
+            sequences = {seq.prep.index: seq for seq, delta in run_to_end(self, prepared)
+                         if delta.finish_reason}
         for index, seq in sequences.items():
-            results[index] = self._generation(seq)
+            results[index] = self.generation(seq)
         return results
 
     def prepare(self, index: int, req: Request, seen: dict[str, np.ndarray] | None = None) -> Prepared:
-        """Check a request against the envelope and embed it; the vision encoder is skipped when the image's
-        prefix is stored, or when `seen` (by pixel digest, filled here) has the same pixels' already."""
+        """Check a request against the envelope and embed it (`check`, then `embed_request`)."""
+        return self.embed_request(self.check(index, req), seen)
+
+    def check(self, index: int, req: Request) -> Prepared:
+        """What can be refused before the encoders run (token limit, sampling values, prompt length, images), on
+        any thread: a request with its ids and pixels, not embedded yet."""
         limit = self.manifest["envelope"]["max_new_tokens"]
         max_new = limit if req.max_new_tokens is None else req.max_new_tokens
         if not isinstance(max_new, int) or isinstance(max_new, bool):
             raise UserError(f"max_new_tokens must be an integer, not {type(max_new).__name__}")
+        sampling = (req.sampling or SamplingParams()).validate(limit)
+        max_new = next((n for n in (sampling.max_new_tokens, max_new) if n is not None), limit)
         if not 1 <= max_new <= limit:
             raise UserError(f"max_new_tokens {max_new} is outside 1..{limit}, the bundle's KV capacity; "
                             "recompile with a larger envelope.max_new_tokens")
-        ids = self.prompt_ids(req.prompt, req.raw_prompt)
+        images = req.images()
+        if len(images) > (most := self.dims.get("num_images", {}).get("max") or 1):
+            raise UserError(f"the request holds {len(images)} images; this bundle takes at most {most}")
+        ids = self.prompt_ids(req.prompt, req.raw_prompt, len(images))
         t0 = time.perf_counter()
-        pixels = self.pixel_values(req.image)
-        t1 = time.perf_counter()
-        features = self._features(pixels, seen) if self.dynamic_tokens else None
-        if features is not None:
-            ids = self.fit_image_tokens(ids, features.shape[1])
-        n = prefix_length(ids, self.model["image_token_id"]) if self.stepper else 0
-        key = prefix_key(pixels, ids, n) if n else None
-        stored = self.prefixes.get(key) if key else None
-        if stored is not None:
-            embeds = self.embed(np.array([ids[n:]], np.int64))
-        else:
-            embeds = self.embed(np.array([ids], np.int64), features if features is not None else
-                                self._features(pixels, seen))
-        t2 = time.perf_counter()
-        prep = Prepared(index, ids, embeds, max_new, {"preprocess_ms": 1e3 * (t1 - t0), "vision_ms": 1e3 * (t2 - t1)},
-                        key, n, stored)
-        if isinstance(self.stepper, PagedStepper):
-            self.stepper.check(prep)
+        pixels = [self.pixel_values(image) for image in images]
+        prep = Prepared(index, ids, None, max_new, {"preprocess_ms": 1e3 * (time.perf_counter() - t0)},
+                        pixels=pixels, sampling=sampling)
+        if not self.dynamic_tokens:
+            self._locate_prefix(prep)
+            if isinstance(self.stepper, PagedStepper):
+                self.stepper.check(prep)
         return prep
+
+    def embed_request(self, prep: Prepared, seen: dict[str, np.ndarray] | None = None) -> Prepared:
+        """Embed a checked request: the vision encoder is skipped when the image's prefix is stored, or when
+        `seen` (by pixel digest, filled here) has the same pixels' already."""
+        t1 = time.perf_counter()
+        features = [self._features(p, seen) for p in prep.pixels] if self.dynamic_tokens else None
+        if features is not None:
+            prep.ids = self.fit_image_tokens(prep.ids, [f.shape[1] for f in features]) if features else prep.ids
+            self._locate_prefix(prep)
+            if isinstance(self.stepper, PagedStepper):
+                self.stepper.check(prep)
+        stored = self.prefixes.get(prep.prefix_key) if prep.prefix_key else None
+        if stored is not None:
+            prep.embeds, prep.prefix = self.embed(np.array([prep.ids[prep.prefix_len:]], np.int64)), stored
+        else:
+            if features is None:
+                features = [self._features(p, seen) for p in prep.pixels]
+            prep.embeds = self.embed(np.array([prep.ids], np.int64),
+                                     np.concatenate(features, axis=1) if features else None)
+        prep.timings["vision_ms"], prep.pixels = 1e3 * (time.perf_counter() - t1), []
+        return prep
+
+    def _locate_prefix(self, prep: Prepared) -> None:
+        """The image prefix's length and key, under a kv_layout (the KV of what precedes the last image token)."""
+        n = prefix_length(prep.ids, self.model["image_token_id"]) if self.stepper and prep.pixels else 0
+        prep.prefix_len = n
+        prep.prefix_key = prefix_key(np.concatenate(prep.pixels), prep.ids, n) if n else None
 
     def _features(self, pixels: np.ndarray, seen: dict[str, np.ndarray] | None) -> np.ndarray:
         if seen is None:
@@ -296,33 +352,14 @@ class Pipeline:
             self.prefixes.put(prep.prefix_key, stepper.save_prefix(handle, prep.prefix_len))
         return logits
 
-    def _decode_each(self, prepared: list[Prepared]) -> dict[int, Sequence]:
-        done = {}
-        for prep in prepared:
-            t0 = time.perf_counter()
-            logits, cache = self.step(prep.embeds, self.empty_cache())
-            prep.timings["prefill_ms"] = 1e3 * (time.perf_counter() - t0)
-            seq = Sequence(prep)
-            t0 = time.perf_counter()
-            self._decode(logits, cache, seq)
-            seq.decode_s = time.perf_counter() - t0
-            done[prep.index] = seq
-        return done
-
-    def _generation(self, seq: Sequence) -> Generation:
+    def generation(self, seq: Sequence) -> Generation:
+        """A finished sequence as the caller gets it: the text cut at a stop string when one was found."""
         timings = {**seq.prep.timings, "decode_ms_per_token": 1e3 * seq.decode_s / max(len(seq.tokens) - 1, 1)}
-        text = self.tokenizer.decode(seq.tokens, skip_special_tokens=True)
+        text = seq.text.text if seq.text else self.tokenizer.decode(seq.tokens, skip_special_tokens=True)
+        reason = seq.finish_reason or ("stop" if seq.tokens[-1] in self.model["eos_token_ids"] else "length")
         return Generation(text, seq.tokens, len(seq.prep.ids), {k: round(v, 3) for k, v in timings.items()},
                           seq.prep.ids.count(self.model["image_token_id"]), dict(self.backends),
-                          dict(self.fallbacks), seq.margins)
-
-    def _decode(self, logits: np.ndarray, cache: dict[str, np.ndarray], seq: Sequence) -> None:
-        eos = set(self.model["eos_token_ids"])
-        while True:
-            seq.choose(logits[0, -1])
-            if seq.tokens[-1] in eos or len(seq.tokens) == seq.prep.limit:
-                return
-            logits, cache = self.step(self.embed(np.array([[seq.tokens[-1]]], np.int64)), cache)
+                          dict(self.fallbacks), seq.margins, reason)
 
 
 def _log_fallbacks(fallbacks: dict[str, str]) -> None:

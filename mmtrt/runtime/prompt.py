@@ -1,4 +1,4 @@
-"""Prompt formatting as transformers users get it: chat template, then the image placeholder expanded.
+"""Prompt formatting as transformers users get it: chat template, then each image placeholder expanded.
 
 The tokenizer is the runtime's BundleTokenizer or, at compile time, a transformers one: both take these calls.
 
@@ -13,21 +13,24 @@ from __future__ import annotations
 from mmtrt.errors import UserError
 
 
-def format_prompt(tokenizer, chat_template: str, prompt: str, raw: bool) -> str:
-    """One user message holding the image then the text, with the generation prompt, as `processor.apply_chat_template` renders it."""
+def format_prompt(tokenizer, chat_template: str, prompt: str, raw: bool, images: int = 1) -> str:
+    """One user message holding the images then the text, with the generation prompt, as
+    `processor.apply_chat_template` renders it."""
     if raw:
         return prompt
-    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
+    messages = [{"role": "user", "content": [{"type": "image"}] * images + [{"type": "text", "text": prompt}]}]
     return tokenizer.apply_chat_template(messages, chat_template=chat_template, add_generation_prompt=True,
                                          tokenize=False)
 
 
-def tokenize(tokenizer, text: str, image_token: str, tokens_per_image: int) -> list[int]:
-    """Expand the single image placeholder to the bundle's image-token count and tokenize as LlavaProcessor does."""
+def tokenize(tokenizer, text: str, image_token: str, tokens_per_image: int, images: int = 1) -> list[int]:
+    """Expand each image placeholder to the bundle's image-token count and tokenize as LlavaProcessor does."""
     count = text.count(image_token)
-    if count != 1:
-        raise UserError(f"the prompt holds {count} {image_token} placeholders; with one image it needs exactly one "
-                        f"(with --raw-prompt, put {image_token} where the image goes)")
+    if count != images:
+        need, where = (("with one image it needs exactly one", "the image") if images == 1
+                       else (f"it needs one per image, {images}", "each image"))
+        raise UserError(f"the prompt holds {count} {image_token} placeholders; {need} "
+                        f"(with --raw-prompt, put {image_token} where {where} goes)")
     expanded = text.replace(image_token, image_token * tokens_per_image)
     bos = tokenizer.bos_token
     return tokenizer(expanded, add_special_tokens=not (bos and expanded.startswith(bos)))["input_ids"]
@@ -36,17 +39,17 @@ def tokenize(tokenizer, text: str, image_token: str, tokens_per_image: int) -> l
 SENTINEL = "\ue000mmtrt-user-text\ue000"  # a private-use character: no template or tokenizer gives it meaning
 
 
-def tokenize_user_text(tokenizer, chat_template: str, prompt: str, image_token: str,
-                       tokens_per_image: int) -> list[int]:
+def tokenize_user_text(tokenizer, chat_template: str, prompt: str, image_token: str, tokens_per_image: int,
+                       images: int = 1) -> list[int]:
     """The template's text with its special tokens parsed, the user's text between with them split."""
-    framed = format_prompt(tokenizer, chat_template, SENTINEL, raw=False)
+    framed = format_prompt(tokenizer, chat_template, SENTINEL, raw=False, images=images)
     if framed.count(SENTINEL) != 1:
         raise UserError("the prompt holds special tokens and this bundle's chat template alters the user's text, so "
                         "they cannot be kept as text; remove them, or load with parse_special_tokens=True")
     count = framed.count(image_token)
-    if count != 1:
-        raise UserError(f"the chat template holds {count} {image_token} placeholders; with one image it needs "
-                        "exactly one; recompile the recipe")
+    if count != images:
+        raise UserError(f"the chat template holds {count} {image_token} placeholders for {images} image(s); it needs "
+                        "one per image; recompile the recipe")
     before, after = (part.replace(image_token, image_token * tokens_per_image) for part in framed.split(SENTINEL))
     bos = tokenizer.bos_token
     head = tokenizer(before, add_special_tokens=not (bos and before.startswith(bos)))["input_ids"]
