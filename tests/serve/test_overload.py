@@ -1,0 +1,88 @@
+"""Overload and shutdown of a real `mmtrt serve` (one batch place, two queue places): the excess is refused at once
+with HTTP 429 (or a Triton error response), nothing admitted is lost or answered with another's tokens; SIGTERM
+refuses new requests with 503, lets the running ones finish through both endpoints, frees every block, exits 0."""
+
+from __future__ import annotations
+
+import json
+import signal
+import time
+from concurrent.futures import ThreadPoolExecutor
+
+import openai
+import pytest
+
+from builders import random_image
+from mmtrt.runtime import load
+from servers import Server, messages, solo, triton_stream
+
+MODEL = "paged"
+
+
+@pytest.fixture(scope="module")
+def server(tiny_paged_bundle):
+    s = Server(tiny_paged_bundle, "--max-batch", "1", "--max-queue", "2")
+    yield s
+    s.close()
+
+
+@pytest.fixture(scope="module")
+def pipe(tiny_paged_bundle):
+    return load(tiny_paged_bundle)
+
+
+def long_bodies(rng, pipe, n):
+    """Requests that run to their 32-token limit alone, each on its own image and words."""
+    out = []
+    while len(out) < n:
+        b = {"model": MODEL, "max_tokens": 32, "messages": messages(
+            random_image(rng, 48, 64), " ".join(rng.choice(["red", "cat", "blue", "window"], 6)))}
+        if solo(pipe, b).finish_reason == "length":
+            out.append(b)
+    return out
+
+
+def attempt(client, b):
+    t0 = time.monotonic()
+    try:
+        reply = client.chat.completions.create(model=MODEL, messages=b["messages"], max_tokens=32, stream=True)
+        ids = [i for chunk in reply for c in chunk.choices for i in c.model_extra["token_ids"]]
+        return 200, ids, time.monotonic() - t0
+    except openai.APIStatusError as exc:
+        return exc.status_code, exc.message, time.monotonic() - t0
+
+
+def test_overload_is_refused_at_once_and_loses_nothing(server, pipe, rng):
+    client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
+    bodies = long_bodies(rng, pipe, 3) * 4
+    with ThreadPoolExecutor(len(bodies)) as pool:
+        results = list(pool.map(lambda b: attempt(client, b), bodies))
+    refused = [r for r in results if r[0] == 429]
+    assert refused and all("queue holds 2 requests" in r[1] and r[2] < 10 for r in refused)
+    served = [(b, r) for b, r in zip(bodies, results) if r[0] == 200]
+    assert len(served) + len(refused) == len(bodies) and len(served) >= 3
+    for b, (_, ids, _) in served:
+        assert ids == solo(pipe, b).token_ids
+    m = server.wait_idle()
+    assert m["mmtrt_kv_blocks_used"] == 0 and m["mmtrt_requests_refused_total"] == len(refused)
+
+
+def test_sigterm_drains_then_exits_0(server, pipe, rng):
+    client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
+    first, second = long_bodies(rng, pipe, 2)
+    with ThreadPoolExecutor(2) as pool:
+        over_openai = pool.submit(attempt, client, first)
+        over_triton = pool.submit(triton_stream, server.grpc, MODEL, [second])
+        deadline = time.monotonic() + 30
+        while server.metrics()["mmtrt_running_requests"] + server.metrics()["mmtrt_queue_length"] < 2:
+            assert time.monotonic() < deadline
+            time.sleep(0.01)
+        server.process.send_signal(signal.SIGTERM)
+        time.sleep(0.2)
+        status, answer = server.post("/chat/completions", json.dumps(first).encode())
+        assert status == 503 and "draining" in answer["error"]["message"]
+        assert over_openai.result()[:2] == (200, solo(pipe, first).token_ids)
+        [out] = over_triton.result()
+    assert out["token_ids"] == solo(pipe, second).token_ids and out["finish_reason"] == "length"
+    assert server.process.wait(60) == 0
+    assert "mmtrt: drained and stopped" in server.rest_of_output()
