@@ -21,6 +21,8 @@ def add_commands(sub, positive_int, natural_int) -> None:
     p.add_argument("--allow-images", type=Path, metavar="DIR", help="image files under DIR may be named by path; "
                    "otherwise images come as data: URIs only")
     p.add_argument("--threads", type=positive_int, help="ONNX Runtime intra-op threads")
+    p.add_argument("--no-spin", action="store_true", help="ONNX Runtime's threads sleep when idle instead of "
+                   "spinning (hosts shared with other work)")
     p.set_defaults(func=_serve)
 
     p = sub.add_parser("export", help="write a deployable form of a bundle: `export triton BUNDLE REPO`, a Triton "
@@ -40,7 +42,7 @@ def _serve(args) -> int:
 
     return serve(ServeOptions(args.bundle, args.host, args.port, args.max_batch, args.max_queue,
                               args.triton_http_port, args.triton_grpc_port, args.triton_metrics_port,
-                              args.allow_images, args.threads, triton=not args.no_triton))
+                              args.allow_images, args.threads, not args.no_spin, not args.no_triton))
 
 
 def _export(args) -> int:

@@ -32,6 +32,7 @@ class ServeOptions:
     triton_metrics_port: int = 8002
     allow_images: Path | None = None
     threads: int | None = None
+    spin: bool = True
     triton: bool = True
 
 
@@ -72,7 +73,7 @@ def serve(options: ServeOptions) -> int:
         raise UserError(f"--allow-images {options.allow_images} is not a folder; pass the folder images may be read from")
     name, images = model_name(options.bundle), ImageSource(options.allow_images)
     sock = listening_socket(options.host, options.port)
-    pipe = load(options.bundle, threads=options.threads)
+    pipe = load(options.bundle, threads=options.threads, spin=options.spin)
     loop = ServingLoop(pipe, options.max_batch, options.max_queue)
     triton = None
     try:

@@ -68,9 +68,9 @@ class TritonPythonModel:
             if getattr(sender, "is_cancelled", lambda: False)() and not message["finish_reason"]:
                 self._write({"id": message["id"], "cancel": True})  # the client went away: free its KV blocks
                 continue
-            final = bool(message["finish_reason"])
-            sender.send(_response(message), flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL if final else 0)
-            if final:
+            sender.send(_response(message))
+            if message["finish_reason"]:  # then the final flag alone, as PyTriton sends it under `mmtrt serve`
+                sender.send(flags=pb_utils.TRITONSERVER_RESPONSE_COMPLETE_FINAL)
                 with self.lock:
                     self.senders.pop(message["id"], None)
 

@@ -86,3 +86,17 @@ def test_sigterm_drains_then_exits_0(server, pipe, rng):
     assert out["token_ids"] == solo(pipe, second).token_ids and out["finish_reason"] == "length"
     assert server.process.wait(60) == 0
     assert "mmtrt: drained and stopped" in server.rest_of_output()
+
+
+@pytest.mark.parametrize("argv, words", [
+    (["--port", "0"], "manifest"),
+    (["--port", "0", "--allow-images", "{bundle}/manifest.json"], "is not a folder"),
+])
+def test_bad_serve_arguments_exit_2_in_one_line(tiny_paged_bundle, tmp_path, capsys, argv, words):
+    from mmtrt.cli import main
+
+    bundle = tiny_paged_bundle if "{bundle}" in " ".join(argv) else tmp_path
+    argv = [a.replace("{bundle}", str(tiny_paged_bundle)) for a in argv]
+    assert main(["serve", str(bundle), "--no-triton", *argv]) == 2
+    err = capsys.readouterr().err
+    assert words in err and err.count("\n") == 1
