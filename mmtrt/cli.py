@@ -80,15 +80,35 @@ def _compile(args) -> int:
     return 0
 
 
+def _sampling(args):
+    """The sampling flags, checked before the bundle loads."""
+    from mmtrt.runtime.sampling import SamplingParams
+
+    return SamplingParams(None, args.temperature, args.top_p, args.top_k, args.seed, args.repetition_penalty,
+                          tuple(args.stop or ())).validate()
+
+
 def _run(args) -> int:
     from mmtrt.runtime import load
 
+    sampling = _sampling(args)
     if args.requests:
-        return _run_requests(args)
+        if args.stream:
+            raise UserError("--stream prints one request as it is made; use it with --image and --prompt")
+        return _run_requests(args, sampling)
     if not (args.image and args.prompt):
         raise UserError("run needs --image and --prompt, or --requests FILE.jsonl")
     pipe = load(args.bundle, threads=args.threads)
-    result = pipe.generate(args.image, args.prompt, args.max_new_tokens, raw_prompt=args.raw_prompt)
+    if args.stream:
+        for delta in pipe.stream(args.image, args.prompt, args.max_new_tokens, args.raw_prompt, sampling):
+            if args.json:
+                print(json.dumps({"token_ids": list(delta.token_ids), "text": delta.text,
+                                  "finish_reason": delta.finish_reason}), flush=True)
+            else:
+                print(delta.text, end="\n" if delta.finish_reason else "", flush=True)
+        return 0
+    result = pipe.generate(args.image, args.prompt, args.max_new_tokens, raw_prompt=args.raw_prompt,
+                           sampling=sampling)
     if args.json:
         print(json.dumps(result.to_json()))
     else:
@@ -97,14 +117,17 @@ def _run(args) -> int:
     return 0
 
 
-def _run_requests(args) -> int:
+def _run_requests(args, sampling) -> int:
+    from dataclasses import replace
+
     from mmtrt.runtime import load
     from mmtrt.runtime.pipeline import Refused
     from mmtrt.runtime.requests import read_requests
 
     parsed = read_requests(args.requests)
     pipe = load(args.bundle, threads=args.threads)
-    good = [(i, r) for i, r in enumerate(parsed) if not isinstance(r, str)]
+    good = [(i, r if r.sampling else replace(r, sampling=sampling)) for i, r in enumerate(parsed)
+            if not isinstance(r, str)]
     results = dict(zip([i for i, _ in good], pipe.generate_batch([r for _, r in good])))
     results.update({i: Refused(i, r) for i, r in enumerate(parsed) if isinstance(r, str)})
     for i in range(len(parsed)):
@@ -221,7 +244,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=positive_int)
     p.add_argument("--raw-prompt", action="store_true", help="use the prompt as is, with <image> where the image goes")
     p.add_argument("--threads", type=positive_int, help="ONNX Runtime intra-op threads")
-    p.add_argument("--json", action="store_true")
+    p.add_argument("--json", action="store_true", help="the result as JSON (with --stream: one JSON line per token)")
+    p.add_argument("--stream", action="store_true", help="print the text as it is made")
+    p.add_argument("--temperature", type=float, default=0.0, help="0 (default): greedy; up to 2")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: keep the most probable tokens up "
+                   "to this probability mass, in (0, 1] (default 1: off)")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k most probable tokens (default 0: off)")
+    p.add_argument("--seed", type=int, help="the sampler's seed (same seed, same tokens)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0, help="> 1 discourages tokens already seen "
+                   "(default 1: off)")
+    p.add_argument("--stop", action="append", help="end the text before this string (repeatable)")
     p.set_defaults(func=_run)
 
     p = sub.add_parser("eval", help="evaluate a bundle on a suite: digits, perplexity, parity, qa or agreement")

@@ -183,15 +183,38 @@ struct Bundle::Impl {
     return static_cast<int32_t>(std::max_element(last, last + vocab) - last);  // the first maximum, as np.argmax
   }
 
-  std::vector<int32_t> decode_greedy(Ort::Value logits, KvCache& cache, int max_new_tokens) {
-    std::vector<int32_t> generated;
+  // Tokens until an end-of-sequence token, a stop string (the text cut before it) or the limit, into g.
+  void decode(Ort::Value logits, KvCache& cache, int max_new_tokens, const SamplingParams& sampling,
+              const std::vector<int32_t>& prompt, Generation& g) {
+    std::optional<Sampler> sampler;
+    if (!sampling.greedy()) sampler.emplace(sampling, prompt, shape_of(logits).back());
+    auto& generated = g.token_ids;
     while (true) {
-      const int32_t token = last_argmax(logits);
+      const auto shape = logits.GetTensorTypeAndShapeInfo().GetShape();
+      const int32_t token = sampler ? sampler->choose(logits.GetTensorData<float>() + (shape[1] - 1) * shape[2])
+                                    : last_argmax(logits);
       generated.push_back(token);
-      if (model->eos.count(token) || static_cast<int>(generated.size()) == max_new_tokens) return generated;
+      if (model->eos.count(token)) break;
+      if (!sampling.stop.empty()) {  // the whole text again: a stop may span tokens, a character may complete
+        g.text = tokenizer->decode(generated);
+        if (cut_at_stop(g.text, sampling.stop)) return;
+      }
+      if (static_cast<int>(generated.size()) == max_new_tokens) {
+        g.finish_reason = "length";
+        break;
+      }
       std::vector<int64_t> next = {token};
       logits = step(embed(next, nullptr), cache);
     }
+    g.text = tokenizer->decode(generated);
+  }
+
+  static bool cut_at_stop(std::string& text, const std::vector<std::string>& stops) {
+    size_t first = std::string::npos;
+    for (const auto& stop : stops) first = std::min(first, text.find(stop));
+    if (first == std::string::npos) return false;
+    text.resize(first);
+    return true;
   }
 };
 
@@ -243,9 +266,17 @@ std::unique_ptr<Bundle> Bundle::load(const std::string& path, const LoadOptions&
 
 Generation Bundle::generate(const std::string& image_path, const std::string& prompt,
                             std::optional<int> max_new_tokens, bool raw_prompt) {
+  SamplingParams greedy;
+  greedy.max_new_tokens = max_new_tokens;
+  return generate(image_path, prompt, greedy, raw_prompt);
+}
+
+Generation Bundle::generate(const std::string& image_path, const std::string& prompt, const SamplingParams& sampling,
+                            bool raw_prompt) {
   Impl& b = *impl_;
+  if (const std::string problem = sampling.problem(); !problem.empty()) throw Error(ErrorKind::BadInput, problem);
   const int limit = b.model->max_new_tokens;
-  const int wanted = max_new_tokens.value_or(limit);
+  const int wanted = sampling.max_new_tokens.value_or(limit);
   if (wanted < 1 || wanted > limit)
     throw Error(ErrorKind::BadInput, "max_new_tokens " + std::to_string(wanted) + " is outside 1.." +
                                          std::to_string(limit) + ", the bundle's KV capacity; recompile with a "
@@ -271,7 +302,7 @@ Generation Bundle::generate(const std::string& image_path, const std::string& pr
   Ort::Value logits = b.step(embeds, *cache);
   const auto t3 = Clock::now();
   Generation g;
-  g.token_ids = b.decode_greedy(std::move(logits), *cache, wanted);
+  b.decode(std::move(logits), *cache, wanted, sampling, ids32, g);
   const auto t4 = Clock::now();
   const double steps = std::max<double>(static_cast<double>(g.token_ids.size()) - 1, 1);
   const auto ms = [](Clock::time_point a, Clock::time_point z) {
@@ -279,7 +310,6 @@ Generation Bundle::generate(const std::string& image_path, const std::string& pr
   };
   const auto round3 = [](double v) { return std::round(v * 1000) / 1000; };
   g.timings = {round3(ms(t0, t1)), round3(ms(t1, t2)), round3(ms(t2, t3)), round3(ms(t3, t4) / steps)};
-  g.text = b.tokenizer->decode(g.token_ids);
   g.prompt_tokens = static_cast<int>(ids.size());
   g.image_tokens = static_cast<int>(std::count(ids.begin(), ids.end(), b.model->image_token_id));
   g.backends = b.backends;
@@ -301,6 +331,7 @@ std::string Generation::to_json() const {
   nlohmann::ordered_json out;
   out["text"] = text;
   out["token_ids"] = token_ids;
+  out["finish_reason"] = finish_reason;
   out["prompt_tokens"] = prompt_tokens;
   out["image_tokens"] = image_tokens;
   out["timings"] = {{"preprocess_ms", timings.preprocess_ms},

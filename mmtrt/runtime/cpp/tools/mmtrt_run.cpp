@@ -1,5 +1,7 @@
 // mmtrt-run BUNDLE --image IMAGE --prompt PROMPT [--max-new-tokens N] [--raw-prompt] [--threads N] [--json]
+//           [--temperature T] [--top-p P] [--top-k K] [--seed S] [--repetition-penalty R] [--stop TEXT]...
 // The arguments and output of `mmtrt run`. Bad input: one line on stderr, exit code 2.
+#include <cmath>
 #include <cstdio>
 #include <iostream>
 #include <optional>
@@ -13,12 +15,14 @@ namespace {
 constexpr int kUserError = 2;
 const char* kUsage =
     "usage: mmtrt-run [-h] --image IMAGE --prompt PROMPT [--max-new-tokens MAX_NEW_TOKENS] [--raw-prompt] "
-    "[--threads THREADS] [--json] bundle";
+    "[--threads THREADS] [--json] [--temperature TEMPERATURE] [--top-p TOP_P] [--top-k TOP_K] [--seed SEED] "
+    "[--repetition-penalty REPETITION_PENALTY] [--stop STOP] bundle";
 
 struct Args {
   std::string bundle, image, prompt;
   std::optional<int> max_new_tokens, threads;
   bool raw_prompt = false, json = false;
+  mmtrt::SamplingParams sampling;
 };
 
 struct UsageError {
@@ -33,6 +37,28 @@ int parse_int(const std::string& flag, const std::string& value) {
   } catch (const std::exception&) {
   }
   throw UsageError{"argument " + flag + ": invalid int value: '" + value + "'"};
+}
+
+double parse_float(const std::string& flag, const std::string& value) {
+  try {
+    size_t used = 0;
+    const double v = std::stod(value, &used);
+    if (used == value.size()) return v;
+  } catch (const std::out_of_range&) {
+    return value.find('-') == 0 ? -HUGE_VAL : HUGE_VAL;  // as Python's float('1e999'): then out of range
+  } catch (const std::exception&) {
+  }
+  throw UsageError{"argument " + flag + ": invalid float value: '" + value + "'"};
+}
+
+uint64_t parse_seed(const std::string& flag, const std::string& value) {
+  try {
+    size_t used = 0;
+    const unsigned long long v = std::stoull(value, &used);
+    if (used == value.size() && value.find('-') == std::string::npos) return v;
+  } catch (const std::exception&) {
+  }
+  throw UsageError{"argument " + flag + ": invalid seed value: '" + value + "' (an integer from 0 to 2^64-1)"};
 }
 
 Args parse(int argc, char** argv) {
@@ -65,6 +91,18 @@ Args parse(int argc, char** argv) {
       args.max_new_tokens = parse_int(arg, take());
     } else if (arg == "--threads") {
       args.threads = parse_int(arg, take());
+    } else if (arg == "--temperature") {
+      args.sampling.temperature = parse_float(arg, take());
+    } else if (arg == "--top-p") {
+      args.sampling.top_p = parse_float(arg, take());
+    } else if (arg == "--top-k") {
+      args.sampling.top_k = parse_int(arg, take());
+    } else if (arg == "--seed") {
+      args.sampling.seed = parse_seed(arg, take());
+    } else if (arg == "--repetition-penalty") {
+      args.sampling.repetition_penalty = parse_float(arg, take());
+    } else if (arg == "--stop") {
+      args.sampling.stop.push_back(take());
     } else if (arg == "--raw-prompt" && !inline_value) {
       args.raw_prompt = true;
     } else if (arg == "--json" && !inline_value) {
@@ -86,6 +124,9 @@ Args parse(int argc, char** argv) {
   }
   if (positional.size() > 1) throw UsageError{"unrecognized arguments: " + positional[1]};
   args.bundle = positional.front();
+  args.sampling.max_new_tokens = args.max_new_tokens;
+  if (const std::string problem = args.sampling.problem(); !problem.empty())
+    throw mmtrt::Error(mmtrt::ErrorKind::BadInput, problem);  // one line, as `mmtrt run`
   return args;
 }
 
@@ -93,7 +134,7 @@ int run(const Args& args) {
   mmtrt::LoadOptions options;
   options.threads = args.threads.value_or(0);
   const auto bundle = mmtrt::Bundle::load(args.bundle, options);
-  const mmtrt::Generation result = bundle->generate(args.image, args.prompt, args.max_new_tokens, args.raw_prompt);
+  const mmtrt::Generation result = bundle->generate(args.image, args.prompt, args.sampling, args.raw_prompt);
   if (args.json) {
     std::cout << result.to_json() << "\n";
     return 0;
