@@ -15,6 +15,7 @@ first use.
 from __future__ import annotations
 
 import os
+import shutil
 import site
 import subprocess
 import sys
@@ -52,16 +53,26 @@ def prepare(folder: Path | None = None, quiet: bool = False) -> Path:
         return folder
     if not quiet:
         print(f"mmtrt: preparing the Triton Python backend's environment in {folder} (numpy<2, once)", file=sys.stderr)
-    venv.EnvBuilder(clear=True, with_pip=False, symlinks=True).create(folder)
-    target = site_packages(folder)
+    staging = folder.with_name(f"{folder.name}.partial-{os.getpid()}")  # renamed into place: servers may race
+    venv.EnvBuilder(clear=True, with_pip=False, symlinks=True).create(staging)
+    target = site_packages(staging)
     done = subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--disable-pip-version-check",
                            "--no-deps", "--target", str(target), STUB_NUMPY], capture_output=True, text=True)
     if done.returncode:
-        raise UserError(f"could not install {STUB_NUMPY} for Triton's Python backend into {target} "
+        shutil.rmtree(staging, ignore_errors=True)
+        raise UserError(f"could not install {STUB_NUMPY} for Triton's Python backend "
                         f"({done.stderr.strip().splitlines()[-1] if done.stderr.strip() else 'pip failed'}); "
                         "run `python -m mmtrt.serve.backend_env` where the package index is reachable")
     (target / "mmtrt-main-env.pth").write_text("".join(p + "\n" for p in site.getsitepackages()))
-    marker.write_text(STUB_NUMPY + "\n")
+    (staging / ".mmtrt-ready").write_text(STUB_NUMPY + "\n")
+    if folder.exists() and not marker.exists():  # left half-made by an older version or a crash
+        shutil.rmtree(folder)
+    try:
+        staging.rename(folder)
+    except OSError:  # another process made it first
+        shutil.rmtree(staging, ignore_errors=True)
+        if not marker.exists():
+            raise
     return folder
 
 

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from mmtrt.errors import UserError
+
 
 def add_commands(sub, positive_int, natural_int) -> None:
     p = sub.add_parser("serve", help="serve a bundle: Triton Inference Server (PyTriton) and an OpenAI-compatible "
@@ -37,8 +39,20 @@ def add_commands(sub, positive_int, natural_int) -> None:
     p.set_defaults(func=_export)
 
 
+def require(*modules: str) -> None:
+    """A missing serving dependency is a one-line error that says how to install it."""
+    import importlib.util
+
+    missing = [m for m in modules if importlib.util.find_spec(m) is None]
+    if missing:
+        raise UserError(f"mmtrt serve needs {', '.join(missing)}: pip install 'mmtrt[serve]' and "
+                        "pip install --no-deps nvidia-pytriton==0.7.0 (as the Makefile does)")
+
+
 def _serve(args) -> int:
     from mmtrt.serve.server import ServeOptions, serve
+
+    require("fastapi", "uvicorn", *([] if args.no_triton else ["pytriton"]))
 
     return serve(ServeOptions(args.bundle, args.host, args.port, args.max_batch, args.max_queue,
                               args.triton_http_port, args.triton_grpc_port, args.triton_metrics_port,
