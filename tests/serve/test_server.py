@@ -5,6 +5,8 @@ and every KV block free afterwards. One server for the module (the tiny model, p
 from __future__ import annotations
 
 import json
+import re
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from types import SimpleNamespace
 
@@ -63,8 +65,13 @@ def via_openai(client, b: dict, stream: bool):
     return ids, text, reason
 
 
-def test_models_lists_the_bundle(client):
+def test_models_lists_the_bundle_and_triton_is_ready(server, client):
+    import tritonclient.grpc as grpcclient
+
     assert [m.id for m in client.models.list()] == [MODEL]
+    triton = grpcclient.InferenceServerClient(server.grpc)
+    assert triton.is_server_ready() and triton.is_model_ready(MODEL)
+    assert triton.get_model_config(MODEL).config.model_transaction_policy.decoupled
 
 
 def test_greedy_through_both_endpoints_equals_mmtrt_run(server, client, tiny_paged_bundle, tmp_path, capsys):
@@ -84,6 +91,8 @@ def test_greedy_through_both_endpoints_equals_mmtrt_run(server, client, tiny_pag
     [out] = triton_stream(server.grpc, MODEL, [b])
     assert (out["token_ids"], out["text"], out["error"]) == (expected["token_ids"], expected["text"], "")
     assert server.wait_idle()["mmtrt_kv_blocks_used"] == 0
+    triton_metrics = urllib.request.urlopen(server.triton_metrics, timeout=30).read().decode()
+    assert re.search(r'nv_inference_request_success\{model="paged",version="1"\} [1-9]', triton_metrics)
 
 
 def test_a_seed_gives_the_same_tokens_twice(client, pipe, rng):
