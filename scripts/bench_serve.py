@@ -211,7 +211,8 @@ def main() -> None:
     parser.add_argument("bundle", type=Path)
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--max-batch", type=int, default=8)
-    parser.add_argument("--max-queue", type=int, default=8)
+    parser.add_argument("--max-queue", type=int, default=2,
+                        help="small: under overload an admitted request waits behind at most this many")
     parser.add_argument("--rates", type=float, nargs="+", default=[0.25, 0.5, 1.0, 2.0],
                         help="open-loop rates as shares of the 8-client throughput (2: the overload)")
     parser.add_argument("--phase-s", type=float, default=45)
