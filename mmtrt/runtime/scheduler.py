@@ -8,7 +8,7 @@ The places, per layout:
   its worst case beside what the running ones may still take; a request whose image prefix a running sequence
   holds forks that sequence's blocks and prefills only what follows the image;
 - static: a row of the shared buffers; a leaving row is refilled from the last one, so rows 0..n-1 run;
-- hf (no kv_layout): a grown cache per sequence, each decoded by its own LLM call in the step.
+- hf (no kv_layout): a grown cache per sequence, each decoded by its own LLM call in the step (any batch).
 `generate_batch`, `Pipeline.stream` and the serving loop all drive this one class.
 """
 
@@ -20,6 +20,7 @@ from typing import Iterator
 
 import numpy as np
 
+from mmtrt.errors import UserError
 from mmtrt.runtime.batch import Prepared, Sequence
 from mmtrt.runtime.paged import PagedStepper, prefill_sharing
 from mmtrt.runtime.streaming import Delta, TextStream
@@ -29,13 +30,16 @@ class Scheduler:
     def __init__(self, pipe, max_batch: int | None = None, text: bool = False):
         """`text`: every sequence streams its text (deltas carry it); otherwise only those with stop strings.
         One scheduler at a time per pipeline (they share its KV cache): `close` lets the next one start."""
-        if not pipe.decoding.acquire(blocking=False):
-            raise RuntimeError("this bundle is decoding already (an unfinished stream or a serving loop); finish "
-                               "or close it first, or load the bundle again")
         self.pipe, self.text = pipe, text
         self.places = (Blocks(pipe) if isinstance(pipe.stepper, PagedStepper) else Rows(pipe) if pipe.stepper
                        else OwnCaches(pipe))
-        self.max_batch = min(max_batch or self.places.batch, self.places.batch)
+        if max_batch and max_batch > self.places.batch and pipe.stepper:
+            raise UserError(f"max_batch {max_batch} is more than the {self.places.batch} sequences this bundle's KV "
+                            "cache holds; pass at most that or recompile with a larger envelope.batch.max")
+        self.max_batch = max_batch or self.places.batch
+        if not pipe.decoding.acquire(blocking=False):
+            raise RuntimeError("this bundle is decoding already (an unfinished stream or a serving loop); finish "
+                               "or close it first, or load the bundle again")
         self.eos = set(pipe.model["eos_token_ids"])
         self.active: list[Sequence] = []
 

@@ -19,7 +19,7 @@ from queue import SimpleQueue
 from typing import Callable, Iterator
 
 from mmtrt.errors import UserError
-from mmtrt.runtime.batch import Prepared, Request
+from mmtrt.runtime.batch import Prepared, Request, Sequence
 from mmtrt.runtime.sampling import SamplingParams
 from mmtrt.runtime.scheduler import Scheduler
 from mmtrt.runtime.streaming import Delta
@@ -99,7 +99,7 @@ class ServingLoop:
         self._queue: deque[Handle] = deque()
         self._cancelled: list[Handle] = []
         self._running: dict[int, Handle] = {}
-        self._state = "open"  # then "draining" (no new requests) or "closed"
+        self._state = "open"  # then "draining" (no new requests), "closed", or "stopped" by a fault of the loop
         self._ids = itertools.count()
         self._counts = dict(finished=0, refused=0, tokens=0, first_tokens=0)
         self._ttft_sum = self._busy_s = 0.0
@@ -109,11 +109,12 @@ class ServingLoop:
 
     def submit(self, request: Request, sampling: SamplingParams | None = None,
                on_delta: Callable[[Delta], None] | None = None) -> Handle:
-        """Queue a request (`sampling` replaces the request's own). Raises UserError for a bad request,
-        QueueFull or Unavailable when the loop takes none now. `on_delta` runs on the loop's thread: keep it short."""
-        self._refuse_if_unavailable()
+        """Queue a request (`sampling` replaces the request's own). Raises UserError for a bad request (bad
+        sampling values even when the queue is full), QueueFull or Unavailable when the loop takes none now. `on_delta` runs on the loop's thread: keep it short."""
         if sampling is not None:
             request = dataclasses.replace(request, sampling=sampling)
+        (request.sampling or SamplingParams()).validate(self.pipe.manifest["envelope"]["max_new_tokens"])
+        self._refuse_if_unavailable()
         handle = Handle(self, self.pipe.check(next(self._ids), request), on_delta)
         with self._cv:
             self._refuse_if_unavailable()
@@ -167,6 +168,7 @@ class ServingLoop:
                 return
             if handle in self._queue:
                 self._queue.remove(handle)
+                handle.generation = self.pipe.generation(Sequence(handle.prep, finish_reason="abort"))
                 self._finish(handle, Delta((), "", "abort"))
                 return
             self._cancelled.append(handle)
@@ -175,6 +177,18 @@ class ServingLoop:
             handle._done.wait(timeout)
 
     def _run(self) -> None:
+        try:
+            self._serve()
+        except BaseException as exc:  # a fault of the loop itself: no request waits forever for it
+            with self._cv:
+                self._state = "stopped"  # close() still frees the pipeline
+                waiting, self._queue = list(self._queue), deque()
+            for handle in waiting + list(self._running.values()):
+                if not handle.done:
+                    self._fail(handle, exc)
+            raise
+
+    def _serve(self) -> None:
         while True:
             with self._cv:
                 self._cv.wait_for(lambda: self._queue or self._cancelled or self._running or self._state == "closed")
