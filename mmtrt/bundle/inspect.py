@@ -95,7 +95,8 @@ def _plugins(manifest: dict[str, Any]) -> list[str]:
     plugins = manifest.get("tensorrt", {}).get("plugins") or {}
     lines = ["", "plugins (TensorRT, AOT):"] if plugins else []
     for pid, e in sorted(plugins.items()):
-        lines.append(f"  {pid} v{e['version']} kernel {e['kernel']}_*: PTX {e['ptx_target']}, cubins "
+        isa = f" (ISA {e['ptx_isa']})" if "ptx_isa" in e else ""
+        lines.append(f"  {pid} v{e['version']} kernel {e['kernel']}_*: PTX {e['ptx_target']}{isa}, cubins "
                      f"{', '.join(e['architectures'])}; {len(e['sha256'])} files, registration {e['registration']}")
     return lines
 

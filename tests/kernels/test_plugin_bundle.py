@@ -41,8 +41,10 @@ def test_manifest_carries_every_plugin_file_with_its_digest(bundle):
     for entry in plugins.values():
         assert entry["namespace"] == "mmtrt" and entry["version"] == "1"
         assert entry["architectures"] == ["sm_80", "sm_86", "sm_89", "sm_90"] and entry["ptx_target"] == "compute_80"
-        files = {entry["ptx"], entry["registration"], *entry["cubins"].values()}
+        files = {entry["ptx"], entry["registration"], "plugins/launch.py", *entry["cubins"].values()}
         assert set(entry["sha256"]) == files
+        ptx_version = (bundle / entry["ptx"]).read_text().split(".version ", 1)[1].split()[0]
+        assert entry["ptx_isa"] == ptx_version and "CUDA" in entry["ptx_driver"]
         assert all(sha256_file(bundle / name) == digest for name, digest in entry["sha256"].items())
 
 
