@@ -172,17 +172,17 @@ class Pipeline:
         return out["image_features"][:, :int(out["image_token_count"][0])]
 
     def fit_image_tokens(self, ids: list[int], count: int | list[int]) -> list[int]:
-        """The prompt with each image's run of expanded placeholders cut to its count of image tokens."""
+        """The prompt with each image's expanded placeholder (a run of the bundle's image-token count, adjacent
+        images one after the other) cut to that image's count."""
         token, counts = self.model["image_token_id"], iter([count] if isinstance(count, int) else count)
-        out, at = [], 0
+        per_image, out, at = self.model["vision"]["image_tokens"], [], 0
         while at < len(ids):
             if ids[at] != token:
                 out.append(ids[at])
                 at += 1
                 continue
-            while at < len(ids) and ids[at] == token:
-                at += 1
             out += [token] * next(counts)
+            at += per_image
         return out
 
     def embed(self, ids: np.ndarray, features: np.ndarray | None = None) -> np.ndarray:

@@ -280,6 +280,7 @@ class ServingLoop:
         handle.finish_reason = delta.finish_reason
         with self._cv:
             self._counts["finished"] += 1
+            self._usage = self.scheduler.usage()  # its place is free already: drain's waiter sees it so
             self._cv.notify_all()
         try:
             self._send(handle, delta)
