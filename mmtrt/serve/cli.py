@@ -14,8 +14,8 @@ def add_commands(sub, positive_int, natural_int) -> None:
     p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for all)")
     p.add_argument("--port", type=natural_int, default=8080, help="the OpenAI endpoint's port (default 8080; 0: a free one)")
     p.add_argument("--max-batch", type=positive_int, help="sequences decoded together (default: the bundle's batch max)")
-    p.add_argument("--max-queue", type=natural_int, default=64, help="requests waiting beyond the batch before new "
-                   "ones are refused with HTTP 429 (default 64)")
+    p.add_argument("--max-queue", type=positive_int, default=64, help="requests waiting to be admitted into the "
+                   "batch; beyond it new ones are refused with HTTP 429 (default 64)")
     p.add_argument("--triton-http-port", type=natural_int, default=8000, help="Triton's HTTP port (default 8000; 0: free)")
     p.add_argument("--triton-grpc-port", type=natural_int, default=8001, help="Triton's gRPC port (default 8001; 0: free)")
     p.add_argument("--triton-metrics-port", type=natural_int, default=8002, help="Triton's metrics port (default 8002; 0: free)")
@@ -33,7 +33,7 @@ def add_commands(sub, positive_int, natural_int) -> None:
     p.add_argument("bundle", type=Path)
     p.add_argument("repository", type=Path, help="model repository folder (created, or added to)")
     p.add_argument("--max-batch", type=positive_int, help="sequences decoded together (default: the bundle's batch max)")
-    p.add_argument("--max-queue", type=natural_int, default=64, help="waiting requests before refusing (default 64)")
+    p.add_argument("--max-queue", type=positive_int, default=64, help="waiting requests before refusing (default 64)")
     p.add_argument("--allow-images", type=Path, metavar="DIR", help="image files under DIR may be named by path")
     p.add_argument("--force", action="store_true", help="replace the model's folder if the repository has it")
     p.set_defaults(func=_export)
