@@ -69,21 +69,27 @@ def test_overload_is_refused_at_once_and_loses_nothing(server, pipe, rng):
 
 def test_sigterm_drains_then_exits_0(server, pipe, rng):
     client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
-    first, second = long_bodies(rng, pipe, 2)
-    with ThreadPoolExecutor(2) as pool:
-        over_openai = pool.submit(attempt, client, first)
-        over_triton = pool.submit(triton_stream, server.grpc, MODEL, [second])
+    first, *over_grpc = long_bodies(rng, pipe, 3)
+
+    def wait_in_flight(n):
         deadline = time.monotonic() + 30
-        while server.metrics()["mmtrt_running_requests"] + server.metrics()["mmtrt_queue_length"] < 2:
-            assert time.monotonic() < deadline
-            time.sleep(0.01)
+        while (m := server.metrics())["mmtrt_running_requests"] + m["mmtrt_queue_length"] < n:
+            assert time.monotonic() < deadline, m
+            time.sleep(0.005)
+
+    with ThreadPoolExecutor(2) as pool:
+        over_triton = pool.submit(triton_stream, server.grpc, MODEL, over_grpc)  # one runs, one waits (batch 1)
+        wait_in_flight(2)
+        over_openai = pool.submit(attempt, client, first)
+        wait_in_flight(3)
         server.process.send_signal(signal.SIGTERM)
         time.sleep(0.2)
         status, answer = server.post("/chat/completions", json.dumps(first).encode())
         assert status == 503 and "draining" in answer["error"]["message"]
         assert over_openai.result()[:2] == (200, solo(pipe, first).token_ids)
-        [out] = over_triton.result()
-    assert out["token_ids"] == solo(pipe, second).token_ids and out["finish_reason"] == "length"
+        outs = over_triton.result()
+    for b, out in zip(over_grpc, outs):
+        assert out["token_ids"] == solo(pipe, b).token_ids and out["finish_reason"] == "length"
     assert server.process.wait(60) == 0
     assert "mmtrt: drained and stopped" in server.rest_of_output()
 
