@@ -20,7 +20,8 @@ from mmtrt.ir.graph import ModelIR
 from mmtrt.ir.preprocess import spec_from_image_processor
 from mmtrt.recipe import ModelSource
 
-__all__ = ["COMPONENTS", "FRONTEND_PROPERTIES", "describe_source", "load_source", "lower", "model_facts"]
+__all__ = ["COMPONENTS", "FRONTEND_PROPERTIES", "describe_source", "fit_envelope", "load_source", "lower",
+           "model_facts"]
 
 CHECKPOINT_FILES = ("config.json",)
 
@@ -61,6 +62,17 @@ def describe_source(source: ModelSource, recipe_dir: Path) -> dict[str, Any]:
 def model_facts(config, generation_config, processor, preprocess_spec: dict[str, Any]) -> dict[str, Any]:
     """The numbers every later layer (passes, shape planning, runtime) needs about the model."""
     return family(config.model_type).model_facts(config, generation_config, processor, preprocess_spec)
+
+
+def fit_envelope(facts: dict[str, Any], envelope) -> dict[str, Any]:
+    """The facts narrowed to the recipe's envelope where the family bounds its image tokens by it."""
+    fam = family(facts["architecture"])
+    if hasattr(fam, "fit_envelope"):
+        return fam.fit_envelope(facts, envelope)
+    if envelope.image.max_tiles is not None:
+        raise UserError(f"envelope.image.max_tiles applies to any-resolution models; this {facts['architecture']} "
+                        "model takes one fixed-size image: remove max_tiles")
+    return facts
 
 
 def lower(model, processor) -> ModelIR:

@@ -25,8 +25,7 @@ def expected_image_tokens(processor, spec: dict[str, Any]) -> int:
 def model_facts(config, generation_config, processor, preprocess_spec: dict[str, Any]) -> dict[str, Any]:
     """The numbers every later layer (passes, shape planning, runtime) needs about the model."""
     vision = config.vision_config
-    if isinstance(config.vision_feature_layer, list):
-        raise UserError("vision_feature_layer lists several layers; mmtrt supports one feature layer for now")
+    layer = config.vision_feature_layer
     return {
         "architecture": "llava",
         "vision": {
@@ -36,7 +35,7 @@ def model_facts(config, generation_config, processor, preprocess_spec: dict[str,
             "patch_size": vision.patch_size,
             "num_layers": vision.num_hidden_layers,
             "hidden_size": vision.hidden_size,
-            "feature_layer": config.vision_feature_layer,
+            "feature_layer": layer if isinstance(layer, int) else list(layer),
             "select_strategy": config.vision_feature_select_strategy,
             "image_tokens": expected_image_tokens(processor, preprocess_spec),
         },
