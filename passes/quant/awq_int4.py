@@ -50,6 +50,10 @@ class Calibration(PassConfig):
     search_tokens: int = Field(1024, ge=1, description="Tokens the module-output error of the scale search runs on (the first calibration batches that fit; statistics and own-output errors use every token).")
 
 
+# decoders whose attention projections carry biases, which the LLaMA checkpoint TensorRT-LLM is given cannot hold
+BIASED_DECODERS = frozenset({"qwen2"})
+
+
 class AwqInt4Config(PassConfig):
     method: Literal["awq", "rtn", "gptq", "awq_gptq"] = Field("awq", description="`awq` (scale and clip search), `rtn` (round to nearest, the baseline), `gptq` (GPTQ's error compensation with the Hessian of each linear's calibration inputs) or `awq_gptq` (AWQ's scale search, then GPTQ on the scaled weights instead of the clip search).")
     group_size: int = Field(128, description="Weights per scale along the input dimension: a power of two from 16 to 256 (TensorRT takes 64 and 128).")
@@ -108,6 +112,10 @@ class AwqInt4(Pass):
 
     def plan_facts(self, facts: dict[str, Any]) -> dict[str, Any]:
         hidden = facts["llm"]["hidden_size"]
+        if self.config.trtllm_checkpoint == "always" and facts["llm"]["model_type"] in BIASED_DECODERS:
+            raise UserError(f"trtllm_checkpoint: always writes a LLaMA checkpoint, whose linears have no bias; this "
+                            f"{facts['llm']['model_type']} LLM's q/k/v projections add one; use trtllm_checkpoint: "
+                            "auto (the LLM then runs on ONNX Runtime) or never")
         if self.config.trtllm_checkpoint == "always" and hidden % self.config.group_size:
             raise UserError(f"trtllm_checkpoint: always needs group_size to divide the LLM's hidden size {hidden} "
                             f"(TensorRT-LLM takes whole groups); choose another group_size or trtllm_checkpoint: auto")
