@@ -95,6 +95,10 @@ def _build(model_class, described, seed: int):
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = model_class(config).eval()
+        with torch.no_grad():  # transformers zeroes biases; drawn ones make a dropped bias show (Qwen2's q/k/v)
+            for module in model.modules():
+                if isinstance(module, torch.nn.Linear) and module.bias is not None:
+                    module.bias.normal_(0, 0.1)
     model.generation_config = generation
     return model, processor
 
