@@ -69,16 +69,18 @@ def describe_tiny_llava_next(hidden: int = 64, layers: int = 2, vision_hidden: i
 
 
 def describe_tiny_llava_onevision(hidden: int = 64, layers: int = 2, vision_hidden: int = 32, vision_layers: int = 2,
-                                  feature_layer: int | list[int] = -1):
+                                  feature_layer: int | list[int] = (-2, -1)):
     """Config, generation config and processor of a tiny LLaVA-OneVision: SigLIP tower, Qwen2 LLM with tied
-    embeddings (as the 0.5B model), anyres_max pooling."""
+    embeddings (as the 0.5B model), anyres_max pooling; its projector reads the last two hidden states
+    concatenated (a vision_feature_layer list, which OneVision-style configs allow)."""
     tokenizer = byte_tokenizer(extra=[VIDEO_TOKEN])
     config = LlavaOnevisionConfig(
         vision_config=_vision(SiglipVisionConfig, vision_hidden, vision_layers),
         text_config=_text(Qwen2Config, tokenizer, hidden, layers, tie=True),
         image_token_index=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
         video_token_index=tokenizer.convert_tokens_to_ids(VIDEO_TOKEN), image_grid_pinpoints=ONEVISION_PINPOINTS,
-        vision_aspect_ratio=ONEVISION_MAX, vision_feature_layer=feature_layer, vision_feature_select_strategy="full",
+        vision_aspect_ratio=ONEVISION_MAX, vision_feature_select_strategy="full",
+        vision_feature_layer=feature_layer if isinstance(feature_layer, int) else list(feature_layer),
         tie_word_embeddings=True)
     image_processor = LlavaOnevisionImageProcessor(size={"height": TILE, "width": TILE},
                                                    image_grid_pinpoints=ONEVISION_PINPOINTS)

@@ -68,7 +68,7 @@ def test_channel_prune_on_the_vision_mlp_equals_pytorch_with_those_channels_remo
     pruned = {int(e["layer"].split(".")[2]): e["removed"] for e in report(bundle, "channel_prune")["changes"]["vision"]["layers"]
               if "channels_before" in e}
     assert sorted(pruned) == list(range(len(layers))) and all(len(r) == 32 for r in pruned.values())
-    reference = VisionWithProjector(model, -1, "full")
+    reference = VisionWithProjector(model, model.config.vision_feature_layer, "full")
     image = random_image(rng, 50, 120)
     pixels = tiles(processor, image)
     with torch.no_grad():
