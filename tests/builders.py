@@ -186,7 +186,8 @@ def tiny_llm_feeds(rng) -> dict[str, np.ndarray]:
 
 def dequantized_linears(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     """Per linear name, the float weight [N, K] the graph applies to its (pre-quant-scaled) input, and the name of
-    that input before any pre-quant Mul; read from MatMulNBits or DequantizeLinear + MatMul."""
+    that input before any pre-quant Mul; read from MatMulNBits, DequantizeLinear + MatMul, or a kept linear's fp16
+    weight cast in front of its MatMul."""
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
     producer = {o: n for n in graph.node for o in n.output}
@@ -204,6 +205,10 @@ def dequantized_linears(model: onnx.ModelProto) -> dict[str, np.ndarray]:
             q, scales, block = unpack_int4(inits[dq.input[0]]), numpy_helper.to_array(inits[dq.input[1]]), attr(dq, "block_size")
             w = (q.astype(np.float32) * np.repeat(scales, block, axis=0)[: q.shape[0]]).T
             name, x = node.name, node.input[0]
+        elif node.op_type == "MatMul" and node.input[1].endswith(".weight_cast"):  # kept in float, stored in fp16
+            stored = producer[node.input[1]].input[0] if node.input[1] in producer else node.input[1]  # or folded
+            w = numpy_helper.to_array(inits[stored]).T.astype(np.float32)
+            name, x = node.input[1].removesuffix(".weight_cast"), node.input[0]
         else:
             continue
         mul = producer.get(x)
