@@ -83,7 +83,7 @@ def test_channel_prune_on_the_vision_mlp_equals_pytorch_with_those_channels_remo
 
 
 def test_awq_int4_on_a_biased_qwen2_llm_equals_its_dequantized_pytorch_twin(anyres_compile, sources, rng):
-    recipe = f"passes:\n  - awq_int4: {{group_size: 32, accuracy_level: 0, {CALIBRATION}}}\n"
+    recipe = f"passes:\n  - awq_int4: {{group_size: 64, lowering: matmulnbits, accuracy_level: 0, {CALIBRATION}}}\n"
     bundle = anyres_compile("llava_onevision", recipe, "onevision-awq.bundle")
     checkpoint = report(bundle, "awq_int4")["changes"]["trtllm_checkpoint"]
     assert checkpoint["written"] is False and "bias" in checkpoint["reason"]
