@@ -75,19 +75,20 @@ def _compile(args) -> int:
         from mmtrt.pipeline.instruments import dump_folder
 
         dump_folder(args.dump_ir)
+    from mmtrt.bundle.trust import manifest_digest
+
     bundle = compile_recipe(args.recipe, out, force=args.force, dump_dir=args.dump_ir)
     print(f"wrote {bundle}")
+    print(f"digest sha256:{manifest_digest(bundle)}")
     return 0
 
 
 def _run(args) -> int:
-    from mmtrt.runtime import load
-
     if args.requests:
         return _run_requests(args)
-    if not (args.image and args.prompt):
+    if args.image is None or args.prompt is None:
         raise UserError("run needs --image and --prompt, or --requests FILE.jsonl")
-    pipe = load(args.bundle, threads=args.threads)
+    pipe = _load(args)
     result = pipe.generate(args.image, args.prompt, args.max_new_tokens, raw_prompt=args.raw_prompt)
     if args.json:
         print(json.dumps(result.to_json()))
@@ -97,20 +98,30 @@ def _run(args) -> int:
     return 0
 
 
-def _run_requests(args) -> int:
+def _load(args):
     from mmtrt.runtime import load
+
+    return load(args.bundle, threads=args.threads, expect_digest=args.expect_digest, public_key=args.public_key,
+                parse_special_tokens=args.parse_special_tokens)
+
+
+def _run_requests(args) -> int:
     from mmtrt.runtime.pipeline import Refused
     from mmtrt.runtime.requests import read_requests
 
-    parsed = read_requests(args.requests)
-    pipe = load(args.bundle, threads=args.threads)
-    good = [(i, r) for i, r in enumerate(parsed) if not isinstance(r, str)]
-    results = dict(zip([i for i, _ in good], pipe.generate_batch([r for _, r in good])))
-    results.update({i: Refused(i, r) for i, r in enumerate(parsed) if isinstance(r, str)})
+    if args.image is not None or args.prompt is not None:
+        raise UserError("--requests takes each request's image and prompt from its line; give either --requests or "
+                        "--image and --prompt")
+    parsed = read_requests(args.requests, args.max_new_tokens, args.raw_prompt)
+    pipe = _load(args)
+    good = [i for i, r in enumerate(parsed) if not isinstance(r, str)]
+    results = {i: Refused(i, r) for i, r in enumerate(parsed) if isinstance(r, str)}
+    for i, result in zip(good, pipe.generate_batch([parsed[i] for i in good])):
+        results[i] = Refused(i, result.reason) if isinstance(result, Refused) else result
     for i in range(len(parsed)):
         result = results[i]
         if isinstance(result, Refused):
-            print(f"mmtrt: error: {result.to_json()['error']}", file=sys.stderr)
+            print(f"mmtrt: error: {one_line(result.to_json()['error'])}", file=sys.stderr)
         if args.json:
             print(json.dumps(result.to_json()))
         elif not isinstance(result, Refused):
@@ -200,11 +211,27 @@ def _nightly(args) -> int:
 
 def _verify(args) -> int:
     from mmtrt.bundle.manifest import read_manifest
+    from mmtrt.bundle.schema import check_schema
+    from mmtrt.bundle.sign import verify_signature
+    from mmtrt.bundle.trust import manifest_digest
     from mmtrt.bundle.verify import verify_bundle
 
     manifest = read_manifest(Path(args.bundle))
+    check_schema(Path(args.bundle), manifest)
     verify_bundle(args.bundle, manifest, full=True)
-    print(f"{args.bundle}: all {len(manifest['artifacts'])} artifacts match the manifest's sha256")
+    print(f"{args.bundle}: all {len(manifest['artifacts'])} artifacts match the manifest's sha256; digest "
+          f"sha256:{manifest_digest(Path(args.bundle))}")
+    if args.public_key:
+        verify_signature(Path(args.bundle), args.public_key)
+        print(f"{args.bundle}: the signature verifies with {args.public_key} and covers every file")
+    return 0
+
+
+def _sign(args) -> int:
+    from mmtrt.bundle.sign import sign_bundle
+
+    digest = sign_bundle(Path(args.bundle), args.key, os.environ.get("MMTRT_SIGNING_PASSWORD"))
+    print(f"signed {args.bundle} (digest sha256:{digest}) with {args.key}")
     return 0
 
 
@@ -224,11 +251,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("bundle")
     p.add_argument("--image")
     p.add_argument("--prompt")
-    p.add_argument("--requests", type=Path, help="JSON Lines, one {image, prompt, max_new_tokens} per line; "
-                   "prints one result per request in input order")
-    p.add_argument("--max-new-tokens", type=positive_int)
-    p.add_argument("--raw-prompt", action="store_true", help="use the prompt as is, with <image> where the image goes")
+    p.add_argument("--requests", type=Path, help="JSON Lines, one {image, prompt[, max_new_tokens, raw_prompt]} per "
+                   "line (image paths relative to the file); prints one result per request in input order")
+    p.add_argument("--max-new-tokens", type=positive_int, help="with --requests: for lines without their own")
+    p.add_argument("--raw-prompt", action="store_true", help="use the prompt as is, with <image> where the image goes "
+                   "(with --requests: for lines without their own)")
     p.add_argument("--threads", type=positive_int, help="ONNX Runtime intra-op threads")
+    p.add_argument("--expect-digest", help="refuse the bundle unless its digest (`mmtrt inspect`) is this sha256")
+    p.add_argument("--public-key", type=Path, help="refuse the bundle unless it carries a valid signature "
+                   "(`mmtrt sign`) by this PEM public key")
+    p.add_argument("--parse-special-tokens", action="store_true", help="special tokens typed in the prompt (such "
+                   "as <|im_end|>) act as special tokens; by default they are text (docs/security.md)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_run)
 
@@ -300,9 +333,19 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_nightly)
 
-    p = sub.add_parser("verify", help="hash every artifact of a bundle against its manifest (loads check cheaply)")
+    p = sub.add_parser("verify", help="hash every artifact of a bundle against its manifest (loads check cheaply), "
+                       "and its signature with --public-key")
     p.add_argument("bundle")
+    p.add_argument("--public-key", type=Path, help="also check the bundle's signature (`mmtrt sign`) with this PEM "
+                   "public key, hashing every file (OpenSSF model-signing)")
     p.set_defaults(func=_verify)
+
+    p = sub.add_parser("sign", help="sign a bundle with an elliptic-curve private key (OpenSSF model-signing, "
+                       "offline); runtimes given the public key then refuse a changed bundle")
+    p.add_argument("bundle")
+    p.add_argument("--key", type=Path, required=True, help="PEM private key (P-256, P-384 or P-521); an encrypted "
+                   "one reads its password from MMTRT_SIGNING_PASSWORD")
+    p.set_defaults(func=_sign)
     return parser
 
 

@@ -43,7 +43,8 @@ def describe(bundle: str | Path) -> str:
     m = info["manifest"]
     model, v, t = m["model"], m["model"]["vision"], m["model"]["llm"]
     lines = [
-        f"bundle {info['bundle']}  sha256 {info['bundle_sha256'][:16]}  schema {m['schema_version']}  mmtrt {m['mmtrt_version']}",
+        f"bundle {info['bundle']}  schema {m['schema_version']}  mmtrt {m['mmtrt_version']}",
+        f"digest sha256:{info['bundle_sha256']}  (pin it: mmtrt run --expect-digest, mmtrt-run --expect-digest)",
         f"model: {v['model_type']} {v['input_size'][0]}x{v['input_size'][1]}/{v['patch_size']} -> {_image_tokens(v)}; "
         f"{t['model_type']} {t['num_layers']} layers, hidden {t['hidden_size']}, {t['num_heads']} heads / {t['num_kv_heads']} KV heads",
         "",

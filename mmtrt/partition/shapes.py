@@ -59,6 +59,10 @@ def _cache_dims(kv: dict[str, Any], capacity: int, batch: int, seq_max: int) -> 
     if kv["layout"] == "paged":
         per_sequence = -(-capacity // kv["block_tokens"])
         blocks = kv["pool_blocks"] or batch * per_sequence
+        if blocks > batch * per_sequence:
+            raise UserError(f"kv_layout.pool_blocks {blocks} is more than the envelope can ever use ({batch} sequences "
+                            f"x {per_sequence} blocks = {batch * per_sequence}); leave it out for that, or widen the "
+                            "envelope")
         fixed.update(num_slots=blocks * kv["block_tokens"], pool_blocks=blocks)
         return {**{k: {"min": v, "opt": v, "max": v} for k, v in fixed.items()},
                 "max_blocks": {"min": 1, "opt": per_sequence, "max": per_sequence},

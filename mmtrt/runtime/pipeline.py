@@ -16,7 +16,9 @@ from PIL import Image, UnidentifiedImageError
 
 from mmtrt.backends.anyres import NEWLINE_ASSET, build_tiler, grid_tiles, pack
 from mmtrt.backends.numpy_preprocess import build_transform, covers
-from mmtrt.bundle.manifest import bundle_hash, read_manifest
+from mmtrt.bundle.manifest import read_manifest
+from mmtrt.bundle.schema import check_schema, check_token_ids
+from mmtrt.bundle.trust import Trust, check_trust
 from mmtrt.bundle.verify import verify_bundle
 from mmtrt.errors import UserError
 from mmtrt.ir.spec import TensorSpec
@@ -24,10 +26,12 @@ from mmtrt.partition.shapes import check_shape
 from mmtrt.runtime.batch import Prepared, Request, Sequence, StaticStepper, decode_static
 from mmtrt.runtime.executors import TRTLLM, component_runner, engine_choices, llm_engine_choice
 from mmtrt.runtime.image_bounds import check_image
+from mmtrt.runtime.image_file import upright_8bit
 from mmtrt.runtime.kv import StaticCache, cache_device, cache_providers
 from mmtrt.runtime.paged import PagedCache, PagedStepper, decode_paged
 from mmtrt.runtime.prefix import PrefixCache, prefix_key, prefix_length
-from mmtrt.runtime.prompt import format_prompt, tokenize
+from mmtrt.runtime.prompt import (check_prompt, format_prompt, holds_special_tokens, tokenize,
+                                 tokenize_user_text)
 from mmtrt.runtime.tokenizer import BundleTokenizer
 from mmtrt.runtime.trtllm import TrtllmLLM
 
@@ -67,10 +71,12 @@ class Refused:
 def open_image(image) -> Image.Image:
     if isinstance(image, Image.Image):
         return image
+    if not isinstance(image, (str, Path)):
+        raise UserError(f"image must be a file path or a PIL image, not {type(image).__name__}")
     try:
         with Image.open(image) as img:
             img.load()
-            return img
+            return upright_8bit(img)
     except (FileNotFoundError, IsADirectoryError):
         raise UserError(f"image {image} does not exist; pass the path of a PNG or JPEG file") from None
     except Image.DecompressionBombError as exc:
@@ -82,11 +88,14 @@ def open_image(image) -> Image.Image:
 class Pipeline:
     """A loaded bundle. `generate` takes one image and one prompt, `generate_batch` a list of `Request`s."""
 
-    def __init__(self, path: str | Path, threads: int | None = None, spin: bool = True, prefix_cache_mib: float = 256):
+    def __init__(self, path: str | Path, threads: int | None = None, spin: bool = True, prefix_cache_mib: float = 256,
+                 trust: Trust = Trust(), parse_special_tokens: bool = False):
         self.path = Path(path)
+        self.hash = check_trust(self.path, trust)
         self.manifest = read_manifest(self.path)
+        check_schema(self.path, self.manifest)
         verify_bundle(self.path, self.manifest)
-        self.hash = bundle_hash(self.path)
+        self.parse_special_tokens = parse_special_tokens
         self.model = self.manifest["model"]
         self.dims = self.manifest["dims"]
         self.image_side = self.manifest["components"]["preprocess"]["outputs"][0]["shape"][-1]
@@ -107,6 +116,7 @@ class Pipeline:
         self.runners = {name: component_runner(self.path, self.manifest, name, choices, threads, spin)
                         for name in ("vision", "embed", "llm")}
         self.tokenizer = BundleTokenizer(self.path / "tokenizer")
+        check_token_ids(self.path, self.model, self.tokenizer.special_ids)
         self.backends = {name: "+".join(r.providers) for name, r in self.runners.items()}
         self.backends["preprocess"] = "numpy" if covers(self.preprocess_spec) else "torchvision"
         self.stepper = self._static_stepper() if self.kv else None
@@ -140,12 +150,20 @@ class Pipeline:
 
     def _run(self, name: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         for spec in self.specs[name]:
+            if spec.name not in feeds:
+                raise UserError(f"{self.path}/manifest.json: components.{name} takes {spec.name!r}, which the runtime "
+                                f"does not give ({', '.join(feeds)}); recompile the recipe or restore the bundle")
             check_shape(name, spec, feeds[spec.name].shape, self.dims)
         return self.runners[name].run(feeds)
 
     def prompt_ids(self, prompt: str, raw_prompt: bool = False) -> list[int]:
-        text = format_prompt(self.tokenizer, self.model["chat_template"], prompt, raw_prompt)
-        ids = tokenize(self.tokenizer, text, self.model["image_token"], self.model["vision"]["image_tokens"])
+        check_prompt(prompt)
+        image_token, count = self.model["image_token"], self.model["vision"]["image_tokens"]
+        if raw_prompt or self.parse_special_tokens or not holds_special_tokens(self.tokenizer, prompt):
+            text = format_prompt(self.tokenizer, self.model["chat_template"], prompt, raw_prompt)
+            ids = tokenize(self.tokenizer, text, image_token, count)
+        else:
+            ids = tokenize_user_text(self.tokenizer, self.model["chat_template"], prompt, image_token, count)
         limit = self.dims["seq"]["max"]
         if len(ids) > limit:
             text_tokens = len(ids) - self.model["vision"]["image_tokens"]
@@ -258,6 +276,8 @@ class Pipeline:
         prefix is stored, or when `seen` (by pixel digest, filled here) has the same pixels' already."""
         limit = self.manifest["envelope"]["max_new_tokens"]
         max_new = limit if req.max_new_tokens is None else req.max_new_tokens
+        if not isinstance(max_new, int) or isinstance(max_new, bool):
+            raise UserError(f"max_new_tokens must be an integer, not {type(max_new).__name__}")
         if not 1 <= max_new <= limit:
             raise UserError(f"max_new_tokens {max_new} is outside 1..{limit}, the bundle's KV capacity; "
                             "recompile with a larger envelope.max_new_tokens")
@@ -359,7 +379,12 @@ def read_json(path: Path) -> Any:
     return json.loads(Path(path).read_text())
 
 
-def load(path: str | Path, threads: int | None = None, spin: bool = True, prefix_cache_mib: float = 256) -> Pipeline:
+def load(path: str | Path, threads: int | None = None, spin: bool = True, prefix_cache_mib: float = 256, *,
+         expect_digest: str | None = None, public_key: str | Path | None = None,
+         parse_special_tokens: bool = False) -> Pipeline:
     """Load a bundle written by `mmtrt compile`. Under a kv_layout, image prefixes are kept for later questions in
-    an LRU of `prefix_cache_mib` MiB (0: none)."""
-    return Pipeline(path, threads, spin, prefix_cache_mib)
+    an LRU of `prefix_cache_mib` MiB (0: none). `expect_digest`: the bundle's identity (its manifest's sha256, which
+    `mmtrt compile` and `mmtrt inspect` print) it must have; `public_key`: a PEM public key whose signature
+    (`mmtrt sign`) it must carry. `parse_special_tokens`: special tokens typed in a prompt act as special tokens
+    (the default keeps them text; docs/security.md)."""
+    return Pipeline(path, threads, spin, prefix_cache_mib, Trust(expect_digest, public_key), parse_special_tokens)

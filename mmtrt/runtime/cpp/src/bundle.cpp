@@ -15,6 +15,8 @@
 #include "manifest.hpp"
 #include "preprocess.hpp"
 #include "runner.hpp"
+#include "signature.hpp"
+#include "special_tokens.hpp"
 #include "tokenizer.hpp"
 
 namespace mmtrt {
@@ -98,32 +100,32 @@ struct Bundle::Impl {
   std::unique_ptr<Tokenizer> tokenizer;
   std::map<std::string, std::unique_ptr<Runner>> runners;
   std::unique_ptr<KvCache> cache;  // allocated once per load; open() starts each sequence
+  bool parse_special_tokens = false;
   NamedStrings backends, fallbacks;
 
   Tensors run(const std::string& name, const TensorViews& feeds, const TensorViews& bound = {}) {
     for (const auto& spec : manifest.inputs.at(name)) {
       const auto found = feeds.find(spec.name);
-      if (found == feeds.end()) throw Error(ErrorKind::Runtime, name + " needs the input " + spec.name);
+      if (found == feeds.end()) {
+        std::string given;
+        for (const auto& [k, v] : feeds) given += (given.empty() ? "" : ", ") + k;
+        throw Error(ErrorKind::BadBundle, path + "/manifest.json: components." + name + " takes '" + spec.name +
+                                              "', which the runtime does not give (" + given + "); recompile the "
+                                              "recipe or restore the bundle");
+      }
       check_shape(name, spec, shape_of(found->second), manifest.dims);
     }
     return runners.at(name)->run_bound(feeds, bound);
   }
 
   std::vector<int32_t> prompt_ids(const std::string& prompt, bool raw) const {
-    const std::string text = raw ? prompt : tokenizer->format_prompt(model->chat_template, prompt);
-    const std::string& image_token = model->image_token;
+    if (!valid_utf8(prompt))
+      throw Error(ErrorKind::BadInput, "the prompt is not valid UTF-8 text (a lone surrogate or a byte that is not "
+                                       "UTF-8); re-encode it as UTF-8");
     const int64_t image_tokens = model->image_tokens;
-    const size_t count = count_of(text, image_token);
-    if (count != 1)
-      throw Error(ErrorKind::BadInput, "the prompt holds " + std::to_string(count) + " " + image_token +
-                                           " placeholders; with one image it needs exactly one (with --raw-prompt, "
-                                           "put " + image_token + " where the image goes)");
-    std::string repeated;
-    for (int64_t i = 0; i < image_tokens; ++i) repeated += image_token;
-    const std::string expanded = replace_all(text, image_token, repeated);
-    const std::string& bos = tokenizer->bos_token();
-    const bool add_special = !(!bos.empty() && expanded.rfind(bos, 0) == 0);
-    std::vector<int32_t> ids = tokenizer->encode(expanded, add_special);
+    std::vector<int32_t> ids = raw || parse_special_tokens || !tokenizer->holds_special_tokens(prompt)
+                                   ? template_ids(raw ? prompt : tokenizer->format_prompt(model->chat_template, prompt))
+                                   : user_text_ids(prompt);
     const int64_t limit = manifest.dims.at("seq").max;
     if (static_cast<int64_t>(ids.size()) > limit)
       throw Error(ErrorKind::BadInput, "the prompt is " + std::to_string(ids.size() - image_tokens) +
@@ -131,6 +133,52 @@ struct Bundle::Impl {
                                            std::to_string(limit - image_tokens) + "; shorten it or recompile with "
                                            "a larger envelope.prompt_tokens.max");
     return ids;
+  }
+
+  // mmtrt.runtime.prompt.tokenize: the one placeholder expanded, the BOS added unless the text starts with it.
+  std::vector<int32_t> template_ids(const std::string& text) const {
+    const std::string& image_token = model->image_token;
+    const size_t count = count_of(text, image_token);
+    if (count != 1)
+      throw Error(ErrorKind::BadInput, "the prompt holds " + std::to_string(count) + " " + image_token +
+                                           " placeholders; with one image it needs exactly one (with --raw-prompt, "
+                                           "put " + image_token + " where the image goes)");
+    return tokenizer->encode(expand(text), !starts_with_bos(text));
+  }
+
+  // mmtrt.runtime.prompt.tokenize_user_text: the template's special tokens parsed, the user's text kept as text.
+  std::vector<int32_t> user_text_ids(const std::string& prompt) const {
+    static const std::string sentinel = "\xee\x80\x80mmtrt-user-text\xee\x80\x80";  // U+E000 around a name
+    const std::string framed = tokenizer->format_prompt(model->chat_template, sentinel);
+    if (count_of(framed, sentinel) != 1)
+      throw Error(ErrorKind::BadInput, "the prompt holds special tokens and this bundle's chat template alters the "
+                                       "user's text, so they cannot be kept as text; remove them, or load with "
+                                       "parse_special_tokens=True");
+    const size_t count = count_of(framed, model->image_token);
+    if (count != 1)
+      throw Error(ErrorKind::BadInput, "the chat template holds " + std::to_string(count) + " " + model->image_token +
+                                           " placeholders; with one image it needs exactly one; recompile the recipe");
+    const size_t at = framed.find(sentinel);
+    const std::string before = expand(framed.substr(0, at)), after = expand(framed.substr(at + sentinel.size()));
+    std::vector<int32_t> ids = tokenizer->encode(before, !starts_with_bos(before));
+    const std::vector<int32_t> text = tokenizer->encode_text(prompt);
+    ids.insert(ids.end(), text.begin(), text.end());
+    if (!after.empty()) {
+      const std::vector<int32_t> tail = tokenizer->encode(after, false);
+      ids.insert(ids.end(), tail.begin(), tail.end());
+    }
+    return ids;
+  }
+
+  std::string expand(const std::string& text) const {
+    std::string repeated;
+    for (int64_t i = 0; i < model->image_tokens; ++i) repeated += model->image_token;
+    return replace_all(text, model->image_token, repeated);
+  }
+
+  bool starts_with_bos(const std::string& text) const {
+    const std::string& bos = tokenizer->bos_token();
+    return !bos.empty() && text.rfind(bos, 0) == 0;
   }
 
   std::vector<float> pixel_values(const std::string& image_path) const {
@@ -211,6 +259,7 @@ Bundle::~Bundle() = default;
 std::unique_ptr<Bundle::Impl> Bundle::load_impl(const std::string& path, const LoadOptions& options) {
   auto impl = std::make_unique<Impl>();
   impl->path = path;
+  check_trust(path, options.expect_digest, options.public_key);
   impl->manifest = read_manifest(path);
   impl->root = absolute(path);
   refuse_modified(path, impl->manifest);
@@ -240,6 +289,8 @@ std::unique_ptr<Bundle::Impl> Bundle::load_impl(const std::string& path, const L
   }
   impl->backends.emplace_back("preprocess", "cpp");
   impl->tokenizer = std::make_unique<Tokenizer>(impl->root + "/tokenizer", m.raw.at("model"));
+  impl->parse_special_tokens = options.parse_special_tokens;
+  check_token_ids(path, m.raw.at("model"), impl->tokenizer->special_tokens());
   return impl;
 }
 
@@ -270,8 +321,9 @@ Generation Bundle::generate(const std::string& image_path, const std::string& pr
   int64_t elements = 1;
   for (int64_t d : shape) elements *= d;
   if (elements != static_cast<int64_t>(pixels.size()))
-    throw Error(ErrorKind::Runtime, "preprocessing gave " + std::to_string(pixels.size()) + " values where the "
-                                        "manifest's preprocess output holds " + std::to_string(elements));
+    throw Error(ErrorKind::BadBundle, "preprocessing gave " + std::to_string(pixels.size()) + " values where the "
+                                          "manifest's preprocess output holds " + std::to_string(elements) +
+                                          "; recompile the recipe or restore the bundle");
   Ort::Value pixel_tensor = tensor(pixels, shape);
   Tensors vision = b.run("vision", {{"pixel_values", pixel_tensor}});
   fit_to_image_token_count(vision, ids, b.model->image_token_id);

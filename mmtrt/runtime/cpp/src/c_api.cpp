@@ -61,11 +61,21 @@ extern "C" {
 const char* mmtrt_last_error(void) { return last_error.c_str(); }
 
 mmtrt_status mmtrt_bundle_load(const char* path, int threads, int spin, mmtrt_bundle** out) {
+  return mmtrt_bundle_load_trusted(path, threads, spin, nullptr, nullptr, out);
+}
+
+mmtrt_status mmtrt_bundle_load_trusted(const char* path, int threads, int spin, const char* expect_digest,
+                                       const char* public_key, mmtrt_bundle** out) {
   if (!path || !out) return fail(MMTRT_ERR_ARGUMENT, "mmtrt_bundle_load: path and out must not be null");
   *out = nullptr;
   return guarded([&] {
+    mmtrt::LoadOptions options;
+    options.threads = threads;
+    options.spin = spin != 0;
+    options.expect_digest = expect_digest ? expect_digest : "";
+    options.public_key = public_key ? public_key : "";
     auto handle = std::make_unique<mmtrt_bundle>();
-    handle->bundle = mmtrt::Bundle::load(path, {threads, spin != 0});
+    handle->bundle = mmtrt::Bundle::load(path, options);
     *out = handle.release();
     return MMTRT_OK;
   });

@@ -1,6 +1,10 @@
 // mmtrt-run BUNDLE --image IMAGE --prompt PROMPT [--max-new-tokens N] [--raw-prompt] [--threads N] [--json]
-// The arguments and output of `mmtrt run`. Bad input: one line on stderr, exit code 2.
+//           [--expect-digest SHA256] [--public-key PEM] [--parse-special-tokens]
+// The arguments and output of `mmtrt run`. Bad input: one line on stderr, exit code 2; output that cannot be
+// written (a full disk): exit code 2 too, as the Python CLI exits for a failing write.
+#include <cerrno>
 #include <cstdio>
+#include <cstring>
 #include <iostream>
 #include <optional>
 #include <string>
@@ -13,16 +17,21 @@ namespace {
 constexpr int kUserError = 2;
 const char* kUsage =
     "usage: mmtrt-run [-h] --image IMAGE --prompt PROMPT [--max-new-tokens MAX_NEW_TOKENS] [--raw-prompt] "
-    "[--threads THREADS] [--json] bundle";
+    "[--threads THREADS] [--expect-digest EXPECT_DIGEST] [--public-key PUBLIC_KEY] [--parse-special-tokens] "
+    "[--json] bundle";
 
 struct Args {
-  std::string bundle, image, prompt;
+  std::string bundle, image, prompt, expect_digest, public_key;
   std::optional<int> max_new_tokens, threads;
-  bool raw_prompt = false, json = false;
+  bool raw_prompt = false, json = false, parse_special_tokens = false;
 };
 
 struct UsageError {
   std::string message;
+};
+
+struct WriteError {
+  int error;
 };
 
 int parse_int(const std::string& flag, const std::string& value) {
@@ -64,7 +73,15 @@ Args parse(int argc, char** argv) {
     } else if (arg == "--max-new-tokens") {
       args.max_new_tokens = parse_int(arg, take());
     } else if (arg == "--threads") {
-      args.threads = parse_int(arg, take());
+      const std::string text = take();
+      args.threads = parse_int(arg, text);
+      if (*args.threads < 1) throw UsageError{"argument --threads: '" + text + "' is not an integer >= 1"};
+    } else if (arg == "--expect-digest") {
+      args.expect_digest = take();
+    } else if (arg == "--public-key") {
+      args.public_key = take();
+    } else if (arg == "--parse-special-tokens" && !inline_value) {
+      args.parse_special_tokens = true;
     } else if (arg == "--raw-prompt" && !inline_value) {
       args.raw_prompt = true;
     } else if (arg == "--json" && !inline_value) {
@@ -92,13 +109,14 @@ Args parse(int argc, char** argv) {
 int run(const Args& args) {
   mmtrt::LoadOptions options;
   options.threads = args.threads.value_or(0);
+  options.expect_digest = args.expect_digest;
+  options.public_key = args.public_key;
+  options.parse_special_tokens = args.parse_special_tokens;
   const auto bundle = mmtrt::Bundle::load(args.bundle, options);
   const mmtrt::Generation result = bundle->generate(args.image, args.prompt, args.max_new_tokens, args.raw_prompt);
-  if (args.json) {
-    std::cout << result.to_json() << "\n";
-    return 0;
-  }
-  std::cout << result.text << "\n";
+  std::cout << (args.json ? result.to_json() : result.text) << "\n" << std::flush;
+  if (!std::cout) throw WriteError{errno};
+  if (args.json) return 0;
   const auto& t = result.timings;
   std::fprintf(stderr, "preprocess_ms=%.2f vision_ms=%.2f prefill_ms=%.2f decode_ms_per_token=%.2f\n",
                t.preprocess_ms, t.vision_ms, t.prefill_ms, t.decode_ms_per_token);
@@ -111,7 +129,11 @@ int main(int argc, char** argv) {
   try {
     return run(parse(argc, argv));
   } catch (const UsageError& exc) {
-    std::cerr << kUsage << "\nmmtrt-run: error: " << exc.message << "\n";
+    std::cerr << "mmtrt-run: error: " << exc.message << "; see `mmtrt-run --help`\n";
+    return kUserError;
+  } catch (const WriteError& exc) {
+    std::cerr << "mmtrt-run: error: cannot write the output (" << std::strerror(exc.error ? exc.error : EIO)
+              << "); check the free space where it goes\n";
     return kUserError;
   } catch (const mmtrt::Error& exc) {
     std::cerr << "mmtrt-run: error: " << exc.what() << "\n";

@@ -34,6 +34,9 @@ class MMTRT_API Error : public std::runtime_error {
 struct LoadOptions {
   int threads = 0;     // ONNX Runtime intra-op threads; 0 lets ONNX Runtime choose
   bool spin = true;    // ONNX Runtime's spin-waiting thread pools
+  std::string expect_digest;  // refuse the bundle unless its manifest's sha256 is this ("sha256:..." or hex)
+  std::string public_key;     // refuse the bundle unless `mmtrt sign` signed it with this PEM key's private key
+  bool parse_special_tokens = false;  // special tokens typed in a prompt act as such; by default they are text
 };
 
 struct Timings {

@@ -32,6 +32,10 @@ MMTRT_C_API const char* mmtrt_last_error(void);
 
 /* threads: ONNX Runtime intra-op threads (0: its default); spin: 0 or 1. */
 MMTRT_C_API mmtrt_status mmtrt_bundle_load(const char* path, int threads, int spin, mmtrt_bundle** out);
+/* The same, refusing the bundle (MMTRT_ERR_BUNDLE) unless its digest is expect_digest ("sha256:HEX") and it
+ * carries a valid signature by the PEM public_key (`mmtrt sign`); either may be NULL. */
+MMTRT_C_API mmtrt_status mmtrt_bundle_load_trusted(const char* path, int threads, int spin, const char* expect_digest,
+                                                   const char* public_key, mmtrt_bundle** out);
 MMTRT_C_API void mmtrt_bundle_free(mmtrt_bundle* bundle);
 
 /* max_new_tokens <= 0: the bundle's envelope.max_new_tokens. */
