@@ -16,7 +16,6 @@ import numpy as np
 import onnxruntime as ort
 
 from mmtrt.errors import UserError
-from mmtrt.runtime.row_copy import RowCopier
 
 DTYPES = {"float32": np.float32, "float16": np.float16}
 
@@ -48,7 +47,9 @@ class StaticCache:
         if providers is None and device == "cpu":  # numpy owns the memory and ONNX Runtime reads and writes it in place
             self.host = {past: np.zeros(shape, self.dtype) for past, _ in self.names}
             self.ptrs = {past: a.ctypes.data for past, a in self.host.items()}
-        else:
+        else:  # builds its copy graphs with onnx: imported only where ONNX Runtime owns the buffers
+            from mmtrt.runtime.row_copy import RowCopier
+
             self.values = {past: ort.OrtValue.ortvalue_from_shape_and_type(shape, self.dtype, device, 0)
                            for past, _ in self.names}
             self.ptrs = {past: v.data_ptr() for past, v in self.values.items()}
