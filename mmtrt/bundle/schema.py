@@ -153,10 +153,12 @@ def _relations(m: dict[str, Any]) -> str | None:
                                         for a, b in zip(pre[1:], vision["shape"][1:]))):
         return f"components.preprocess output {_show(pre)} does not fit the vision input {_show(vision and vision['shape'])}"
     features = _tensor(m, "vision", "outputs", "image_features")
-    tokens = model["vision"]["image_tokens"]
+    key = "tile_tokens" if "tile_tokens" in model["vision"] else "image_tokens"  # any resolution: per tile
+    tokens = model["vision"][key]
     if features and len(features["shape"]) == 3 and isinstance(features["shape"][1], int) \
             and features["shape"][1] != tokens:
-        return f"model.vision.image_tokens is {tokens} but the vision output holds {features['shape'][1]} per image"
+        return (f"model.vision.{key} is {tokens} but the vision output holds {features['shape'][1]} per "
+                f"{'tile' if key == 'tile_tokens' else 'image'}")
     return _cache_relations(m) or _plan_relations(m) or _file_relations(m)
 
 

@@ -47,6 +47,7 @@ class Prepared:
     prefix_len: int = 0
     prefix: list[np.ndarray] | None = None  # its stored KV when found at prepare time: embeds then start after it
     pixels: list[np.ndarray] = field(default_factory=list, repr=False)  # [1, 3, H, W] per image, until embedded
+    sizes: list[tuple[int, int]] = field(default_factory=list)  # each image's (height, width)
     sampling: SamplingParams = field(default_factory=SamplingParams)
 
     def after_prefix(self) -> np.ndarray:

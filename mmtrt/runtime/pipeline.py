@@ -15,6 +15,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from mmtrt.backends.anyres import NEWLINE_ASSET, build_tiler, grid_tiles, pack
 from mmtrt.backends.numpy_preprocess import build_transform, covers
 from mmtrt.bundle.manifest import read_manifest
 from mmtrt.bundle.schema import check_schema, check_token_ids
@@ -109,7 +110,10 @@ class Pipeline:
         self.specs = {name: [TensorSpec.from_json(s) for s in comp["inputs"]]
                       for name, comp in self.manifest["components"].items()}
         self.preprocess_spec = read_json(self.path / self.manifest["components"]["preprocess"]["artifact"])
-        self.transform = build_transform(self.preprocess_spec)
+        # any-resolution models: the image is tiled, and its tiles' features packed by its size
+        self.anyres = self.model["vision"].get("anyres")
+        self.transform = build_tiler(self.preprocess_spec) if self.anyres else build_transform(self.preprocess_spec)
+        self.newline = np.load(self.path / NEWLINE_ASSET) if self.anyres and self.anyres["layout"] == "grid" else None
         self.kv = self.model.get("kv_cache")
         choices = engine_choices(self.path, self.manifest)
         if self.kv:  # the shared buffers are bound by address into one ONNX Runtime session of the whole LLM
@@ -178,16 +182,41 @@ class Pipeline:
         return ids
 
     def pixel_values(self, image) -> np.ndarray:
+        """The vision input: [1, 3, H, W], or an any-resolution image's base and tiles [1 + tiles, 3, H, W]."""
         img = open_image(image)
         check_image(img, self.manifest["envelope"]["image"], self.preprocess_spec)
+        if self.anyres:
+            self._check_tiles(img)
+            return self.transform(img)
         return self.transform(img)[None]
 
-    def image_features(self, pixels: np.ndarray) -> np.ndarray:
-        """The image's tokens [1, count, D]: under a dynamic budget the first `image_token_count` of the block."""
+    def _check_tiles(self, img: Image.Image) -> None:
+        rows, cols = grid_tiles(img.height, img.width, self.anyres["pinpoints"], self.anyres["tile"])
+        if rows * cols > self.anyres["max_tiles"]:
+            raise UserError(f"image is {img.width}x{img.height}, which the model cuts into {rows}x{cols} tiles; this "
+                            f"bundle takes at most {self.anyres['max_tiles']}; pass a smaller image or recompile "
+                            "with a larger envelope.image.max_tiles")
+
+    def image_features(self, pixels: np.ndarray, size: tuple[int, int] | None = None) -> np.ndarray:
+        """The image's tokens [1, count, D]: under a dynamic budget the first `image_token_count` of the block;
+        for an any-resolution model its tiles' features packed by the image's (height, width) `size`."""
         out = self._run("vision", {"pixel_values": pixels})
+        if self.anyres:
+            if size is None:
+                raise ValueError("an any-resolution model's image features need the image's (height, width)")
+            return pack(out["image_features"], out.get("image_token_count"), *size, self.anyres, self.newline)[None]
         if not self.dynamic_tokens:
             return out["image_features"]
         return out["image_features"][:, :int(out["image_token_count"][0])]
+
+    def encode_image(self, image, ids: list[int]) -> tuple[list[int], np.ndarray]:
+        """The image's features [1, count, D] and `ids` (from `prompt_ids`) with the expanded placeholder cut to
+        the image's own count where it has one (a dynamic token budget, an any-resolution image)."""
+        img = open_image(image)
+        features = self.image_features(self.pixel_values(img), (img.height, img.width))
+        if self.variable_tokens:
+            ids = self.fit_image_tokens(ids, features.shape[1])
+        return ids, features
 
     def fit_image_tokens(self, ids: list[int], count: int | list[int]) -> list[int]:
         """The prompt with each image's expanded placeholder (a run of the bundle's image-token count, adjacent
@@ -294,10 +323,11 @@ class Pipeline:
             raise UserError(f"the request holds {len(images)} images; this bundle takes at most {most}")
         ids = self.prompt_ids(req.prompt, req.raw_prompt, len(images))
         t0 = time.perf_counter()
-        pixels = [self.pixel_values(image) for image in images]
+        opened = [open_image(image) for image in images]
         prep = Prepared(index, ids, None, max_new, {"preprocess_ms": 1e3 * (time.perf_counter() - t0)},
-                        pixels=pixels, sampling=sampling)
-        if not self.dynamic_tokens:
+                        pixels=[self.pixel_values(img) for img in opened], sizes=[(i.height, i.width) for i in opened],
+                        sampling=sampling)
+        if not self.variable_tokens:
             self._locate_prefix(prep)
             if isinstance(self.stepper, PagedStepper):
                 self.stepper.check(prep)
@@ -307,7 +337,7 @@ class Pipeline:
         """Embed a checked request: the vision encoder is skipped when the image's prefix is stored, or when
         `seen` (by pixel digest, filled here) has the same pixels' already."""
         t1 = time.perf_counter()
-        features = [self._features(p, seen) for p in prep.pixels] if self.dynamic_tokens else None
+        features = self._all_features(prep, seen) if self.variable_tokens else None
         if features is not None:
             prep.ids = self.fit_image_tokens(prep.ids, [f.shape[1] for f in features]) if features else prep.ids
             self._locate_prefix(prep)
@@ -318,24 +348,41 @@ class Pipeline:
             prep.embeds, prep.prefix = self.embed(np.array([prep.ids[prep.prefix_len:]], np.int64)), stored
         else:
             if features is None:
-                features = [self._features(p, seen) for p in prep.pixels]
+                features = self._all_features(prep, seen)
             prep.embeds = self.embed(np.array([prep.ids], np.int64),
                                      np.concatenate(features, axis=1) if features else None)
         prep.timings["vision_ms"], prep.pixels = 1e3 * (time.perf_counter() - t1), []
         return prep
 
+    @property
+    def variable_tokens(self) -> bool:
+        """Whether an image's token count is its own (a dynamic budget, any resolution): known after the encoder."""
+        return bool(self.dynamic_tokens or self.anyres)
+
     def _locate_prefix(self, prep: Prepared) -> None:
         """The image prefix's length and key, under a kv_layout (the KV of what precedes the last image token)."""
         n = prefix_length(prep.ids, self.model["image_token_id"]) if self.stepper and prep.pixels else 0
         prep.prefix_len = n
-        prep.prefix_key = prefix_key(np.concatenate(prep.pixels), prep.ids, n) if n else None
+        keyed = [self._keyed(p, size).ravel().view(np.uint8) for p, size in zip(prep.pixels, prep.sizes)]
+        prep.prefix_key = prefix_key(np.concatenate(keyed), prep.ids, n) if n else None
 
-    def _features(self, pixels: np.ndarray, seen: dict[str, np.ndarray] | None) -> np.ndarray:
+    def _all_features(self, prep: Prepared, seen: dict[str, np.ndarray] | None) -> list[np.ndarray]:
+        return [self._features(p, size, seen) for p, size in zip(prep.pixels, prep.sizes)]
+
+    def _keyed(self, pixels: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+        """What identifies an image's features: its pixels, and for an any-resolution model its size too (the
+        size places the tiles' padding, which the layout cuts away)."""
+        if not self.anyres:
+            return np.ascontiguousarray(pixels)
+        return np.concatenate([np.ascontiguousarray(pixels).ravel().view(np.uint8),
+                               np.asarray(size, np.int64).view(np.uint8)])
+
+    def _features(self, pixels: np.ndarray, size: tuple[int, int], seen: dict[str, np.ndarray] | None) -> np.ndarray:
         if seen is None:
-            return self.image_features(pixels)
-        digest = hashlib.sha256(np.ascontiguousarray(pixels).tobytes()).hexdigest()
+            return self.image_features(pixels, size)
+        digest = hashlib.sha256(np.ascontiguousarray(self._keyed(pixels, size)).tobytes()).hexdigest()
         if digest not in seen:
-            seen[digest] = self.image_features(pixels)
+            seen[digest] = self.image_features(pixels, size)
         return seen[digest]
 
     def prefill(self, stepper, handle, prep: Prepared) -> np.ndarray:

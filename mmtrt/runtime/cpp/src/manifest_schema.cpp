@@ -323,11 +323,12 @@ std::string relations(const json& m) {
     return "components.preprocess output " + show(pre) + " does not fit the vision input " +
            (vision ? show(vision->at("shape")) : std::string("null"));
   const json* features = tensor(m, "vision", "outputs", "image_features");
-  const json& tokens = model.at("vision").at("image_tokens");
+  const bool tiled = model.at("vision").contains("tile_tokens");  // any resolution: the output is per tile
+  const json& tokens = model.at("vision").at(tiled ? "tile_tokens" : "image_tokens");
   if (features && features->at("shape").size() == 3 && features->at("shape")[1].is_number_integer() &&
       features->at("shape")[1] != tokens)
-    return "model.vision.image_tokens is " + tokens.dump() + " but the vision output holds " +
-           features->at("shape")[1].dump() + " per image";
+    return std::string("model.vision.") + (tiled ? "tile_tokens" : "image_tokens") + " is " + tokens.dump() +
+           " but the vision output holds " + features->at("shape")[1].dump() + (tiled ? " per tile" : " per image");
   std::string why = cache_relations(m);
   if (why.empty()) why = plan_relations(m);
   return why.empty() ? file_relations(m) : why;
