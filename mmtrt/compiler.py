@@ -9,13 +9,14 @@ from pathlib import Path
 from typing import Any
 
 from mmtrt import __version__
+from mmtrt.backends.tensorrt.shipped import check_engine_targets, ship_engines
 from mmtrt.bundle import writer
 from mmtrt.bundle.manifest import SCHEMA_VERSION, toolchain_versions
 from mmtrt.eval.budget import Evaluate, check_budgets
 from mmtrt.eval.options import load_suite_data, suite_options
 from mmtrt.eval.userdata import Sample
 from mmtrt.pipeline.source import source_model
-from mmtrt.ir.frontend import COMPONENTS, FRONTEND_PROPERTIES, describe_source, load_source, lower
+from mmtrt.ir.frontend import COMPONENTS, FRONTEND_PROPERTIES, describe_source, fit_envelope, load_source, lower
 from mmtrt.ir.graph import ModelIR
 from mmtrt.partition.assign import assign_backends
 from mmtrt.partition.engine_plan import engine_sections
@@ -59,13 +60,14 @@ def make_plan(recipe_path: str | Path) -> Plan:
     recipe, recipe_dir = load_recipe(recipe_path)
     source = recipe.model.model_dump_json(exclude_none=True)
     with stage("reading the model's configs and tokenizer", key=f"describe {source}"):
-        facts = describe_source(recipe.model, recipe_dir)
+        facts = fit_envelope(describe_source(recipe.model, recipe_dir), recipe.envelope)
     passes = plan_passes(recipe, set(FRONTEND_PROPERTIES), set(COMPONENTS), facts)
     partitions = assign_backends(recipe.partition, list(COMPONENTS))
     plan_dims(passes.facts_after, recipe.envelope)
     calibration = load_recipe_data(recipe.calibration, recipe_dir)
     check_recipe_data(passes.passes, calibration)
     suite_data = load_suite_data(recipe.evaluate, recipe.eval_suites(), recipe_dir)
+    check_engine_targets(recipe.output.engines)
     return Plan(recipe, recipe_dir, facts, passes, partitions, calibration, suite_data)
 
 
@@ -88,6 +90,7 @@ def compile_recipe(recipe_path: str | Path, out: str | Path, force: bool = False
         with stage("loading the model", key=f"load {facts_digest(plan.facts)}"):
             model, processor = load_source(plan.recipe.model, plan.recipe_dir)
         ir = lower(model, processor)
+        ir.config = fit_envelope(ir.config, plan.recipe.envelope)
         annotate(ir, plan.recipe.partition)
         verify_ir(ir)
         instruments = [Timer(), Verify()] + ([Dump(dump_dir)] if dump_dir else [])
@@ -104,7 +107,9 @@ def compile_recipe(recipe_path: str | Path, out: str | Path, force: bool = False
             manifest["evaluation"] = evaluation
             writer.write_manifest(folder, manifest)
             check_budgets(plan.recipe.budgets, evaluation)
+        engines = ship_engines(folder, plan.recipe.output.engines)
         writer.write_build_report(folder, {
+            **({"engines": engines} if engines else {}),
             "compile_seconds": round(time.perf_counter() - started, 2),
             "host": platform.node(),
             "pass_times_ms": {f"{i}:{r['pass']}": r.get("time_ms") for i, r in enumerate(reports)},

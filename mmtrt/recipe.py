@@ -53,6 +53,7 @@ class Range(Strict):
 class ImageEnvelope(Strict):
     min_side: int | None = Field(None, ge=1, description="Optional bound on the user's image file: its smallest side, in pixels. Unset, any image is taken (preprocessing resizes it to the model's input; PIL's decompression-bomb limit still applies).")
     max_side: int | None = Field(None, ge=1, description="Optional bound on the user's image file: its largest side, in pixels (e.g. to cap decoding time). Unset, any size up to PIL's decompression-bomb limit.")
+    max_tiles: int | None = Field(None, ge=1, description="Any-resolution models (LLaVA-NeXT, LLaVA-OneVision) only: the most tiles an image may be cut into (its grid, the base image not counted). It bounds the image tokens, the sequence and the KV cache; an image whose best grid has more tiles is refused. Unset: the model's largest grid.")
 
 
 class Envelope(Strict):
@@ -72,6 +73,7 @@ class PartitionPolicy(Strict):
 
 class Output(Strict):
     external_data_threshold: int = Field(1024, ge=0, description="Initializers of at least this many bytes go to each ONNX file's external data file.")
+    engines: list[Literal["rtx"]] = Field([], description="Engines the compile builds into the bundle's `engines/` folder, so it ships with them. `rtx`: every TensorRT segment built with TensorRT for RTX, on the compiling host with no GPU needed, for GPUs of compute capability 8.0, 8.6, 8.9 and 12.0 (needs `pip install tensorrt-rtx-cu13==1.7.1.116`); as `mmtrt build-engines BUNDLE --target rtx` builds them later. A segment the parser or builder refuses fails the compile, nothing written; one that cannot be built at all (no profile could be planned, or its plugins could not be registered) is listed with the reason in `build_report.json`. Engines are not in the bundle's hash: the portable bundle is its ONNX.")
 
 
 class CalibrationData(Strict):

@@ -22,24 +22,19 @@ def run_mmtrt(bundle: str, ids: list[int], new: int, threads: int) -> dict:
     import numpy as np
 
     from mmtrt.runtime import load
-    from mmtrt.runtime.batch import Prepared, decode_static
-    from mmtrt.runtime.paged import PagedStepper, decode_paged
+    from mmtrt.runtime.batch import Prepared
+    from mmtrt.runtime.scheduler import run_to_end
 
     pipe = load(bundle, threads=threads, spin=threads > 1, prefix_cache_mib=0)  # spinning: load's default
 
     def generate(limit: int):
         prep = Prepared(0, ids, pipe.embed(np.array([ids], np.int64)), limit, {})
-        if isinstance(pipe.stepper, PagedStepper):
-            return decode_paged(pipe, pipe.stepper, [prep])[0]
-        if pipe.stepper:
-            pipe.stepper.reset(1)
-            return decode_static(pipe, pipe.stepper, [prep])[0]
-        return pipe._decode_each([prep])[0]
+        return [seq for seq, delta in run_to_end(pipe, [prep]) if delta.finish_reason][0]
 
     cpu = time.process_time()
     seq = generate(new)
     cpu = time.process_time() - cpu
-    timings = pipe._generation(seq).timings
+    timings = pipe.generation(seq).timings
     prefill_cpu = time.process_time()
     generate(1)  # the prefill alone (warm now, so the decode's CPU time below errs high, against us)
     decode_cpu = cpu - (time.process_time() - prefill_cpu)

@@ -10,8 +10,10 @@ from mmtrt.compiler import compile_recipe
 from mmtrt.zoo.tiny_llava import build_tiny_llava
 
 ROOT = Path(__file__).resolve().parents[1]
+# Its projector reads two hidden states concatenated (a vision_feature_layer list), as LLaVA-OneVision-style
+# configs may; the last encoder layer is still dead.
 SIGLIP_SIZES = dict(tower="siglip", image_size=48, patch_size=8, vision_hidden=96, vision_layers=3,
-                    hidden=96, layers=3, heads=6, kv_heads=2, seed=7)
+                    hidden=96, layers=3, heads=6, kv_heads=2, seed=7, feature_layer=[1, -2])
 
 
 def compile_to(tmp: Path, recipe_text: str, name: str = "bundle") -> Path:
@@ -38,6 +40,14 @@ def tiny_bundle(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def tiny_paged_bundle(tmp_path_factory):
+    """The tiny zoo model with the paged KV layout (blocks of 16 tokens)."""
+    paged = "  - kv_layout: {layout: paged, block_tokens: 16}\n"
+    recipe = (ROOT / "recipes" / "tiny-llava.yaml").read_text().replace("envelope:", paged + "envelope:")
+    return compile_to(tmp_path_factory.mktemp("tiny-paged"), recipe, "paged.bundle")
+
+
+@pytest.fixture(scope="session")
 def siglip_checkpoint(tmp_path_factory):
     folder = tmp_path_factory.mktemp("siglip") / "checkpoint"
     model, processor = build_tiny_llava(**SIGLIP_SIZES)
@@ -57,3 +67,56 @@ def rng():
     seed = np.random.SeedSequence().entropy
     print(f"rng seed {seed}")
     return np.random.default_rng(seed)
+
+
+ANYRES_BUILDERS = {"llava_next": "build_tiny_llava_next", "llava_onevision": "build_tiny_llava_onevision"}
+
+
+@pytest.fixture(scope="session")
+def anyres_checkpoints(tmp_path_factory):
+    """The tiny LLaVA-NeXT and LLaVA-OneVision, saved with save_pretrained: family -> folder."""
+    from mmtrt.zoo import tiny_anyres
+
+    folders = {}
+    for family, builder in ANYRES_BUILDERS.items():
+        folders[family] = tmp_path_factory.mktemp(family) / "checkpoint"
+        model, processor = getattr(tiny_anyres, builder)()
+        model.save_pretrained(folders[family])
+        processor.save_pretrained(folders[family])
+    return folders
+
+
+@pytest.fixture(scope="session")
+def anyres_compile(anyres_checkpoints, tmp_path_factory):
+    """compile(family, recipe lines after `model:`, name) -> bundle. Each family is exported once: later compiles
+    run their passes on a copy of the first one's lowered IR (lowering is deterministic), which saves the export."""
+    import copy
+
+    import mmtrt.compiler
+
+    lowered, real_lower = {}, mmtrt.compiler.lower
+
+    def lower_once(model, processor):
+        family = model.config.model_type
+        if family not in lowered:
+            lowered[family] = real_lower(model, processor)
+        return copy.deepcopy(lowered[family])
+
+    def compile_(family: str, recipe_tail: str, name: str) -> Path:
+        folder = tmp_path_factory.mktemp(name)
+        (folder / "checkpoint").symlink_to(anyres_checkpoints[family], target_is_directory=True)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(mmtrt.compiler, "lower", lower_once)
+            return compile_to(folder, "model: {source: hf, path: checkpoint}\n" + recipe_tail, name)
+    return compile_
+
+
+@pytest.fixture(scope="session")
+def next_bundle(anyres_compile):
+    return anyres_compile("llava_next", "passes:\n  - dead_layer_elimination: {}\n", "next.bundle")
+
+
+@pytest.fixture(scope="session")
+def onevision_bundle(anyres_compile):
+    """With the static KV layout: its Qwen2 LLM has biased projections and tied embeddings."""
+    return anyres_compile("llava_onevision", "passes:\n  - kv_layout: {layout: static}\n", "onevision.bundle")

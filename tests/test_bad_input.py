@@ -209,3 +209,17 @@ def test_argument_errors_are_one_line(capsys, argv, words):
     assert exc.value.code == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and all(w in err for w in words), err
+
+
+def test_an_unwritable_home_adds_no_line(tiny_bundle, tmp_path, rng):
+    """ONNX Runtime's telemetry warns where it cannot store its device id; the error stays one line."""
+    import os
+
+    image = tmp_path / "i.png"
+    random_image(rng, 40, 40).save(image)
+    (tmp_path / "home").write_text("a file, not a folder")
+    env = {k: v for k, v in os.environ.items() if k not in ("ORT_DISABLE_TELEMETRY", "XDG_CACHE_HOME")}
+    proc = subprocess.run([sys.executable, "-m", "mmtrt.cli", "run", str(tiny_bundle), "--image", str(image),
+                           "--prompt", "hi", "--max-new-tokens", "99"], capture_output=True, text=True, timeout=120,
+                          env={**env, "HOME": str(tmp_path / "home")})
+    assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import errno
+import functools
 import json
 import os
 import shutil
@@ -39,22 +42,26 @@ def staging_folder(out: Path, force: bool):
             (tmp / OWNER).unlink()
             raise_if_terminated()
             with signals_deferred():
-                _swap_into_place(tmp, out)
+                _swap_into_place(tmp, out, force)
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
 
 
-def _check_replaceable(out: Path, force: bool) -> None:
-    """--force replaces a bundle, never a folder of something else, nor a bundle with the user's files in it."""
-    if not os.path.lexists(out):
+def _check_replaceable(out: Path, force: bool, during: bool = False, look: Path | None = None) -> None:
+    """--force replaces a bundle, never a folder of something else, nor a bundle with the user's files in it.
+    `look`: where the folder named `out` is now (moved aside)."""
+    look = out if look is None else look
+    if not os.path.lexists(look):
         return
     if not force:
-        raise UserError(f"{out} already exists; pass --force to replace it or choose another -o")
-    if not out.is_dir() or not is_bundle(out):
+        when = "appeared during the compile (another compile's, or yours); the new bundle was discarded" if during \
+            else "already exists"
+        raise UserError(f"{out} {when}; pass --force to replace it or choose another -o")
+    if not look.is_dir() or not is_bundle(look):
         raise UserError(f"{out} is not an mmtrt bundle (no {MANIFEST} of mmtrt's); --force replaces only bundles, "
                         "choose another -o")
-    foreign = sorted(set(_bundle_files(out)) - set(_mmtrt_files(out)))
+    foreign = sorted(set(_bundle_files(look)) - set(_mmtrt_files(look)))
     if foreign:
         raise UserError(f"{out} holds files mmtrt did not write ({', '.join(foreign[:3])}); move them out or choose "
                         "another -o")
@@ -71,15 +78,59 @@ def _mmtrt_files(folder: Path) -> list[str]:
     return listed + [f for f in _bundle_files(folder) if f.startswith(f"{ENGINE_DIR}/")]
 
 
-def _swap_into_place(tmp: Path, out: Path) -> None:
-    if not out.exists():
-        os.rename(tmp, out)
+def _swap_into_place(tmp: Path, out: Path, force: bool) -> None:
+    """Rename without replacing: whatever appeared at `out` during the compile (a folder the user made, another
+    compile's bundle) is checked again here, and an old bundle is checked once more after it is moved aside, where
+    nobody else can add to it; anything but a replaceable bundle goes back untouched."""
+    if rename_noreplace(tmp, out):
         return
+    _check_replaceable(out, force, during=True)
     old = Path(tempfile.mkdtemp(prefix=f".{out.name}.old-", dir=out.parent))
     claim(old)
-    os.rename(out, old / out.name)
-    os.rename(tmp, out)
+    aside = old / out.name
+    os.rename(out, aside)
+    try:
+        _check_replaceable(out, force, during=True, look=aside)
+        if not rename_noreplace(tmp, out):
+            raise UserError(f"{out} appeared again while the old bundle was moved aside; choose another -o")
+    except BaseException:
+        if rename_noreplace(aside, out):
+            shutil.rmtree(old, ignore_errors=True)
+        raise
     shutil.rmtree(old, ignore_errors=True)
+
+
+_RENAME_NOREPLACE = 1
+_AT_FDCWD = -100
+
+
+def rename_noreplace(src: Path, dst: Path) -> bool:
+    """Atomically rename `src` to `dst` unless `dst` exists (Linux renameat2 RENAME_NOREPLACE); False if it does.
+    A plain rename would replace an empty folder at `dst` without a word. Where renameat2 is missing (another OS,
+    a file system without it) the existence check and the rename are two steps."""
+    libc = _libc()
+    if libc is not None:
+        if libc.renameat2(_AT_FDCWD, os.fsencode(src), _AT_FDCWD, os.fsencode(dst), _RENAME_NOREPLACE) == 0:
+            return True
+        err = ctypes.get_errno()
+        if err == errno.EEXIST:
+            return False
+        if err not in (errno.ENOSYS, errno.EINVAL):
+            raise OSError(err, os.strerror(err), str(dst))
+    if os.path.lexists(dst):
+        return False
+    os.rename(src, dst)
+    return True
+
+
+@functools.lru_cache(maxsize=1)
+def _libc():
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.renameat2.argtypes = [ctypes.c_int, ctypes.c_char_p, ctypes.c_int, ctypes.c_char_p, ctypes.c_uint]
+        return libc
+    except (OSError, AttributeError):
+        return None
 
 
 def save_onnx(model: onnx.ModelProto, path: Path, threshold: int) -> list[str]:

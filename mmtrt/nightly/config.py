@@ -7,7 +7,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import Field, ValidationError, model_validator
+from pydantic import Field, ValidationError, field_validator, model_validator
 
 from mmtrt.errors import UserError
 from mmtrt.recipe import Strict, format_validation_error, read_yaml
@@ -34,6 +34,14 @@ class RecipeEntry(Strict):
     benchmark: bool = Field(True, description="Time this recipe in the interleaved benchmark.")
     check_determinism: bool = Field(False, description="On a cache hit, compile again into a scratch folder and compare the bundle hashes (costs a compile).")
     rules: Rules | None = Field(None, description="Rule thresholds for this recipe; keys given here replace the top-level `rules`, the others are inherited.")
+
+    @field_validator("eval")
+    @classmethod
+    def _limits(cls, value: dict[str, int | None]) -> dict[str, int | None]:
+        bad = {suite: limit for suite, limit in value.items() if limit is not None and limit < 1}
+        if bad:
+            raise ValueError(f"eval limits are counts of at least 1 (null: the suite's default), not {bad}")
+        return value
 
 
 class Benchmark(Strict):

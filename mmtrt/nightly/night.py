@@ -117,12 +117,25 @@ def apply_rules(config: NightlyConfig, results: list[dict], history: History) ->
         result["fired"] = check(result, baseline, config.rules_for(by_name[result["recipe"]]))
 
 
+def validate(config: NightlyConfig, entries: list[RecipeEntry], base: Path, out: Path) -> None:
+    """Everything the night can check before its work: the report folder, every recipe with its override, the
+    benchmark's image. A bad input is exit code 2 with nothing built and no night recorded."""
+    if out.exists() and not out.is_dir():
+        raise UserError(f"-o {out} is a file; pass a folder for the report")
+    for entry in entries:
+        effective_recipe(entry, base)
+    image = base / config.benchmark.image
+    if any(e.benchmark for e in entries) and not image.is_file():
+        raise UserError(f"benchmark.image {image} does not exist; pass an image relative to the nightly config")
+
+
 def run(config_path: Path, out: Path, shard: tuple[int, int] | None = None, history_value: str | None = None,
         label: str | None = None) -> dict[str, Any]:
     """The whole night; returns the report's data (its `exit_code` is 1 when a rule fired)."""
     config, base, config_sha = load_config(config_path)
-    history = History(history_url(history_value or config.history, base))
     entries = shard_entries(config, shard)
+    validate(config, entries, base, Path(out))
+    history = History(history_url(history_value or config.history, base))
     started, clock = _now(), time.perf_counter()
     with BuildCache(base / config.cache).locked() as cache:
         results = {e.name: build(e, base, cache, history)
@@ -138,8 +151,10 @@ def run(config_path: Path, out: Path, shard: tuple[int, int] | None = None, hist
 def merge(config_path: Path, shard_dirs: list[Path], out: Path, history_value: str | None = None) -> dict[str, Any]:
     """The shards' results as one night in the history: the reference (run by every shard) is kept once."""
     config, base, _ = load_config(config_path)
-    history = History(history_url(history_value or config.history, base))
+    if Path(out).exists() and not Path(out).is_dir():
+        raise UserError(f"-o {out} is a file; pass a folder for the report")
     shards = [_read_shard(d) for d in shard_dirs]
+    history = History(history_url(history_value or config.history, base))
     results: dict[str, dict] = {}
     for shard in shards:
         for result in shard["results"]:
@@ -154,7 +169,18 @@ def _read_shard(folder: Path) -> dict[str, Any]:
     path = Path(folder) / RESULTS
     if not path.is_file():
         raise UserError(f"{folder} has no {RESULTS}; pass the -o folders of `mmtrt nightly --shard I/N` runs")
-    return json.loads(path.read_text())
+    try:
+        data = json.loads(path.read_bytes())
+    except ValueError as exc:
+        raise UserError(f"{path} is not JSON ({exc}); pass the -o folder of a finished shard") from None
+    night = data.get("night") if isinstance(data, dict) else None
+    results = data.get("results") if isinstance(data, dict) else None
+    if not isinstance(night, dict) or not isinstance(results, list) or not all(
+            isinstance(r, dict) and isinstance(r.get("recipe"), str) for r in results) or \
+            not all(k in night for k in ("finished_at", "wall_s")):
+        raise UserError(f"{path} lacks a shard's `night` and `results`; pass the -o folder of a finished "
+                        "`mmtrt nightly --shard I/N` run")
+    return data
 
 
 def finish(config, history: History, night: dict, results: list[dict], out: Path, record: bool) -> dict[str, Any]:

@@ -13,7 +13,8 @@ if TYPE_CHECKING:  # the runtime checks shapes without importing onnx, or the re
 
 # The recipe key that widens each dimension, for error messages.
 DIM_SOURCES = {
-    "height": "envelope.image", "width": "envelope.image", "num_images": "envelope.batch", "batch": "envelope.batch",
+    "height": "envelope.image", "width": "envelope.image", "batch": "envelope.batch",
+    "num_images": "envelope.batch or envelope.image.max_tiles",
     "seq": "envelope.prompt_tokens", "past": "envelope.prompt_tokens and envelope.max_new_tokens",
     "total": "envelope.prompt_tokens and envelope.max_new_tokens",
     "capacity": "envelope.prompt_tokens and envelope.max_new_tokens",
@@ -34,11 +35,13 @@ def plan_dims(facts: dict[str, Any], env: Envelope) -> dict[str, dict[str, int]]
     batch = env.batch.model_dump()
     opt_seq = env.prompt_tokens.opt + tokens
     side = max(facts["vision"]["input_size"])
+    anyres = facts["vision"].get("anyres")  # the vision encoder then takes one image's tiles and its base at once
+    tiles = {"min": 1, "opt": 1 + anyres["max_tiles"], "max": 1 + anyres["max_tiles"]} if anyres else batch
     dims = {
         # the user's file, before preprocessing: bounded only where the recipe says so (max null: unbounded)
         "height": {"min": env.image.min_side or 1, "opt": side, "max": env.image.max_side},
         "width": {"min": env.image.min_side or 1, "opt": side, "max": env.image.max_side},
-        "num_images": batch,
+        "num_images": tiles,
         "batch": batch,
         # opt is one consistent decode step (seq 1 after a typical prompt), the shape engines run most often
         "seq": {"min": 1, "opt": 1, "max": seq_max},
@@ -56,6 +59,10 @@ def _cache_dims(kv: dict[str, Any], capacity: int, batch: int, seq_max: int) -> 
     if kv["layout"] == "paged":
         per_sequence = -(-capacity // kv["block_tokens"])
         blocks = kv["pool_blocks"] or batch * per_sequence
+        if blocks > batch * per_sequence:
+            raise UserError(f"kv_layout.pool_blocks {blocks} is more than the envelope can ever use ({batch} sequences "
+                            f"x {per_sequence} blocks = {batch * per_sequence}); leave it out for that, or widen the "
+                            "envelope")
         fixed.update(num_slots=blocks * kv["block_tokens"], pool_blocks=blocks)
         return {**{k: {"min": v, "opt": v, "max": v} for k, v in fixed.items()},
                 "max_blocks": {"min": 1, "opt": per_sequence, "max": per_sequence},

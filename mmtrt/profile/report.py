@@ -19,6 +19,7 @@ import numpy as np
 from mmtrt.errors import UserError
 from mmtrt.profile import heads as heads_mod
 from mmtrt.profile import pictures, stages, sweeps, trace
+from mmtrt.profile.output import check_output, mark
 from mmtrt.progress import stage
 
 KEEPS = (1.0, 0.5, 0.25)
@@ -177,10 +178,14 @@ def run(bundles: list[Path], image, prompt: str, batches: list[int], contexts: l
     for b in bundles:
         if not (Path(b) / "manifest.json").is_file():
             raise UserError(f"{b} is not a bundle (no manifest.json); pass a folder written by `mmtrt compile`")
-    if out.exists() and not out.is_dir():
-        raise UserError(f"{out} exists and is not a folder; pass another -o")
+        model = json.loads((Path(b) / "manifest.json").read_text()).get("model", {})
+        if "anyres" in model.get("vision", {}):
+            raise UserError(f"{b} holds a {model.get('architecture')} model, which tiles each image; `mmtrt profile` "
+                            "times fixed-size images only: profile it with `mmtrt run --json` timings instead")
+    check_output(out)
     results = profile_bundles([Path(b) for b in bundles], image, prompt, batches, contexts, rounds, new_tokens,
                               threads)
+    check_output(out)
     out.mkdir(parents=True, exist_ok=True)
     files = write_pictures(results, out)
     for k, r in enumerate(results):
@@ -192,6 +197,8 @@ def run(bundles: list[Path], image, prompt: str, batches: list[int], contexts: l
         r["trace_file"] = f"trace_{k}.json"
     report = {"bundles": results, "pictures": files,
               "stage_ratios": stage_ratios(results) if len(results) > 1 else None}
+    mark(report, [name for names in files.values() for name in names] +
+         [r["trace_file"] for r in results])
     (out / "report.json").write_text(json.dumps(report, indent=1) + "\n")
     write_html(report, out / "index.html")
     return report

@@ -1,15 +1,12 @@
-"""Batched greedy decoding over a static KV cache: one row per sequence, continuous admission.
+"""Requests and sequences, and the static KV layout's stepper: one LLM call over a run of rows.
 
 Each admitted request is prefilled alone into a free row (its own length, logits of the last position only), then
-every active row decodes one token per step in one LLM call, each at its own position. A sequence leaves at its own
-EOS or token limit; the last active row moves into the freed one, so the active rows are always rows 0..n-1 and a
-step binds one run of rows. Waiting requests are admitted as rows free up.
+every active row decodes one token per step in one LLM call, each at its own position (`scheduler.Rows` hands
+the rows out and keeps the active ones at 0..n-1, so a step binds one run of rows).
 """
 
 from __future__ import annotations
 
-import time
-from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -17,14 +14,24 @@ import numpy as np
 
 from mmtrt.errors import UserError
 from mmtrt.runtime.kv import StaticCache
+from mmtrt.runtime.sampling import Sampler, SamplingParams
 
 
 @dataclass
 class Request:
+    """`image`: one image (a path or a PIL image), a list of them (one placeholder each in the prompt) or None
+    (text only). `sampling.max_new_tokens`, when set, wins over `max_new_tokens`."""
+
     image: Any
     prompt: str
     max_new_tokens: int | None = None
     raw_prompt: bool = False
+    sampling: SamplingParams | None = None
+
+    def images(self) -> list[Any]:
+        if self.image is None:
+            return []
+        return list(self.image) if isinstance(self.image, (list, tuple)) else [self.image]
 
 
 @dataclass
@@ -39,22 +46,37 @@ class Prepared:
     prefix_key: str | None = None  # the image prefix's key when it may be reused (kv layouts only)
     prefix_len: int = 0
     prefix: list[np.ndarray] | None = None  # its stored KV when found at prepare time: embeds then start after it
+    pixels: list[np.ndarray] = field(default_factory=list, repr=False)  # [1, 3, H, W] per image, until embedded
+    sizes: list[tuple[int, int]] = field(default_factory=list)  # each image's (height, width)
+    sampling: SamplingParams = field(default_factory=SamplingParams)
 
     def after_prefix(self) -> np.ndarray:
         """The embeddings of the positions after the image prefix."""
         return self.embeds if self.prefix is not None else self.embeds[:, self.prefix_len:]
 
 
-@dataclass
+@dataclass(eq=False)
 class Sequence:
     prep: Prepared
     tokens: list[int] = field(default_factory=list)
     decode_s: float = 0.0
     margins: list[float] = field(default_factory=list)
+    sampler: Sampler | None = None  # made at the first token unless the request is greedy
+    text: Any = None  # a streaming.TextStream when text is streamed or stop strings are watched
+    finish_reason: str | None = None
+    cache: Any = None  # the hf layout's grown cache arrays
 
     def choose(self, logits: np.ndarray) -> None:
-        """Append the greedy token of one position's logits and its top-2 margin (the runner-up is the largest
-        logit beside the argmax: two max scans, where np.partition over the vocabulary cost ~25x more per token)."""
+        """Append the next token of one position's logits and how near it was to flipping. Greedy: the argmax and
+        the top-2 margin (the runner-up is the largest logit beside the argmax: two max scans, where np.partition
+        over the vocabulary cost ~25x more per token); otherwise the sequence's sampler decides."""
+        if not self.prep.sampling.greedy:
+            if self.sampler is None:
+                self.sampler = Sampler(self.prep.sampling, self.prep.ids, len(logits))
+            token, margin = self.sampler.choose(logits)
+            self.tokens.append(token)
+            self.margins.append(margin)
+            return
         best = int(np.argmax(logits))
         second = max(logits[:best].max(initial=-np.inf), logits[best + 1:].max(initial=-np.inf))
         self.tokens.append(best)
@@ -120,51 +142,3 @@ class StaticStepper:
             self.cache.bind(self.io, start, count)
             self.bound = (start, count)
         return self.io
-
-
-def decode_static(pipe, stepper: StaticStepper, prepared: list[Prepared]) -> dict[int, Sequence]:
-    """Greedy tokens for every prepared request; returns the finished sequences by request index."""
-    cache, eos = stepper.cache, set(pipe.model["eos_token_ids"])
-    waiting, active, done = deque(prepared), [], {}
-
-    def finished(seq: Sequence) -> bool:
-        return seq.tokens[-1] in eos or len(seq.tokens) == seq.prep.limit
-
-    while waiting or active:
-        while waiting and len(active) < cache.rows:
-            seq = Sequence(waiting.popleft())
-            t0 = time.perf_counter()
-            logits = pipe.prefill(stepper, len(active), seq.prep)
-            seq.choose(logits[0, -1])
-            seq.prep.timings["prefill_ms"] = 1e3 * (time.perf_counter() - t0)
-            if finished(seq):
-                done[seq.prep.index] = seq
-            else:
-                active.append(seq)
-        if not active:
-            continue
-        t0 = time.perf_counter()
-        embeds = pipe.embed(np.array([[s.tokens[-1]] for s in active], np.int64))
-        logits = stepper.run(embeds, 0, len(active), last_only=True)
-        spent = time.perf_counter() - t0
-        for seq, row_logits in zip(active, logits):
-            seq.choose(row_logits[-1])
-            seq.decode_s += spent
-        active = _retire(cache, active, done, finished)
-    return done
-
-
-def _retire(cache: StaticCache, active: list[Sequence], done: dict, finished) -> list[Sequence]:
-    """Drop finished rows; the last active row fills each hole, so rows 0..n-1 stay the active ones."""
-    row = 0
-    while row < len(active):
-        if not finished(active[row]):
-            row += 1
-            continue
-        done[active[row].prep.index] = active[row]
-        last = len(active) - 1
-        if row != last:
-            cache.copy_row(last, row)
-        active[row] = active[last]
-        active.pop()
-    return active

@@ -5,22 +5,20 @@ the graph writes each new token at its slot in place. Blocks are taken as a sequ
 when a batch place is free and the pool can hold its worst case (prompt + max new tokens) on top of what the
 running ones may still take, so a running sequence never finds the pool empty; the others wait for blocks.
 
-Requests of one batch that share an image prefix (the template text before the image, then the image tokens of
-the same pixels) share its blocks: a later one forks a live holder's table (full blocks counted, the partly filled
-last one copied) and prefills only what follows the image.
+Running requests that share an image prefix (the template text before the image, then the image tokens of the
+same pixels) share its blocks: a later one forks a live holder's table (full blocks counted, the partly filled
+last one copied) and prefills only what follows the image (`scheduler.Blocks` tracks the holders).
 """
 
 from __future__ import annotations
 
-import time
-from collections import deque
 from typing import Any
 
 import numpy as np
 import onnxruntime as ort
 
 from mmtrt.errors import UserError
-from mmtrt.runtime.batch import Prepared, Sequence
+from mmtrt.runtime.batch import Prepared
 from mmtrt.runtime.blocks import BlockAllocator
 from mmtrt.runtime.kv import cache_dtype
 
@@ -151,48 +149,7 @@ class PagedStepper:
                             f"{self.cache.allocator.total}; recompile with a larger kv_layout.pool_blocks")
 
 
-def decode_paged(pipe, stepper: PagedStepper, prepared: list[Prepared]) -> dict[int, Sequence]:
-    """Greedy tokens for every request; waiting ones are admitted as places and blocks free up."""
-    cache, eos = stepper.cache, set(pipe.model["eos_token_ids"])
-    waiting, active, done = deque(prepared), [], {}
-    holders: dict[str, list[int]] = {}  # live sequences holding each image prefix, by its key
-
-    def shared_tokens(prep: Prepared) -> int:
-        return prep.prefix_len if holders.get(prep.prefix_key) else 0
-
-    def finish_or_keep(seq: Sequence) -> bool:
-        if seq.tokens[-1] in eos or len(seq.tokens) == seq.prep.limit:
-            cache.close(seq.prep.index)
-            if seq.prep.prefix_key:
-                holders[seq.prep.prefix_key].remove(seq.prep.index)
-            done[seq.prep.index] = seq
-            return False
-        return True
-
-    while waiting or active:
-        while (waiting and len(active) < stepper.batch_max
-               and cache.can_open(len(waiting[0].ids) + waiting[0].limit, shared_tokens(waiting[0]))):
-            seq = Sequence(waiting.popleft())
-            cache.open(seq.prep.index, len(seq.prep.ids) + seq.prep.limit)
-            t0 = time.perf_counter()
-            seq.choose(_prefill_sharing(pipe, stepper, holders, seq.prep)[0, -1])
-            seq.prep.timings["prefill_ms"] = 1e3 * (time.perf_counter() - t0)
-            if finish_or_keep(seq):
-                active.append(seq)
-        if not active:
-            continue
-        t0 = time.perf_counter()
-        embeds = pipe.embed(np.array([[s.tokens[-1]] for s in active], np.int64))
-        logits = stepper.run(embeds, [s.prep.index for s in active], last_only=True)
-        spent = time.perf_counter() - t0
-        for seq, row in zip(active, logits):
-            seq.choose(row[-1])
-            seq.decode_s += spent
-        active = [s for s in active if finish_or_keep(s)]
-    return done
-
-
-def _prefill_sharing(pipe, stepper: PagedStepper, holders: dict[str, list[int]], prep: Prepared) -> np.ndarray:
+def prefill_sharing(pipe, stepper: PagedStepper, holders: dict[str, list[int]], prep: Prepared) -> np.ndarray:
     """Prefill an opened sequence: forked from a live holder of its image prefix when there is one (only the text
     after the image runs), else as `Pipeline.prefill` does. It then holds the prefix for the requests after it."""
     if not prep.prefix_key:

@@ -1,4 +1,4 @@
-"""The Python runtime: load a bundle, run each partition on its backend, decode greedily with the KV cache."""
+"""The Python runtime: load a bundle, run each partition on its backend, decode with the KV cache."""
 
 from __future__ import annotations
 
@@ -6,27 +6,36 @@ import hashlib
 
 import json
 import logging
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable, Iterator
 
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from mmtrt.backends.anyres import NEWLINE_ASSET, build_tiler, grid_tiles, pack
 from mmtrt.backends.numpy_preprocess import build_transform, covers
-from mmtrt.bundle.manifest import bundle_hash, read_manifest
+from mmtrt.bundle.manifest import read_manifest
+from mmtrt.bundle.schema import check_schema, check_token_ids
+from mmtrt.bundle.trust import Trust, check_trust
 from mmtrt.bundle.verify import verify_bundle
 from mmtrt.errors import UserError
 from mmtrt.ir.spec import TensorSpec
 from mmtrt.partition.shapes import check_shape
-from mmtrt.runtime.batch import Prepared, Request, Sequence, StaticStepper, decode_static
+from mmtrt.runtime.batch import Prepared, Request, Sequence, StaticStepper
 from mmtrt.runtime.executors import TRTLLM, component_runner, engine_choices, llm_engine_choice
 from mmtrt.runtime.image_bounds import check_image
-from mmtrt.runtime.kv import StaticCache, cache_device
-from mmtrt.runtime.paged import PagedCache, PagedStepper, decode_paged
+from mmtrt.runtime.image_file import upright_8bit
+from mmtrt.runtime.kv import StaticCache, cache_device, cache_providers
+from mmtrt.runtime.paged import PagedCache, PagedStepper
 from mmtrt.runtime.prefix import PrefixCache, prefix_key, prefix_length
-from mmtrt.runtime.prompt import format_prompt, tokenize
+from mmtrt.runtime.prompt import (check_prompt, format_prompt, holds_special_tokens, tokenize,
+                                 tokenize_user_text)
+from mmtrt.runtime.sampling import SamplingParams
+from mmtrt.runtime.scheduler import run_to_end
+from mmtrt.runtime.streaming import Delta
 from mmtrt.runtime.tokenizer import BundleTokenizer
 from mmtrt.runtime.trtllm import TrtllmLLM
 
@@ -46,9 +55,11 @@ class Generation:
     fallbacks: dict[str, str] = field(default_factory=dict)
     # per token, the top-2 logit margin of the step that chose it (a near tie may flip between kernels)
     margins: list[float] = field(default_factory=list, repr=False)
+    finish_reason: str = "stop"  # "stop": an end-of-sequence token or a stop string; "length": max_new_tokens
 
     def to_json(self) -> dict[str, Any]:
-        return {"text": self.text, "token_ids": self.token_ids, "prompt_tokens": self.prompt_tokens,
+        return {"text": self.text, "token_ids": self.token_ids, "finish_reason": self.finish_reason,
+                "prompt_tokens": self.prompt_tokens,
                 "image_tokens": self.image_tokens, "timings": self.timings, "backends": self.backends, "fallbacks": self.fallbacks}
 
 
@@ -63,36 +74,46 @@ class Refused:
         return {"error": f"request {self.index + 1}: {self.reason}"}
 
 
-def open_image(image) -> Image.Image:
+def open_image(image, name: str | None = None) -> Image.Image:
+    """A PIL image from itself, a path or a binary file object; `name` stands for it in messages."""
     if isinstance(image, Image.Image):
         return image
+    if not isinstance(image, (str, Path)) and not hasattr(image, "read"):
+        raise UserError(f"image must be a file path or a PIL image, not {type(image).__name__}")
+    label = name or image
     try:
         with Image.open(image) as img:
             img.load()
-            return img
+            return upright_8bit(img)
     except (FileNotFoundError, IsADirectoryError):
-        raise UserError(f"image {image} does not exist; pass the path of a PNG or JPEG file") from None
+        raise UserError(f"image {label} does not exist; pass the path of a PNG or JPEG file") from None
     except Image.DecompressionBombError as exc:
-        raise UserError(f"image {image} is refused as a decompression bomb ({exc}); pass a smaller image") from None
+        raise UserError(f"image {label} is refused as a decompression bomb ({exc}); pass a smaller image") from None
     except (UnidentifiedImageError, OSError) as exc:
-        raise UserError(f"cannot read image {image} ({exc}); pass a PNG or JPEG file") from None
+        raise UserError(f"cannot read image {label} ({exc}); pass a PNG or JPEG file") from None
 
 
 class Pipeline:
     """A loaded bundle. `generate` takes one image and one prompt, `generate_batch` a list of `Request`s."""
 
-    def __init__(self, path: str | Path, threads: int | None = None, spin: bool = True, prefix_cache_mib: float = 256):
+    def __init__(self, path: str | Path, threads: int | None = None, spin: bool = True, prefix_cache_mib: float = 256,
+                 trust: Trust = Trust(), parse_special_tokens: bool = False):
         self.path = Path(path)
+        self.hash = check_trust(self.path, trust)
         self.manifest = read_manifest(self.path)
+        check_schema(self.path, self.manifest)
         verify_bundle(self.path, self.manifest)
-        self.hash = bundle_hash(self.path)
+        self.parse_special_tokens = parse_special_tokens
         self.model = self.manifest["model"]
         self.dims = self.manifest["dims"]
         self.image_side = self.manifest["components"]["preprocess"]["outputs"][0]["shape"][-1]
         self.specs = {name: [TensorSpec.from_json(s) for s in comp["inputs"]]
                       for name, comp in self.manifest["components"].items()}
         self.preprocess_spec = read_json(self.path / self.manifest["components"]["preprocess"]["artifact"])
-        self.transform = build_transform(self.preprocess_spec)
+        # any-resolution models: the image is tiled, and its tiles' features packed by its size
+        self.anyres = self.model["vision"].get("anyres")
+        self.transform = build_tiler(self.preprocess_spec) if self.anyres else build_transform(self.preprocess_spec)
+        self.newline = np.load(self.path / NEWLINE_ASSET) if self.anyres and self.anyres["layout"] == "grid" else None
         self.kv = self.model.get("kv_cache")
         choices = engine_choices(self.path, self.manifest)
         if self.kv:  # the shared buffers are bound by address into one ONNX Runtime session of the whole LLM
@@ -103,10 +124,12 @@ class Pipeline:
         self.runners = {name: component_runner(self.path, self.manifest, name, choices, threads, spin)
                         for name in ("vision", "embed", "llm")}
         self.tokenizer = BundleTokenizer(self.path / "tokenizer")
+        check_token_ids(self.path, self.model, self.tokenizer.special_ids)
         self.backends = {name: "+".join(r.providers) for name, r in self.runners.items()}
         self.backends["preprocess"] = "numpy" if covers(self.preprocess_spec) else "torchvision"
         self.stepper = self._static_stepper() if self.kv else None
         self.prefixes = PrefixCache(prefix_cache_mib)
+        self.decoding = threading.Lock()  # held by the one Scheduler driving the KV cache
         # token_prune's dynamic budget: the vision output is a padded block with a per-image count
         self.dynamic_tokens = any(o["name"] == "image_token_count"
                                   for o in self.manifest["components"]["vision"]["outputs"])
@@ -131,42 +154,83 @@ class Pipeline:
             return PagedStepper(runner.session, PagedCache(self.kv, self.model["llm"], self.dims),
                                 self.dims["batch"]["max"])
         cache = StaticCache(self.kv, self.model["llm"], self.dims["batch"]["max"], self.dims["capacity"]["max"],
-                            cache_device(runner.providers))
+                            cache_device(runner.providers), cache_providers(runner.providers))
         return StaticStepper(runner.session, cache)
 
     def _run(self, name: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         for spec in self.specs[name]:
+            if spec.name not in feeds:
+                raise UserError(f"{self.path}/manifest.json: components.{name} takes {spec.name!r}, which the runtime "
+                                f"does not give ({', '.join(feeds)}); recompile the recipe or restore the bundle")
             check_shape(name, spec, feeds[spec.name].shape, self.dims)
         return self.runners[name].run(feeds)
 
-    def prompt_ids(self, prompt: str, raw_prompt: bool = False) -> list[int]:
-        text = format_prompt(self.tokenizer, self.model["chat_template"], prompt, raw_prompt)
-        ids = tokenize(self.tokenizer, text, self.model["image_token"], self.model["vision"]["image_tokens"])
-        limit = self.dims["seq"]["max"]
+    def prompt_ids(self, prompt: str, raw_prompt: bool = False, images: int = 1) -> list[int]:
+        check_prompt(prompt)
+        image_token, count = self.model["image_token"], self.model["vision"]["image_tokens"]
+        if raw_prompt or self.parse_special_tokens or not holds_special_tokens(self.tokenizer, prompt):
+            text = format_prompt(self.tokenizer, self.model["chat_template"], prompt, raw_prompt, images)
+            ids = tokenize(self.tokenizer, text, image_token, count, images)
+        else:
+            ids = tokenize_user_text(self.tokenizer, self.model["chat_template"], prompt, image_token, count, images)
+        limit, image_tokens = self.dims["seq"]["max"], images * count
         if len(ids) > limit:
-            text_tokens = len(ids) - self.model["vision"]["image_tokens"]
-            raise UserError(f"the prompt is {text_tokens} tokens after the chat template; this bundle accepts at most "
-                            f"{limit - self.model['vision']['image_tokens']}; shorten it or recompile with a larger "
-                            "envelope.prompt_tokens.max")
+            raise UserError(f"the prompt is {len(ids) - image_tokens} tokens after the chat template; this bundle "
+                            f"accepts at most {limit - image_tokens}"
+                            f"{f' beside {images} images' if images > 1 else ''}; shorten it or recompile with a "
+                            "larger envelope.prompt_tokens.max")
         return ids
 
     def pixel_values(self, image) -> np.ndarray:
+        """The vision input: [1, 3, H, W], or an any-resolution image's base and tiles [1 + tiles, 3, H, W]."""
         img = open_image(image)
         check_image(img, self.manifest["envelope"]["image"], self.preprocess_spec)
+        if self.anyres:
+            self._check_tiles(img)
+            return self.transform(img)
         return self.transform(img)[None]
 
-    def image_features(self, pixels: np.ndarray) -> np.ndarray:
-        """The image's tokens [1, count, D]: under a dynamic budget the first `image_token_count` of the block."""
+    def _check_tiles(self, img: Image.Image) -> None:
+        rows, cols = grid_tiles(img.height, img.width, self.anyres["pinpoints"], self.anyres["tile"])
+        if rows * cols > self.anyres["max_tiles"]:
+            raise UserError(f"image is {img.width}x{img.height}, which the model cuts into {rows}x{cols} tiles; this "
+                            f"bundle takes at most {self.anyres['max_tiles']}; pass a smaller image or recompile "
+                            "with a larger envelope.image.max_tiles")
+
+    def image_features(self, pixels: np.ndarray, size: tuple[int, int] | None = None) -> np.ndarray:
+        """The image's tokens [1, count, D]: under a dynamic budget the first `image_token_count` of the block;
+        for an any-resolution model its tiles' features packed by the image's (height, width) `size`."""
         out = self._run("vision", {"pixel_values": pixels})
+        if self.anyres:
+            if size is None:
+                raise ValueError("an any-resolution model's image features need the image's (height, width)")
+            return pack(out["image_features"], out.get("image_token_count"), *size, self.anyres, self.newline)[None]
         if not self.dynamic_tokens:
             return out["image_features"]
         return out["image_features"][:, :int(out["image_token_count"][0])]
 
-    def fit_image_tokens(self, ids: list[int], count: int) -> list[int]:
-        """The prompt with its expanded placeholder cut to `count` image tokens (one token id each)."""
-        token = self.model["image_token_id"]
-        first, total = ids.index(token), ids.count(token)
-        return ids[:first] + [token] * count + ids[first + total:]
+    def encode_image(self, image, ids: list[int]) -> tuple[list[int], np.ndarray]:
+        """The image's features [1, count, D] and `ids` (from `prompt_ids`) with the expanded placeholder cut to
+        the image's own count where it has one (a dynamic token budget, an any-resolution image)."""
+        img = open_image(image)
+        features = self.image_features(self.pixel_values(img), (img.height, img.width))
+        if self.variable_tokens:
+            ids = self.fit_image_tokens(ids, features.shape[1])
+        return ids, features
+
+    def fit_image_tokens(self, ids: list[int], count: int | list[int]) -> list[int]:
+        """The prompt with each image's expanded placeholder (a run of the bundle's image-token count, adjacent
+        images one after the other) cut to that image's count."""
+        token, counts = self.model["image_token_id"], iter([count] if isinstance(count, int) else count)
+        per_image, out, at = self.model["vision"]["image_tokens"], [], 0
+        while at < len(ids):
+            if ids[at] != token:
+                out.append(ids[at])
+                at += 1
+                continue
+            out += [token] * next(counts)
+            at += per_image
+        return out
 
     def embed(self, ids: np.ndarray, features: np.ndarray | None = None) -> np.ndarray:
         embeds = self._run("embed", {"input_ids": ids})["inputs_embeds"]
@@ -198,15 +262,30 @@ class Pipeline:
         out = self._run("llm", feeds)
         return out["logits"], {k.replace("present.", "past."): v for k, v in out.items() if k.startswith("present.")}
 
-    def generate(self, image, prompt: str, max_new_tokens: int | None = None, raw_prompt: bool = False) -> Generation:
-        result = self.generate_batch([Request(image, prompt, max_new_tokens, raw_prompt)])[0]
+    def generate(self, image, prompt: str, max_new_tokens: int | None = None, raw_prompt: bool = False,
+                 sampling: SamplingParams | None = None, on_delta: Callable[[Delta], None] | None = None) -> Generation:
+        """One request; `on_delta` is called with each step's text as it comes (see `stream`)."""
+        request = Request(image, prompt, max_new_tokens, raw_prompt, sampling)
+        if on_delta is not None:
+            for seq, delta in run_to_end(self, [self.prepare(0, request)], text=True):
+                on_delta(delta)
+            return self.generation(seq)
+        result = self.generate_batch([request])[0]
         if isinstance(result, Refused):
             raise UserError(result.reason)
         return result
 
+    def stream(self, image, prompt: str, max_new_tokens: int | None = None, raw_prompt: bool = False,
+               sampling: SamplingParams | None = None) -> Iterator[Delta]:
+        """The request's output as it is made: one `Delta` per token (its text possibly empty while a character
+        or a possible stop string is incomplete), the last with its finish_reason."""
+        request = Request(image, prompt, max_new_tokens, raw_prompt, sampling)
+        return (delta for _, delta in run_to_end(self, [self.prepare(0, request)], text=True))
+
     def generate_batch(self, requests: list[Request]) -> list[Generation | Refused]:
-        """Greedy generation for every request, in input order; one outside the envelope is refused alone.
-        Under a static KV layout the requests decode together (up to the envelope's batch); otherwise in turn."""
+        """Every request, in input order; one outside the envelope (or with sampling values out of range) is
+        refused alone. Under a kv_layout the requests decode together (up to the envelope's batch), joining as
+        places free up; otherwise each sequence's calls interleave."""
         results: list[Generation | Refused | None] = [None] * len(requests)
         prepared, features = [], {}
         for i, req in enumerate(requests):
@@ -214,52 +293,96 @@ class Pipeline:
                 prepared.append(self.prepare(i, req, features))
             except UserError as exc:
                 results[i] = Refused(i, str(exc))
-        if self.trtllm:
+        if self.trtllm and all(p.sampling.greedy and not p.sampling.stop for p in prepared):
             sequences = self.trtllm.decode(prepared)
-        elif isinstance(self.stepper, PagedStepper):
-            sequences = decode_paged(self, self.stepper, prepared)
-        else:
-            sequences = decode_static(self, self.stepper, prepared) if self.stepper else self._decode_each(prepared)
+        else:  # sampling and stop strings run on the ONNX Runtime LLM
+            sequences = {seq.prep.index: seq for seq, delta in run_to_end(self, prepared)
+                         if delta.finish_reason}
         for index, seq in sequences.items():
-            results[index] = self._generation(seq)
+            results[index] = self.generation(seq)
         return results
 
     def prepare(self, index: int, req: Request, seen: dict[str, np.ndarray] | None = None) -> Prepared:
-        """Check a request against the envelope and embed it; the vision encoder is skipped when the image's
-        prefix is stored, or when `seen` (by pixel digest, filled here) has the same pixels' already."""
+        """Check a request against the envelope and embed it (`check`, then `embed_request`)."""
+        return self.embed_request(self.check(index, req), seen)
+
+    def check(self, index: int, req: Request) -> Prepared:
+        """What can be refused before the encoders run (token limit, sampling values, prompt length, images), on
+        any thread: a request with its ids and pixels, not embedded yet."""
         limit = self.manifest["envelope"]["max_new_tokens"]
         max_new = limit if req.max_new_tokens is None else req.max_new_tokens
+        if not isinstance(max_new, int) or isinstance(max_new, bool):
+            raise UserError(f"max_new_tokens must be an integer, not {type(max_new).__name__}")
+        sampling = (req.sampling or SamplingParams()).validate(limit)
+        max_new = next((n for n in (sampling.max_new_tokens, max_new) if n is not None), limit)
         if not 1 <= max_new <= limit:
             raise UserError(f"max_new_tokens {max_new} is outside 1..{limit}, the bundle's KV capacity; "
                             "recompile with a larger envelope.max_new_tokens")
-        ids = self.prompt_ids(req.prompt, req.raw_prompt)
+        images = req.images()
+        if len(images) > (most := self.dims.get("num_images", {}).get("max") or 1):
+            raise UserError(f"the request holds {len(images)} images; this bundle takes at most {most}")
+        ids = self.prompt_ids(req.prompt, req.raw_prompt, len(images))
         t0 = time.perf_counter()
-        pixels = self.pixel_values(req.image)
-        t1 = time.perf_counter()
-        features = self._features(pixels, seen) if self.dynamic_tokens else None
-        if features is not None:
-            ids = self.fit_image_tokens(ids, features.shape[1])
-        n = prefix_length(ids, self.model["image_token_id"]) if self.stepper else 0
-        key = prefix_key(pixels, ids, n) if n else None
-        stored = self.prefixes.get(key) if key else None
-        if stored is not None:
-            embeds = self.embed(np.array([ids[n:]], np.int64))
-        else:
-            embeds = self.embed(np.array([ids], np.int64), features if features is not None else
-                                self._features(pixels, seen))
-        t2 = time.perf_counter()
-        prep = Prepared(index, ids, embeds, max_new, {"preprocess_ms": 1e3 * (t1 - t0), "vision_ms": 1e3 * (t2 - t1)},
-                        key, n, stored)
-        if isinstance(self.stepper, PagedStepper):
-            self.stepper.check(prep)
+        opened = [open_image(image) for image in images]
+        prep = Prepared(index, ids, None, max_new, {"preprocess_ms": 1e3 * (time.perf_counter() - t0)},
+                        pixels=[self.pixel_values(img) for img in opened], sizes=[(i.height, i.width) for i in opened],
+                        sampling=sampling)
+        if not self.variable_tokens:
+            self._locate_prefix(prep)
+            if isinstance(self.stepper, PagedStepper):
+                self.stepper.check(prep)
         return prep
 
-    def _features(self, pixels: np.ndarray, seen: dict[str, np.ndarray] | None) -> np.ndarray:
+    def embed_request(self, prep: Prepared, seen: dict[str, np.ndarray] | None = None) -> Prepared:
+        """Embed a checked request: the vision encoder is skipped when the image's prefix is stored, or when
+        `seen` (by pixel digest, filled here) has the same pixels' already."""
+        t1 = time.perf_counter()
+        features = self._all_features(prep, seen) if self.variable_tokens else None
+        if features is not None:
+            prep.ids = self.fit_image_tokens(prep.ids, [f.shape[1] for f in features]) if features else prep.ids
+            self._locate_prefix(prep)
+            if isinstance(self.stepper, PagedStepper):
+                self.stepper.check(prep)
+        stored = self.prefixes.get(prep.prefix_key) if prep.prefix_key else None
+        if stored is not None:
+            prep.embeds, prep.prefix = self.embed(np.array([prep.ids[prep.prefix_len:]], np.int64)), stored
+        else:
+            if features is None:
+                features = self._all_features(prep, seen)
+            prep.embeds = self.embed(np.array([prep.ids], np.int64),
+                                     np.concatenate(features, axis=1) if features else None)
+        prep.timings["vision_ms"], prep.pixels = 1e3 * (time.perf_counter() - t1), []
+        return prep
+
+    @property
+    def variable_tokens(self) -> bool:
+        """Whether an image's token count is its own (a dynamic budget, any resolution): known after the encoder."""
+        return bool(self.dynamic_tokens or self.anyres)
+
+    def _locate_prefix(self, prep: Prepared) -> None:
+        """The image prefix's length and key, under a kv_layout (the KV of what precedes the last image token)."""
+        n = prefix_length(prep.ids, self.model["image_token_id"]) if self.stepper and prep.pixels else 0
+        prep.prefix_len = n
+        keyed = [self._keyed(p, size).ravel().view(np.uint8) for p, size in zip(prep.pixels, prep.sizes)]
+        prep.prefix_key = prefix_key(np.concatenate(keyed), prep.ids, n) if n else None
+
+    def _all_features(self, prep: Prepared, seen: dict[str, np.ndarray] | None) -> list[np.ndarray]:
+        return [self._features(p, size, seen) for p, size in zip(prep.pixels, prep.sizes)]
+
+    def _keyed(self, pixels: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+        """What identifies an image's features: its pixels, and for an any-resolution model its size too (the
+        size places the tiles' padding, which the layout cuts away)."""
+        if not self.anyres:
+            return np.ascontiguousarray(pixels)
+        return np.concatenate([np.ascontiguousarray(pixels).ravel().view(np.uint8),
+                               np.asarray(size, np.int64).view(np.uint8)])
+
+    def _features(self, pixels: np.ndarray, size: tuple[int, int], seen: dict[str, np.ndarray] | None) -> np.ndarray:
         if seen is None:
-            return self.image_features(pixels)
-        digest = hashlib.sha256(np.ascontiguousarray(pixels).tobytes()).hexdigest()
+            return self.image_features(pixels, size)
+        digest = hashlib.sha256(np.ascontiguousarray(self._keyed(pixels, size)).tobytes()).hexdigest()
         if digest not in seen:
-            seen[digest] = self.image_features(pixels)
+            seen[digest] = self.image_features(pixels, size)
         return seen[digest]
 
     def prefill(self, stepper, handle, prep: Prepared) -> np.ndarray:
@@ -276,33 +399,14 @@ class Pipeline:
             self.prefixes.put(prep.prefix_key, stepper.save_prefix(handle, prep.prefix_len))
         return logits
 
-    def _decode_each(self, prepared: list[Prepared]) -> dict[int, Sequence]:
-        done = {}
-        for prep in prepared:
-            t0 = time.perf_counter()
-            logits, cache = self.step(prep.embeds, self.empty_cache())
-            prep.timings["prefill_ms"] = 1e3 * (time.perf_counter() - t0)
-            seq = Sequence(prep)
-            t0 = time.perf_counter()
-            self._decode(logits, cache, seq)
-            seq.decode_s = time.perf_counter() - t0
-            done[prep.index] = seq
-        return done
-
-    def _generation(self, seq: Sequence) -> Generation:
+    def generation(self, seq: Sequence) -> Generation:
+        """A finished sequence as the caller gets it: the text cut at a stop string when one was found."""
         timings = {**seq.prep.timings, "decode_ms_per_token": 1e3 * seq.decode_s / max(len(seq.tokens) - 1, 1)}
-        text = self.tokenizer.decode(seq.tokens, skip_special_tokens=True)
+        text = seq.text.text if seq.text else self.tokenizer.decode(seq.tokens, skip_special_tokens=True)
+        reason = seq.finish_reason or ("stop" if seq.tokens[-1] in self.model["eos_token_ids"] else "length")
         return Generation(text, seq.tokens, len(seq.prep.ids), {k: round(v, 3) for k, v in timings.items()},
                           seq.prep.ids.count(self.model["image_token_id"]), dict(self.backends),
-                          dict(self.fallbacks), seq.margins)
-
-    def _decode(self, logits: np.ndarray, cache: dict[str, np.ndarray], seq: Sequence) -> None:
-        eos = set(self.model["eos_token_ids"])
-        while True:
-            seq.choose(logits[0, -1])
-            if seq.tokens[-1] in eos or len(seq.tokens) == seq.prep.limit:
-                return
-            logits, cache = self.step(self.embed(np.array([[seq.tokens[-1]]], np.int64)), cache)
+                          dict(self.fallbacks), seq.margins, reason)
 
 
 def _log_fallbacks(fallbacks: dict[str, str]) -> None:
@@ -320,7 +424,12 @@ def read_json(path: Path) -> Any:
     return json.loads(Path(path).read_text())
 
 
-def load(path: str | Path, threads: int | None = None, spin: bool = True, prefix_cache_mib: float = 256) -> Pipeline:
+def load(path: str | Path, threads: int | None = None, spin: bool = True, prefix_cache_mib: float = 256, *,
+         expect_digest: str | None = None, public_key: str | Path | None = None,
+         parse_special_tokens: bool = False) -> Pipeline:
     """Load a bundle written by `mmtrt compile`. Under a kv_layout, image prefixes are kept for later questions in
-    an LRU of `prefix_cache_mib` MiB (0: none)."""
-    return Pipeline(path, threads, spin, prefix_cache_mib)
+    an LRU of `prefix_cache_mib` MiB (0: none). `expect_digest`: the bundle's identity (its manifest's sha256, which
+    `mmtrt compile` and `mmtrt inspect` print) it must have; `public_key`: a PEM public key whose signature
+    (`mmtrt sign`) it must carry. `parse_special_tokens`: special tokens typed in a prompt act as special tokens
+    (the default keeps them text; docs/security.md)."""
+    return Pipeline(path, threads, spin, prefix_cache_mib, Trust(expect_digest, public_key), parse_special_tokens)

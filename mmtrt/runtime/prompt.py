@@ -1,27 +1,80 @@
-"""Prompt formatting as transformers users get it: chat template, then the image placeholder expanded.
+"""Prompt formatting as transformers users get it: chat template, then each image placeholder expanded.
 
-The tokenizer is the runtime's BundleTokenizer or, at compile time, a transformers one: both take these calls."""
+The tokenizer is the runtime's BundleTokenizer or, at compile time, a transformers one: both take these calls.
+
+Special tokens a user types (`<|im_end|>`, `<image>`) are text by default: the user's text is tokenized with
+special tokens split, as transformers' `split_special_tokens=True` does, so a prompt cannot forge a turn of the
+conversation or a second image. A prompt without special tokens gives the same ids either way. `--raw-prompt`
+text is the caller's own template, so its special tokens are parsed, and so are a prompt's where the caller loads
+with `parse_special_tokens=True` (transformers' and vLLM's default for text they render)."""
 
 from __future__ import annotations
 
 from mmtrt.errors import UserError
 
 
-def format_prompt(tokenizer, chat_template: str, prompt: str, raw: bool) -> str:
-    """One user message holding the image then the text, with the generation prompt, as `processor.apply_chat_template` renders it."""
+def format_prompt(tokenizer, chat_template: str, prompt: str, raw: bool, images: int = 1) -> str:
+    """One user message holding the images then the text, with the generation prompt, as
+    `processor.apply_chat_template` renders it."""
     if raw:
         return prompt
-    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
+    messages = [{"role": "user", "content": [{"type": "image"}] * images + [{"type": "text", "text": prompt}]}]
     return tokenizer.apply_chat_template(messages, chat_template=chat_template, add_generation_prompt=True,
                                          tokenize=False)
 
 
-def tokenize(tokenizer, text: str, image_token: str, tokens_per_image: int) -> list[int]:
-    """Expand the single image placeholder to the bundle's image-token count and tokenize as LlavaProcessor does."""
+def tokenize(tokenizer, text: str, image_token: str, tokens_per_image: int, images: int = 1) -> list[int]:
+    """Expand each image placeholder to the bundle's image-token count and tokenize as LlavaProcessor does."""
     count = text.count(image_token)
-    if count != 1:
-        raise UserError(f"the prompt holds {count} {image_token} placeholders; with one image it needs exactly one "
-                        f"(with --raw-prompt, put {image_token} where the image goes)")
+    if count != images:
+        need, where = (("with one image it needs exactly one", "the image") if images == 1
+                       else (f"it needs one per image, {images}", "each image"))
+        raise UserError(f"the prompt holds {count} {image_token} placeholders; {need} "
+                        f"(with --raw-prompt, put {image_token} where {where} goes)")
     expanded = text.replace(image_token, image_token * tokens_per_image)
     bos = tokenizer.bos_token
     return tokenizer(expanded, add_special_tokens=not (bos and expanded.startswith(bos)))["input_ids"]
+
+
+SENTINEL = "\ue000mmtrt-user-text\ue000"  # a private-use character: no template or tokenizer gives it meaning
+
+
+def tokenize_user_text(tokenizer, chat_template: str, prompt: str, image_token: str, tokens_per_image: int,
+                       images: int = 1) -> list[int]:
+    """The template's text with its special tokens parsed, the user's text between with them split."""
+    framed = format_prompt(tokenizer, chat_template, SENTINEL, raw=False, images=images)
+    if framed.count(SENTINEL) != 1:
+        raise UserError("the prompt holds special tokens and this bundle's chat template alters the user's text, so "
+                        "they cannot be kept as text; remove them, or load with parse_special_tokens=True")
+    count = framed.count(image_token)
+    if count != images:
+        raise UserError(f"the chat template holds {count} {image_token} placeholders for {images} image(s); it needs "
+                        "one per image; recompile the recipe")
+    before, after = (part.replace(image_token, image_token * tokens_per_image) for part in framed.split(SENTINEL))
+    bos = tokenizer.bos_token
+    head = tokenizer(before, add_special_tokens=not (bos and before.startswith(bos)))["input_ids"]
+    text = tokenizer(prompt, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+    return head + text + (tokenizer(after, add_special_tokens=False)["input_ids"] if after else [])
+
+
+def holds_special_tokens(tokenizer, text: str) -> bool:
+    """Whether `text` holds a special added token's text (BundleTokenizer and transformers' tokenizers alike)."""
+    return any(t.special and t.content in text for t in tokenizer.added_tokens_decoder.values())
+
+
+def is_text(value: str) -> bool:
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return False
+    return True
+
+
+def check_prompt(prompt) -> None:
+    """A prompt the tokenizer can take: text, encodable as UTF-8 (an argument of bytes that are not UTF-8 reaches
+    Python as lone surrogates)."""
+    if not isinstance(prompt, str):
+        raise UserError(f"the prompt must be text, not {type(prompt).__name__}; pass a string")
+    if not is_text(prompt):
+        raise UserError("the prompt is not valid UTF-8 text (a lone surrogate or a byte that is not UTF-8); "
+                        "re-encode it as UTF-8")

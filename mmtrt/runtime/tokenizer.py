@@ -32,6 +32,8 @@ class BundleTokenizer:
         config = json.loads((folder / "tokenizer_config.json").read_text())
         self.special_tokens = {name: _content(config[name]) for name in NAMED_TOKENS if config.get(name) is not None}
         self.bos_token = self.special_tokens.get("bos_token")
+        self.added_tokens_decoder = self.backend.get_added_tokens_decoder()  # id -> AddedToken, as transformers'
+        self.special_ids = {t.content: i for i, t in self.added_tokens_decoder.items() if t.special}
         self.eos_token = self.special_tokens.get("eos_token")
         self.clean_up = bool(config.get("clean_up_tokenization_spaces")) and \
             type(self.backend.model).__name__ != "BPE"  # transformers skips the clean-up for BPE models
@@ -39,8 +41,14 @@ class BundleTokenizer:
     def __len__(self) -> int:
         return self.backend.get_vocab_size(with_added_tokens=True)
 
-    def __call__(self, text: str, add_special_tokens: bool = True) -> dict[str, list[int]]:
-        return {"input_ids": self.backend.encode(text, add_special_tokens=add_special_tokens).ids}
+    def __call__(self, text: str, add_special_tokens: bool = True, split_special_tokens: bool = False
+                 ) -> dict[str, list[int]]:
+        """`split_special_tokens`: special tokens in `text` are text, as transformers' option of that name."""
+        self.backend.encode_special_tokens = split_special_tokens
+        try:
+            return {"input_ids": self.backend.encode(text, add_special_tokens=add_special_tokens).ids}
+        finally:
+            self.backend.encode_special_tokens = False
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         text = self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)

@@ -34,11 +34,14 @@ from mmtrt.quant.calibration import calibration_batches, image_embeds
 from mmtrt.quant.embedding import int8_embedding
 from mmtrt.quant.fisher import fisher_scores, source_deltas, source_linears
 from mmtrt.quant.int4 import Grid
+from mmtrt.quant.linears import find_linears
 from mmtrt.quant.quantize import QuantizedLinear, Settings, quantize_component
 from mmtrt.quant.trtllm_export import NotExportable, checkpoint_assets
 from passes.quant.awq_int4_config import AwqInt4Config
 
 TENSORRT_BLOCKS = (64, 128)
+# decoders whose attention projections carry biases, which the LLaMA checkpoint TensorRT-LLM is given cannot hold
+BIASED_DECODERS = frozenset({"qwen2"})
 
 
 class AwqInt4(Pass):
@@ -48,17 +51,19 @@ class AwqInt4(Pass):
     lossy = True
 
     def plan_facts(self, facts: dict[str, Any]) -> dict[str, Any]:
-        hidden = facts["llm"]["hidden_size"]
-        if self.config.trtllm_checkpoint == "always" and hidden % self.config.group_size:
-            raise UserError(f"trtllm_checkpoint: always needs group_size to divide the LLM's hidden size {hidden} "
-                            f"(TensorRT-LLM takes whole groups); choose another group_size or trtllm_checkpoint: auto")
+        if self.config.trtllm_checkpoint == "always" and facts["llm"]["model_type"] in BIASED_DECODERS:
+            raise UserError(f"trtllm_checkpoint: always writes a LLaMA checkpoint, whose linears have no bias; this "
+                            f"{facts['llm']['model_type']} LLM's q/k/v projections add one; use trtllm_checkpoint: "
+                            "auto (the LLM then runs on ONNX Runtime) or never")
         return facts
 
     def run(self, ir: ModelIR) -> dict:
         cfg = self.config
         cal = cfg.calibration
         batches = calibration_batches(ir, cal.images, cal.samples, cal.text_windows, cal.text)
-        changes = {}
+        changes, llm_quantized = {}, None
+        # every decoder linear's output before quantization: a mixed TensorRT-LLM checkpoint finds its float ones
+        outputs = {(lin.layer, lin.role): lin.output for lin in find_linears(ir.components["llm"].onnx, "llm")[1]}
         for name in ("vision", "llm"):
             if name in cfg.components:
                 lowering, why = self._lowering(ir.components[name])
@@ -66,10 +71,11 @@ class AwqInt4(Pass):
                     ir.components[name].onnx, name, batches.vision if name == "vision" else batches.llm,
                     self._settings(lowering, self._task_sensitivity(ir) if name == "llm" else None))
                 changes[name] = _summary(quantized, report, lowering, why, cfg.group_size)
-                if name == "llm":
-                    changes["trtllm_checkpoint"] = self._checkpoint(ir, quantized)
+                llm_quantized = quantized if name == "llm" else llm_quantized
         if cfg.embedding == "int8":
             changes["embed"] = int8_embedding(ir.components["embed"].onnx)
+        if llm_quantized is not None:  # after the embedding: the checkpoint holds the rows the embed graph gives
+            changes["trtllm_checkpoint"] = self._checkpoint(ir, llm_quantized, outputs)
         return changes
 
     def _settings(self, lowering: str, sensitivity=None) -> Settings:
@@ -107,7 +113,7 @@ class AwqInt4(Pass):
                                    f"grid with group 64 or 128")
         return "dequantize_linear", f"partition.{comp.name} offers tensorrt (ONNX Runtime fuses it into MatMulNBits)"
 
-    def _checkpoint(self, ir: ModelIR, quantized: list[QuantizedLinear]) -> dict:
+    def _checkpoint(self, ir: ModelIR, quantized: list[QuantizedLinear], outputs: dict) -> dict:
         cfg = self.config
         wanted = "tensorrt-llm" in ir.components["llm"].metadata.get("placement", {}).get("backends", [])
         if cfg.trtllm_checkpoint == "never" or (cfg.trtllm_checkpoint == "auto" and not wanted):
@@ -116,14 +122,15 @@ class AwqInt4(Pass):
         try:
             if not cfg.symmetric:
                 raise NotExportable("W4A16_AWQ is symmetric; this recipe quantizes asymmetrically")
-            assets = checkpoint_assets(ir, quantized, cfg.group_size, cfg.trtllm_dtype)
+            assets, excluded = checkpoint_assets(ir, quantized, cfg.group_size, cfg.trtllm_dtype, outputs)
         except NotExportable as exc:
             if cfg.trtllm_checkpoint == "always":
                 raise UserError(f"awq_int4 cannot write the TensorRT-LLM checkpoint: {exc}") from None
             return {"written": False, "reason": str(exc)}
         ir.assets.update(assets)
         return {"written": True, "files": sorted(assets), "dtype": cfg.trtllm_dtype,
-                "build": "manifest tensorrt_llm.command (trtllm-build, limits from the shape plan)"}
+                "build": "manifest tensorrt_llm.command (trtllm-build, limits from the shape plan)",
+                **({"float_modules": excluded} if excluded else {})}
 
 
 def _summary(quantized: list[QuantizedLinear], report: dict, lowering: str, why: str, group: int) -> dict:

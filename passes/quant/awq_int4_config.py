@@ -7,6 +7,7 @@ from typing import Literal
 from pydantic import Field, field_validator, model_validator
 
 from mmtrt.pipeline.pass_config import PassConfig, int_choice
+from mmtrt.quant import TRTLLM_GROUPS
 
 AccuracyLevel = int_choice(0, 1, 2, 3, 4)
 
@@ -55,6 +56,9 @@ class AwqInt4Config(PassConfig):
             raise ValueError("zero_point: float applies to the asymmetric grid; set symmetric: false or drop zero_point")
         if self.act_order and self.method not in ("gptq", "awq_gptq"):
             raise ValueError("act_order applies to GPTQ's rounding; set method: gptq or awq_gptq, or drop act_order")
+        if self.trtllm_checkpoint == "always" and self.group_size not in TRTLLM_GROUPS:
+            raise ValueError(f"trtllm_checkpoint: always needs group_size 64 or 128, the groups TensorRT-LLM's INT4 "
+                             f"kernels take, not {self.group_size}")
         if not self.symmetric and (self.lowering == "dequantize_linear" or self.trtllm_checkpoint == "always"):
             raise ValueError("TensorRT's DequantizeLinear and TensorRT-LLM's W4A16_AWQ take symmetric INT4 only; "
                              "set symmetric: true or lowering: matmulnbits and trtllm_checkpoint: never")

@@ -181,3 +181,36 @@ def test_dump_ir_keeps_the_live_ir_for_later_passes(tiny_bundle, tmp_path, rng):
     assert a.token_ids == b.token_ids
     pixels = dumped.pixel_values(image)
     np.testing.assert_array_equal(dumped.image_features(pixels), plain.image_features(pixels))
+
+
+@pytest.mark.parametrize("force", [False, True])
+def test_a_folder_made_during_the_compile_is_left_alone(tmp_path, force):
+    """The check before the build is not enough: the swap checks again and renames without replacing."""
+    out = tmp_path / "out.bundle"
+    with pytest.raises(UserError, match="appeared during the compile" if not force else "not an mmtrt bundle"):
+        with staging_folder(out, force=force) as tmp:
+            (tmp / "manifest.json").write_text("{}")
+            out.mkdir()
+            (out / "notes.txt").write_text("mine")
+    assert [p.name for p in out.iterdir()] == ["notes.txt"] and (out / "notes.txt").read_text() == "mine"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.bundle"]
+
+
+def test_an_empty_folder_made_during_the_compile_is_not_replaced(tmp_path):
+    out = tmp_path / "out.bundle"
+    with pytest.raises(UserError, match="appeared during the compile"):
+        with staging_folder(out, force=False) as tmp:
+            (tmp / "new.txt").write_text("new")
+            out.mkdir()
+    assert list(out.iterdir()) == []
+
+
+def test_two_compiles_to_one_output_keep_the_first_bundle(tiny_bundle, tmp_path):
+    out = tmp_path / "out.bundle"
+    with pytest.raises(UserError, match="appeared during the compile"):
+        with staging_folder(out, force=False) as first:
+            (first / "first.txt").write_text("first")
+            with staging_folder(out, force=False) as second:
+                shutil.copytree(tiny_bundle, second, dirs_exist_ok=True)
+    assert (out / "manifest.json").is_file() and not (out / "first.txt").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out.bundle"]

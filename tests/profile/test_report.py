@@ -83,3 +83,30 @@ def test_bad_lists_and_folders_are_one_line_errors(report, tiny_bundle, capsys, 
     assert main(["profile", str(tmp_path), "--image", argv[4], "--prompt", "p"]) == 2
     errors = [line for line in capsys.readouterr().err.splitlines() if line.startswith("mmtrt: error")]
     assert len(errors) == 3 and "1,x" in errors[0] and "envelope.batch" in errors[1] and "not a bundle" in errors[2]
+
+
+def test_a_folder_of_the_user_s_files_is_refused_before_any_work(report, tmp_path, capsys):
+    _, argv = report
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "index.html").write_text("my page")
+    (mine / "report.json").write_text('{"mine": 1}')
+    assert main([*argv[:-3], "-o", str(mine)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "did not write (index.html, report.json)" in err, err
+    assert (mine / "index.html").read_text() == "my page" and (mine / "report.json").read_text() == '{"mine": 1}'
+
+
+def test_a_rerun_replaces_its_own_report_only(tmp_path):
+    from mmtrt.errors import UserError
+    from mmtrt.profile.output import check_output
+
+    out = tmp_path / "report"
+    out.mkdir()
+    (out / "report.json").write_text(json.dumps({"mmtrt_profile": ["index.html", "p.png", "report.json"]}))
+    (out / "index.html").write_text("")
+    (out / "p.png").write_bytes(PNG)
+    check_output(out)
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(UserError, match="notes.txt"):
+        check_output(out)

@@ -1,23 +1,17 @@
-"""The tiny zoo model and the saved SigLIP checkpoint compiled again with the static and paged KV layouts."""
+"""The tiny zoo model and the saved SigLIP checkpoint compiled again with the static KV layout (the paged one is in
+the root conftest: the serving tests use it too)."""
 
 import pytest
 
 from conftest import ROOT, compile_to
 
 STATIC = "  - kv_layout: {layout: static}\n"
-PAGED = "  - kv_layout: {layout: paged, block_tokens: 16}\n"
 
 
 @pytest.fixture(scope="session")
 def tiny_static_bundle(tmp_path_factory):
     recipe = (ROOT / "recipes" / "tiny-llava.yaml").read_text().replace("envelope:", STATIC + "envelope:")
     return compile_to(tmp_path_factory.mktemp("tiny-static"), recipe, "static.bundle")
-
-
-@pytest.fixture(scope="session")
-def tiny_paged_bundle(tmp_path_factory):
-    recipe = (ROOT / "recipes" / "tiny-llava.yaml").read_text().replace("envelope:", PAGED + "envelope:")
-    return compile_to(tmp_path_factory.mktemp("tiny-paged"), recipe, "paged.bundle")
 
 
 @pytest.fixture(scope="session")

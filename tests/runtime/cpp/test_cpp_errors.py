@@ -82,7 +82,7 @@ def test_manifest_without_a_key_it_reads(tiny_bundle, tmp_path, image, key):
     manifest = json.loads((copy / "manifest.json").read_text())
     del manifest[key]
     (copy / "manifest.json").write_text(json.dumps(manifest))
-    assert "manifest.json lacks what the runtime" in one_line_error(run_cpp(copy, image, "hi"))
+    assert f"manifest.json: {key} is missing" in one_line_error(run_cpp(copy, image, "hi"))
 
 
 def _truncated(rng, folder, fmt):

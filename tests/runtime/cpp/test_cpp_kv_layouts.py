@@ -100,7 +100,11 @@ def python_message(call) -> str:
 
 
 def test_a_pool_too_small_for_the_request_is_refused_as_python_does(tiny_paged_bundle, rng, tmp_path):
-    copy = edited_copy(tiny_paged_bundle, tmp_path, lambda m: m["dims"]["pool_blocks"].update(max=3))
+    def small_pool(m):  # a smaller pool of the same blocks: the schema wants num_slots = pool_blocks x block_tokens
+        m["dims"]["pool_blocks"].update(min=3, opt=3, max=3)
+        m["dims"]["num_slots"].update(min=48, opt=48, max=48)
+
+    copy = edited_copy(tiny_paged_bundle, tmp_path, small_pool)
     image = image_file(rng, tmp_path)
     message = one_line(run_cpp(copy, image, PROMPTS[0]))
     assert message.startswith("the request needs ") and "the bundle's pool holds 3;" in message
@@ -108,7 +112,13 @@ def test_a_pool_too_small_for_the_request_is_refused_as_python_does(tiny_paged_b
 
 
 def test_a_bf16_cache_is_refused_as_python_does(tiny_static_bundle, rng, tmp_path):
-    copy = edited_copy(tiny_static_bundle, tmp_path, lambda m: m["model"]["kv_cache"].update(dtype="bfloat16"))
+    def bf16(m):  # the cache's type and the LLM's cache inputs alike, as a bf16 compile writes them
+        m["model"]["kv_cache"].update(dtype="bfloat16")
+        for t in m["components"]["llm"]["inputs"]:
+            if t["name"].startswith("past."):
+                t["dtype"] = "bfloat16"
+
+    copy = edited_copy(tiny_static_bundle, tmp_path, bf16)
     message = one_line(run_cpp(copy, image_file(rng, tmp_path), "hi"))
     assert message.startswith("this bundle's KV cache is bfloat16")
     assert message == python_message(lambda: load(copy))
@@ -116,4 +126,6 @@ def test_a_bf16_cache_is_refused_as_python_does(tiny_static_bundle, rng, tmp_pat
 
 def test_an_unknown_layout_is_refused(tiny_static_bundle, rng, tmp_path):
     copy = edited_copy(tiny_static_bundle, tmp_path, lambda m: m["model"]["kv_cache"].update(layout="ring"))
-    assert "KV cache layout is 'ring'" in one_line(run_cpp(copy, image_file(rng, tmp_path), "hi"))
+    message = one_line(run_cpp(copy, image_file(rng, tmp_path), "hi"))
+    assert 'model.kv_cache.layout must be one of static, paged, not "ring"' in message
+    assert message == python_message(lambda: load(copy))

@@ -15,6 +15,8 @@
 #include "manifest.hpp"
 #include "preprocess.hpp"
 #include "runner.hpp"
+#include "signature.hpp"
+#include "special_tokens.hpp"
 #include "tokenizer.hpp"
 
 namespace mmtrt {
@@ -43,6 +45,16 @@ std::string join(const std::vector<std::string>& parts, const std::string& sep) 
   std::string out;
   for (const auto& p : parts) out += (out.empty() ? "" : sep) + p;
   return out;
+}
+
+// Any-resolution models (LLaVA-NeXT, LLaVA-OneVision) tile each image and lay its tiles' features out by its
+// size; this runtime runs one fixed-size image per prompt, and says so before any session loads.
+void refuse_tiled_images(const std::string& bundle, const Manifest& manifest) {
+  const auto& model = manifest.raw.at("model");
+  if (!model.at("vision").contains("anyres")) return;
+  throw Error(ErrorKind::BadBundle, bundle + " holds a " + model.at("architecture").get<std::string>() +
+                                        " model, which tiles each image at any resolution; the C++ runtime runs "
+                                        "fixed-size images only: run this bundle with the Python runtime (mmtrt run)");
 }
 
 void refuse_modified(const std::string& bundle, const Manifest& manifest) {
@@ -88,32 +100,32 @@ struct Bundle::Impl {
   std::unique_ptr<Tokenizer> tokenizer;
   std::map<std::string, std::unique_ptr<Runner>> runners;
   std::unique_ptr<KvCache> cache;  // allocated once per load; open() starts each sequence
+  bool parse_special_tokens = false;
   NamedStrings backends, fallbacks;
 
   Tensors run(const std::string& name, const TensorViews& feeds, const TensorViews& bound = {}) {
     for (const auto& spec : manifest.inputs.at(name)) {
       const auto found = feeds.find(spec.name);
-      if (found == feeds.end()) throw Error(ErrorKind::Runtime, name + " needs the input " + spec.name);
+      if (found == feeds.end()) {
+        std::string given;
+        for (const auto& [k, v] : feeds) given += (given.empty() ? "" : ", ") + k;
+        throw Error(ErrorKind::BadBundle, path + "/manifest.json: components." + name + " takes '" + spec.name +
+                                              "', which the runtime does not give (" + given + "); recompile the "
+                                              "recipe or restore the bundle");
+      }
       check_shape(name, spec, shape_of(found->second), manifest.dims);
     }
     return runners.at(name)->run_bound(feeds, bound);
   }
 
   std::vector<int32_t> prompt_ids(const std::string& prompt, bool raw) const {
-    const std::string text = raw ? prompt : tokenizer->format_prompt(model->chat_template, prompt);
-    const std::string& image_token = model->image_token;
+    if (!valid_utf8(prompt))
+      throw Error(ErrorKind::BadInput, "the prompt is not valid UTF-8 text (a lone surrogate or a byte that is not "
+                                       "UTF-8); re-encode it as UTF-8");
     const int64_t image_tokens = model->image_tokens;
-    const size_t count = count_of(text, image_token);
-    if (count != 1)
-      throw Error(ErrorKind::BadInput, "the prompt holds " + std::to_string(count) + " " + image_token +
-                                           " placeholders; with one image it needs exactly one (with --raw-prompt, "
-                                           "put " + image_token + " where the image goes)");
-    std::string repeated;
-    for (int64_t i = 0; i < image_tokens; ++i) repeated += image_token;
-    const std::string expanded = replace_all(text, image_token, repeated);
-    const std::string& bos = tokenizer->bos_token();
-    const bool add_special = !(!bos.empty() && expanded.rfind(bos, 0) == 0);
-    std::vector<int32_t> ids = tokenizer->encode(expanded, add_special);
+    std::vector<int32_t> ids = raw || parse_special_tokens || !tokenizer->holds_special_tokens(prompt)
+                                   ? template_ids(raw ? prompt : tokenizer->format_prompt(model->chat_template, prompt))
+                                   : user_text_ids(prompt);
     const int64_t limit = manifest.dims.at("seq").max;
     if (static_cast<int64_t>(ids.size()) > limit)
       throw Error(ErrorKind::BadInput, "the prompt is " + std::to_string(ids.size() - image_tokens) +
@@ -121,6 +133,52 @@ struct Bundle::Impl {
                                            std::to_string(limit - image_tokens) + "; shorten it or recompile with "
                                            "a larger envelope.prompt_tokens.max");
     return ids;
+  }
+
+  // mmtrt.runtime.prompt.tokenize: the one placeholder expanded, the BOS added unless the text starts with it.
+  std::vector<int32_t> template_ids(const std::string& text) const {
+    const std::string& image_token = model->image_token;
+    const size_t count = count_of(text, image_token);
+    if (count != 1)
+      throw Error(ErrorKind::BadInput, "the prompt holds " + std::to_string(count) + " " + image_token +
+                                           " placeholders; with one image it needs exactly one (with --raw-prompt, "
+                                           "put " + image_token + " where the image goes)");
+    return tokenizer->encode(expand(text), !starts_with_bos(text));
+  }
+
+  // mmtrt.runtime.prompt.tokenize_user_text: the template's special tokens parsed, the user's text kept as text.
+  std::vector<int32_t> user_text_ids(const std::string& prompt) const {
+    static const std::string sentinel = "\xee\x80\x80mmtrt-user-text\xee\x80\x80";  // U+E000 around a name
+    const std::string framed = tokenizer->format_prompt(model->chat_template, sentinel);
+    if (count_of(framed, sentinel) != 1)
+      throw Error(ErrorKind::BadInput, "the prompt holds special tokens and this bundle's chat template alters the "
+                                       "user's text, so they cannot be kept as text; remove them, or load with "
+                                       "parse_special_tokens=True");
+    const size_t count = count_of(framed, model->image_token);
+    if (count != 1)
+      throw Error(ErrorKind::BadInput, "the chat template holds " + std::to_string(count) + " " + model->image_token +
+                                           " placeholders; with one image it needs exactly one; recompile the recipe");
+    const size_t at = framed.find(sentinel);
+    const std::string before = expand(framed.substr(0, at)), after = expand(framed.substr(at + sentinel.size()));
+    std::vector<int32_t> ids = tokenizer->encode(before, !starts_with_bos(before));
+    const std::vector<int32_t> text = tokenizer->encode_text(prompt);
+    ids.insert(ids.end(), text.begin(), text.end());
+    if (!after.empty()) {
+      const std::vector<int32_t> tail = tokenizer->encode(after, false);
+      ids.insert(ids.end(), tail.begin(), tail.end());
+    }
+    return ids;
+  }
+
+  std::string expand(const std::string& text) const {
+    std::string repeated;
+    for (int64_t i = 0; i < model->image_tokens; ++i) repeated += model->image_token;
+    return replace_all(text, model->image_token, repeated);
+  }
+
+  bool starts_with_bos(const std::string& text) const {
+    const std::string& bos = tokenizer->bos_token();
+    return !bos.empty() && text.rfind(bos, 0) == 0;
   }
 
   std::vector<float> pixel_values(const std::string& image_path) const {
@@ -183,15 +241,38 @@ struct Bundle::Impl {
     return static_cast<int32_t>(std::max_element(last, last + vocab) - last);  // the first maximum, as np.argmax
   }
 
-  std::vector<int32_t> decode_greedy(Ort::Value logits, KvCache& cache, int max_new_tokens) {
-    std::vector<int32_t> generated;
+  // Tokens until an end-of-sequence token, a stop string (the text cut before it) or the limit, into g.
+  void decode(Ort::Value logits, KvCache& cache, int max_new_tokens, const SamplingParams& sampling,
+              const std::vector<int32_t>& prompt, Generation& g) {
+    std::optional<Sampler> sampler;
+    if (!sampling.greedy()) sampler.emplace(sampling, prompt, shape_of(logits).back());
+    auto& generated = g.token_ids;
     while (true) {
-      const int32_t token = last_argmax(logits);
+      const auto shape = logits.GetTensorTypeAndShapeInfo().GetShape();
+      const int32_t token = sampler ? sampler->choose(logits.GetTensorData<float>() + (shape[1] - 1) * shape[2])
+                                    : last_argmax(logits);
       generated.push_back(token);
-      if (model->eos.count(token) || static_cast<int>(generated.size()) == max_new_tokens) return generated;
+      if (model->eos.count(token)) break;
+      if (!sampling.stop.empty()) {  // the whole text again: a stop may span tokens, a character may complete
+        g.text = tokenizer->decode(generated);
+        if (cut_at_stop(g.text, sampling.stop)) return;
+      }
+      if (static_cast<int>(generated.size()) == max_new_tokens) {
+        g.finish_reason = "length";
+        break;
+      }
       std::vector<int64_t> next = {token};
       logits = step(embed(next, nullptr), cache);
     }
+    g.text = tokenizer->decode(generated);
+  }
+
+  static bool cut_at_stop(std::string& text, const std::vector<std::string>& stops) {
+    size_t first = std::string::npos;
+    for (const auto& stop : stops) first = std::min(first, text.find(stop));
+    if (first == std::string::npos) return false;
+    text.resize(first);
+    return true;
   }
 };
 
@@ -201,11 +282,13 @@ Bundle::~Bundle() = default;
 std::unique_ptr<Bundle::Impl> Bundle::load_impl(const std::string& path, const LoadOptions& options) {
   auto impl = std::make_unique<Impl>();
   impl->path = path;
+  check_trust(path, options.expect_digest, options.public_key);
   impl->manifest = read_manifest(path);
   impl->root = absolute(path);
   refuse_modified(path, impl->manifest);
   const Manifest& m = impl->manifest;
   impl->model = std::make_unique<ModelFacts>(m.raw);
+  refuse_tiled_images(path, m);
   for (const char* dim : {"seq", "height"})
     if (!m.dims.count(dim)) throw Error(ErrorKind::BadBundle, path + "/manifest.json has no dim " + dim + "; recompile the recipe");
   if (!m.outputs.count("preprocess") || m.outputs.at("preprocess").empty())
@@ -229,6 +312,8 @@ std::unique_ptr<Bundle::Impl> Bundle::load_impl(const std::string& path, const L
   }
   impl->backends.emplace_back("preprocess", "cpp");
   impl->tokenizer = std::make_unique<Tokenizer>(impl->root + "/tokenizer", m.raw.at("model"));
+  impl->parse_special_tokens = options.parse_special_tokens;
+  check_token_ids(path, m.raw.at("model"), impl->tokenizer->special_tokens());
   return impl;
 }
 
@@ -243,9 +328,17 @@ std::unique_ptr<Bundle> Bundle::load(const std::string& path, const LoadOptions&
 
 Generation Bundle::generate(const std::string& image_path, const std::string& prompt,
                             std::optional<int> max_new_tokens, bool raw_prompt) {
+  SamplingParams greedy;
+  greedy.max_new_tokens = max_new_tokens;
+  return generate(image_path, prompt, greedy, raw_prompt);
+}
+
+Generation Bundle::generate(const std::string& image_path, const std::string& prompt, const SamplingParams& sampling,
+                            bool raw_prompt) {
   Impl& b = *impl_;
+  if (const std::string problem = sampling.problem(); !problem.empty()) throw Error(ErrorKind::BadInput, problem);
   const int limit = b.model->max_new_tokens;
-  const int wanted = max_new_tokens.value_or(limit);
+  const int wanted = sampling.max_new_tokens.value_or(limit);
   if (wanted < 1 || wanted > limit)
     throw Error(ErrorKind::BadInput, "max_new_tokens " + std::to_string(wanted) + " is outside 1.." +
                                          std::to_string(limit) + ", the bundle's KV capacity; recompile with a "
@@ -259,8 +352,9 @@ Generation Bundle::generate(const std::string& image_path, const std::string& pr
   int64_t elements = 1;
   for (int64_t d : shape) elements *= d;
   if (elements != static_cast<int64_t>(pixels.size()))
-    throw Error(ErrorKind::Runtime, "preprocessing gave " + std::to_string(pixels.size()) + " values where the "
-                                        "manifest's preprocess output holds " + std::to_string(elements));
+    throw Error(ErrorKind::BadBundle, "preprocessing gave " + std::to_string(pixels.size()) + " values where the "
+                                          "manifest's preprocess output holds " + std::to_string(elements) +
+                                          "; recompile the recipe or restore the bundle");
   Ort::Value pixel_tensor = tensor(pixels, shape);
   Tensors vision = b.run("vision", {{"pixel_values", pixel_tensor}});
   fit_to_image_token_count(vision, ids, b.model->image_token_id);
@@ -271,7 +365,7 @@ Generation Bundle::generate(const std::string& image_path, const std::string& pr
   Ort::Value logits = b.step(embeds, *cache);
   const auto t3 = Clock::now();
   Generation g;
-  g.token_ids = b.decode_greedy(std::move(logits), *cache, wanted);
+  b.decode(std::move(logits), *cache, wanted, sampling, ids32, g);
   const auto t4 = Clock::now();
   const double steps = std::max<double>(static_cast<double>(g.token_ids.size()) - 1, 1);
   const auto ms = [](Clock::time_point a, Clock::time_point z) {
@@ -279,7 +373,6 @@ Generation Bundle::generate(const std::string& image_path, const std::string& pr
   };
   const auto round3 = [](double v) { return std::round(v * 1000) / 1000; };
   g.timings = {round3(ms(t0, t1)), round3(ms(t1, t2)), round3(ms(t2, t3)), round3(ms(t3, t4) / steps)};
-  g.text = b.tokenizer->decode(g.token_ids);
   g.prompt_tokens = static_cast<int>(ids.size());
   g.image_tokens = static_cast<int>(std::count(ids.begin(), ids.end(), b.model->image_token_id));
   g.backends = b.backends;
@@ -301,6 +394,7 @@ std::string Generation::to_json() const {
   nlohmann::ordered_json out;
   out["text"] = text;
   out["token_ids"] = token_ids;
+  out["finish_reason"] = finish_reason;
   out["prompt_tokens"] = prompt_tokens;
   out["image_tokens"] = image_tokens;
   out["timings"] = {{"preprocess_ms", timings.preprocess_ms},

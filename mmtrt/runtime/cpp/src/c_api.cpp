@@ -1,6 +1,7 @@
 // The C API: every entry point catches everything, so no exception crosses into C.
 #include "mmtrt/mmtrt.h"
 
+#include <cstdint>
 #include <cstring>
 #include <new>
 
@@ -13,6 +14,14 @@ struct mmtrt_bundle {
 struct mmtrt_generation {
   mmtrt::Generation generation;
   std::string json;
+};
+
+struct mmtrt_sampling {
+  mmtrt::SamplingParams params;
+};
+
+struct mmtrt_sampler {
+  mmtrt::Sampler sampler;
 };
 
 namespace {
@@ -54,6 +63,16 @@ mmtrt_status copy_out(const std::vector<T>& values, T* out, size_t capacity, siz
   return MMTRT_OK;
 }
 
+// Apply `change` to a copy; keep it only when every value stays in its range.
+template <typename F>
+mmtrt_status set_checked(mmtrt_sampling* sampling, F&& change) {
+  mmtrt::SamplingParams next = sampling->params;
+  change(next);
+  if (const std::string problem = next.problem(); !problem.empty()) return fail(MMTRT_ERR_INPUT, problem);
+  sampling->params = std::move(next);
+  return MMTRT_OK;
+}
+
 }  // namespace
 
 extern "C" {
@@ -61,11 +80,21 @@ extern "C" {
 const char* mmtrt_last_error(void) { return last_error.c_str(); }
 
 mmtrt_status mmtrt_bundle_load(const char* path, int threads, int spin, mmtrt_bundle** out) {
+  return mmtrt_bundle_load_trusted(path, threads, spin, nullptr, nullptr, out);
+}
+
+mmtrt_status mmtrt_bundle_load_trusted(const char* path, int threads, int spin, const char* expect_digest,
+                                       const char* public_key, mmtrt_bundle** out) {
   if (!path || !out) return fail(MMTRT_ERR_ARGUMENT, "mmtrt_bundle_load: path and out must not be null");
   *out = nullptr;
   return guarded([&] {
+    mmtrt::LoadOptions options;
+    options.threads = threads;
+    options.spin = spin != 0;
+    options.expect_digest = expect_digest ? expect_digest : "";
+    options.public_key = public_key ? public_key : "";
     auto handle = std::make_unique<mmtrt_bundle>();
-    handle->bundle = mmtrt::Bundle::load(path, {threads, spin != 0});
+    handle->bundle = mmtrt::Bundle::load(path, options);
     *out = handle.release();
     return MMTRT_OK;
   });
@@ -75,19 +104,94 @@ void mmtrt_bundle_free(mmtrt_bundle* bundle) { delete bundle; }
 
 mmtrt_status mmtrt_generate(mmtrt_bundle* bundle, const char* image_path, const char* prompt, int max_new_tokens,
                             int raw_prompt, mmtrt_generation** out) {
-  if (!bundle || !image_path || !prompt || !out)
-    return fail(MMTRT_ERR_ARGUMENT, "mmtrt_generate: bundle, image_path, prompt and out must not be null");
+  mmtrt_sampling greedy;
+  if (max_new_tokens > 0) greedy.params.max_new_tokens = max_new_tokens;
+  return mmtrt_generate_sampled(bundle, image_path, prompt, raw_prompt, &greedy, out);
+}
+
+mmtrt_status mmtrt_generate_sampled(mmtrt_bundle* bundle, const char* image_path, const char* prompt,
+                                    int raw_prompt, const mmtrt_sampling* sampling, mmtrt_generation** out) {
+  if (!bundle || !image_path || !prompt || !sampling || !out)
+    return fail(MMTRT_ERR_ARGUMENT, "mmtrt_generate: bundle, image_path, prompt, sampling and out must not be null");
   *out = nullptr;
   return guarded([&] {
     auto handle = std::make_unique<mmtrt_generation>();
-    std::optional<int> limit;
-    if (max_new_tokens > 0) limit = max_new_tokens;
-    handle->generation = bundle->bundle->generate(image_path, prompt, limit, raw_prompt != 0);
+    handle->generation = bundle->bundle->generate(image_path, prompt, sampling->params, raw_prompt != 0);
     handle->json = handle->generation.to_json();
     *out = handle.release();
     return MMTRT_OK;
   });
 }
+
+mmtrt_status mmtrt_sampling_create(mmtrt_sampling** out) {
+  if (!out) return fail(MMTRT_ERR_ARGUMENT, "mmtrt_sampling_create: out must not be null");
+  return guarded([&] {
+    *out = new mmtrt_sampling();
+    return MMTRT_OK;
+  });
+}
+
+void mmtrt_sampling_free(mmtrt_sampling* sampling) { delete sampling; }
+
+mmtrt_status mmtrt_sampling_set_float(mmtrt_sampling* sampling, const char* name, double value) {
+  if (!sampling || !name) return fail(MMTRT_ERR_ARGUMENT, "mmtrt_sampling_set_float: null argument");
+  last_error.clear();
+  const std::string key = name;
+  if (key == "temperature") return set_checked(sampling, [&](auto& p) { p.temperature = value; });
+  if (key == "top_p") return set_checked(sampling, [&](auto& p) { p.top_p = value; });
+  if (key == "repetition_penalty") return set_checked(sampling, [&](auto& p) { p.repetition_penalty = value; });
+  return fail(MMTRT_ERR_ARGUMENT, "mmtrt_sampling_set_float: " + key + " is not one of temperature, top_p, "
+                                  "repetition_penalty");
+}
+
+mmtrt_status mmtrt_sampling_set_int(mmtrt_sampling* sampling, const char* name, int64_t value) {
+  if (!sampling || !name) return fail(MMTRT_ERR_ARGUMENT, "mmtrt_sampling_set_int: null argument");
+  last_error.clear();
+  const std::string key = name;
+  if (key == "top_k") return set_checked(sampling, [&](auto& p) { p.top_k = value; });
+  if (key == "max_new_tokens") {
+    if (value < 1 || value > INT32_MAX)
+      return fail(MMTRT_ERR_INPUT, "sampling: max_new_tokens " + std::to_string(value) + " is outside >= 1; pass "
+                                   "an integer in that range");
+    sampling->params.max_new_tokens = static_cast<int>(value);
+    return MMTRT_OK;
+  }
+  return fail(MMTRT_ERR_ARGUMENT, "mmtrt_sampling_set_int: " + key + " is not one of top_k, max_new_tokens");
+}
+
+mmtrt_status mmtrt_sampling_set_seed(mmtrt_sampling* sampling, uint64_t seed) {
+  if (!sampling) return fail(MMTRT_ERR_ARGUMENT, "mmtrt_sampling_set_seed: null sampling");
+  last_error.clear();
+  sampling->params.seed = seed;
+  return MMTRT_OK;
+}
+
+mmtrt_status mmtrt_sampling_add_stop(mmtrt_sampling* sampling, const char* stop) {
+  if (!sampling || !stop) return fail(MMTRT_ERR_ARGUMENT, "mmtrt_sampling_add_stop: null argument");
+  return guarded([&] { return set_checked(sampling, [&](auto& p) { p.stop.emplace_back(stop); }); });
+}
+
+mmtrt_status mmtrt_sampler_create(const mmtrt_sampling* sampling, const int32_t* prompt_ids, size_t count,
+                                  size_t vocab, mmtrt_sampler** out) {
+  if (!sampling || (count && !prompt_ids) || !vocab || !out)
+    return fail(MMTRT_ERR_ARGUMENT, "mmtrt_sampler_create: null argument or vocab 0");
+  *out = nullptr;
+  return guarded([&] {
+    const std::vector<int32_t> prompt(prompt_ids, prompt_ids + count);
+    *out = new mmtrt_sampler{mmtrt::Sampler(sampling->params, prompt, vocab)};
+    return MMTRT_OK;
+  });
+}
+
+mmtrt_status mmtrt_sampler_choose(mmtrt_sampler* sampler, const float* logits, int32_t* token) {
+  if (!sampler || !logits || !token) return fail(MMTRT_ERR_ARGUMENT, "mmtrt_sampler_choose: null argument");
+  return guarded([&] {
+    *token = sampler->sampler.choose(logits);
+    return MMTRT_OK;
+  });
+}
+
+void mmtrt_sampler_free(mmtrt_sampler* sampler) { delete sampler; }
 
 void mmtrt_generation_free(mmtrt_generation* generation) { delete generation; }
 

@@ -16,6 +16,7 @@
 #define STBI_FAILURE_USERMSG
 #include <stb_image.h>
 
+#include "exif.hpp"
 #include "mmtrt/bundle.hpp"
 
 namespace mmtrt {
@@ -92,10 +93,7 @@ uint8_t over_white(uint32_t value, uint32_t alpha) {
 bool decode_stb(const std::vector<uint8_t>& data, RgbImage& out, std::string& why) {
   const auto* bytes = data.data();
   const int size = static_cast<int>(data.size());
-  if (stbi_is_16_bit_from_memory(bytes, size)) {
-    why = "16 bits per channel, which the C++ runtime does not convert; save it with 8 bits";
-    return false;
-  }
+  // a 16-bit file comes back with each value's high byte (stbi__convert_16_to_8), as PIL's 8-bit modes take it
   int width = 0, height = 0, channels = 0;
   std::unique_ptr<stbi_uc, void (*)(void*)> rgba(stbi_load_from_memory(bytes, size, &width, &height, &channels, 4),
                                                  stbi_image_free);
@@ -118,6 +116,28 @@ bool decode_stb(const std::vector<uint8_t>& data, RgbImage& out, std::string& wh
   return true;
 }
 
+constexpr size_t kHead = 1 << 16;
+constexpr size_t kMaxBytes = size_t{256} << 20;
+
+// The file, read only while it can be an image: its head must be one a decoder knows (so /dev/zero or a FIFO of
+// text stops at 64 KiB), and it may not pass 256 MiB.
+std::vector<uint8_t> read_bounded(std::ifstream& in, const std::string& path) {
+  std::vector<uint8_t> data(kHead);
+  in.read(reinterpret_cast<char*>(data.data()), static_cast<std::streamsize>(kHead));
+  data.resize(static_cast<size_t>(in.gcount()));
+  const bool jpeg = data.size() >= 3 && data[0] == 0xFF && data[1] == 0xD8 && data[2] == 0xFF;
+  int w = 0, h = 0, c = 0;
+  if (!jpeg && !stbi_info_from_memory(data.data(), static_cast<int>(data.size()), &w, &h, &c))
+    throw unreadable(path, "cannot identify image file");
+  std::vector<char> block(1 << 20);
+  while (in) {
+    in.read(block.data(), static_cast<std::streamsize>(block.size()));
+    data.insert(data.end(), block.begin(), block.begin() + in.gcount());
+    if (data.size() > kMaxBytes) throw unreadable(path, "larger than 256 MiB");
+  }
+  return data;
+}
+
 }  // namespace
 
 RgbImage read_image(const std::string& path) {
@@ -126,12 +146,13 @@ RgbImage read_image(const std::string& path) {
     throw Error(ErrorKind::BadInput, "image " + path + " does not exist; pass the path of a PNG or JPEG file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw unreadable(path, "permission denied or not a regular file");
-  std::vector<uint8_t> data((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const std::vector<uint8_t> data = read_bounded(in, path);
   RgbImage image;
   std::string why;
   const bool jpeg = data.size() >= 3 && data[0] == 0xFF && data[1] == 0xD8 && data[2] == 0xFF;
   if (!(jpeg ? decode_jpeg(data, image, why) : decode_stb(data, image, why))) throw unreadable(path, why);
   if (image.width <= 0 || image.height <= 0) throw unreadable(path, "empty image");
+  apply_orientation(image, exif_orientation(data));
   return image;
 }
 

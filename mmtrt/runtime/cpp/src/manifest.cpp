@@ -61,6 +61,7 @@ Manifest read_manifest(const std::string& bundle) {
     throw Error(ErrorKind::BadBundle, bundle + " has manifest schema " + (version.is_null() ? "None" : version.dump()) +
                                           ", this mmtrt reads " + std::to_string(kSchemaVersion) +
                                           "; recompile the recipe with this mmtrt");
+  check_manifest_schema(bundle, m.raw);
   try {
     for (const auto& [name, range] : m.raw.at("dims").items())
       m.dims[name] = {range.at("min").get<int64_t>(), range.at("opt").get<int64_t>(),

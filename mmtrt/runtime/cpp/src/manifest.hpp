@@ -31,8 +31,11 @@ struct Manifest {
   std::map<std::string, std::vector<TensorSpec>> outputs;  // component -> outputs
 };
 
-// Refuses a folder without manifest.json or with another schema version (as mmtrt.bundle.manifest does).
+// Refuses a folder without manifest.json or with another schema version (as mmtrt.bundle.manifest does), and a
+// manifest that fails manifest_schema.json or lists less than the bundle holds (check_manifest_schema).
 Manifest read_manifest(const std::string& bundle);
+// One line naming the field (src/manifest_schema.cpp, the twin of mmtrt/bundle/schema.py).
+void check_manifest_schema(const std::string& bundle, const json& manifest);
 std::string sha256_file(const std::string& path);
 // Artifacts whose content no longer matches the manifest (or that are missing).
 std::vector<std::string> modified_artifacts(const std::string& bundle, const Manifest& manifest);
@@ -40,5 +43,7 @@ std::vector<std::string> modified_artifacts(const std::string& bundle, const Man
 void check_shape(const std::string& component, const TensorSpec& spec, const std::vector<int64_t>& shape,
                  const Dims& dims);
 json read_json_file(const std::string& path);
+// Well-formed UTF-8 (no overlong forms, no surrogates), as the manifest's text and a prompt must be.
+bool valid_utf8(const std::string& text);
 
 }  // namespace mmtrt

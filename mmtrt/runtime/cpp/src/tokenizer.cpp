@@ -8,6 +8,7 @@
 #include <unistd.h>
 
 #include "mmtrt/bundle.hpp"
+#include "special_tokens.hpp"
 
 // The few functions of onnxruntime-genai's C API (ort_genai_c.h, 0.18) this file calls; no header ships.
 extern "C" {
@@ -52,7 +53,8 @@ std::string take_string(const char* str) {
 // written to: the tokenizer files are linked into a private temporary folder beside a minimal config.
 class ConfigFolder {
  public:
-  ConfigFolder(const std::string& tokenizer_dir, const json& model) {
+  // text_only: tokenizer.json and tokenizer_config.json written without their special tokens
+  ConfigFolder(const std::string& tokenizer_dir, const json& model, bool text_only = false) : text_only_(text_only) {
     const char* tmp = std::getenv("TMPDIR");
     std::string pattern = std::string(tmp && *tmp ? tmp : "/tmp") + "/mmtrt-tokenizer-XXXXXX";
     if (!mkdtemp(pattern.data())) throw Error(ErrorKind::Runtime, "cannot create a temporary folder in " + pattern);
@@ -70,6 +72,7 @@ class ConfigFolder {
  private:
   std::string path_;
   std::vector<std::string> files_;
+  bool text_only_;
 
   void link_files(const std::string& tokenizer_dir, const json& model) {
     std::unique_ptr<DIR, int (*)(DIR*)> dir(opendir(tokenizer_dir.c_str()), closedir);
@@ -78,6 +81,10 @@ class ConfigFolder {
       const std::string name = entry->d_name;
       if (name == "." || name == "..") continue;
       files_.push_back(path_ + "/" + name);
+      if (text_only_ && (name == "tokenizer.json" || name == "tokenizer_config.json")) {
+        std::ofstream(files_.back()) << without_special_tokens(name, read_json_file(tokenizer_dir + "/" + name)).dump();
+        continue;
+      }
       if (symlink((tokenizer_dir + "/" + name).c_str(), files_.back().c_str()) != 0)
         throw Error(ErrorKind::Runtime, "cannot link " + name + " into " + path_);
     }
@@ -119,13 +126,19 @@ std::string read_bos_token(const std::string& folder) {
 }  // namespace
 
 Tokenizer::Tokenizer(const std::string& folder, const json& model)
-    : bos_token_(read_bos_token(folder)), byte_level_(ByteLevelDetokenizer::from_file(folder + "/tokenizer.json")) {
+    : bos_token_(read_bos_token(folder)),
+      special_(SpecialTokens::from_file(folder + "/tokenizer.json")),
+      byte_level_(ByteLevelDetokenizer::from_file(folder + "/tokenizer.json")) {
   const ConfigFolder config(folder, model);
   check(OgaCreateTokenizerFromPath(config.path().c_str(), &handle_), "cannot load the tokenizer in " + folder);
+  const ConfigFolder text_config(folder, model, true);
+  check(OgaCreateTokenizerFromPath(text_config.path().c_str(), &text_handle_),
+        "cannot load the tokenizer in " + folder);
 }
 
 Tokenizer::~Tokenizer() {
   if (handle_) OgaDestroyTokenizer(handle_);
+  if (text_handle_) OgaDestroyTokenizer(text_handle_);
 }
 
 std::string Tokenizer::format_prompt(const std::string& chat_template, const std::string& prompt) const {
@@ -137,14 +150,26 @@ std::string Tokenizer::format_prompt(const std::string& chat_template, const std
   return take_string(out);
 }
 
+// The special tokens around the ids are the post-processor's (as HF `tokenizers` adds them), never
+// onnxruntime-genai's own choice, which follows tokenizer_config.json's bos_token.
 std::vector<int32_t> Tokenizer::encode(const std::string& text, bool add_special_tokens) const {
+  std::vector<int32_t> ids = encode_with(handle_, text);
+  if (!add_special_tokens) return ids;
+  ids.insert(ids.begin(), special_.prefix.begin(), special_.prefix.end());
+  ids.insert(ids.end(), special_.suffix.begin(), special_.suffix.end());
+  return ids;
+}
+
+std::vector<int32_t> Tokenizer::encode_text(const std::string& text) const { return encode_with(text_handle_, text); }
+
+std::vector<int32_t> Tokenizer::encode_with(OgaTokenizer* handle, const std::string& text) {
   const char* key = "add_special_tokens";
-  const char* value = add_special_tokens ? "true" : "false";
-  check(OgaUpdateTokenizerOptions(handle_, &key, &value, 1), "cannot set add_special_tokens");
+  const char* value = "false";
+  check(OgaUpdateTokenizerOptions(handle, &key, &value, 1), "cannot set add_special_tokens");
   OgaSequences* sequences = nullptr;
   check(OgaCreateSequences(&sequences), "cannot allocate token sequences");
   std::unique_ptr<OgaSequences, void (*)(OgaSequences*)> owned(sequences, OgaDestroySequences);
-  check(OgaTokenizerEncode(handle_, text.c_str(), sequences), "cannot tokenize the prompt");
+  check(OgaTokenizerEncode(handle, text.c_str(), sequences), "cannot tokenize the prompt");
   const int32_t* data = OgaSequencesGetSequenceData(sequences, 0);
   return std::vector<int32_t>(data, data + OgaSequencesGetSequenceCount(sequences, 0));
 }

@@ -32,6 +32,19 @@ int main() {
   mmtrt_bundle_free(nullptr);
   mmtrt_generation_free(nullptr);
   expect(std::string(mmtrt_generation_text(nullptr)).empty(), "text of null is empty");
+  mmtrt_sampling* sampling = nullptr;
+  expect(mmtrt_sampling_create(&sampling) == MMTRT_OK && sampling != nullptr, "sampling create");
+  expect(mmtrt_sampling_set_float(sampling, "top_p", 0.0) == MMTRT_ERR_INPUT &&
+             std::strstr(mmtrt_last_error(), "sampling: top_p 0.0 is outside (0, 1]") != nullptr,
+         std::string("top_p 0 -> INPUT naming the range: ") + mmtrt_last_error());
+  expect(mmtrt_sampling_add_stop(sampling, "") == MMTRT_ERR_INPUT, "empty stop -> INPUT");
+  expect(mmtrt_sampling_set_int(nullptr, "top_k", 3) == MMTRT_ERR_ARGUMENT, "null sampling -> ARGUMENT");
+  mmtrt_sampler* sampler = nullptr;
+  expect(mmtrt_sampler_create(sampling, nullptr, 0, 0, &sampler) == MMTRT_ERR_ARGUMENT, "vocab 0 -> ARGUMENT");
+  expect(mmtrt_generate_sampled(nullptr, "a.png", "hi", 0, sampling, &generation) == MMTRT_ERR_ARGUMENT,
+         "null bundle sampled -> ARGUMENT");
+  mmtrt_sampling_free(sampling);
+  mmtrt_sampler_free(nullptr);
   if (failures == 0) std::puts("unit tests passed");
   return failures == 0 ? 0 : 1;
 }

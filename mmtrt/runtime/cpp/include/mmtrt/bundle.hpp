@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include "mmtrt/sampling.hpp"
+
 #if defined(MMTRT_BUILDING)
 #define MMTRT_API __attribute__((visibility("default")))
 #else
@@ -34,6 +36,9 @@ class MMTRT_API Error : public std::runtime_error {
 struct LoadOptions {
   int threads = 0;     // ONNX Runtime intra-op threads; 0 lets ONNX Runtime choose
   bool spin = true;    // ONNX Runtime's spin-waiting thread pools
+  std::string expect_digest;  // refuse the bundle unless its manifest's sha256 is this ("sha256:..." or hex)
+  std::string public_key;     // refuse the bundle unless `mmtrt sign` signed it with this PEM key's private key
+  bool parse_special_tokens = false;  // special tokens typed in a prompt act as such; by default they are text
 };
 
 struct Timings {
@@ -45,6 +50,7 @@ using NamedStrings = std::vector<std::pair<std::string, std::string>>;
 struct MMTRT_API Generation {
   std::string text;
   std::vector<int32_t> token_ids;
+  std::string finish_reason = "stop";  // "stop": an end-of-sequence token or a stop string; "length": the limit
   int prompt_tokens = 0;
   int image_tokens = 0;  // the image's tokens in the prompt
   Timings timings;
@@ -66,6 +72,9 @@ class MMTRT_API Bundle {
   // Greedy decoding; max_new_tokens defaults to the bundle's envelope.max_new_tokens.
   Generation generate(const std::string& image_path, const std::string& prompt,
                       std::optional<int> max_new_tokens = std::nullopt, bool raw_prompt = false);
+  // Decoding as `sampling` asks (greedy by default); values outside their ranges are ErrorKind::BadInput.
+  Generation generate(const std::string& image_path, const std::string& prompt, const SamplingParams& sampling,
+                      bool raw_prompt = false);
 
   // The steps generate takes, for callers and tests that check one of them.
   std::vector<int32_t> prompt_ids(const std::string& prompt, bool raw_prompt = false) const;

@@ -1,0 +1,66 @@
+"""What every family shares: the LLM's facts, the tokenizer assets, and the embed and llm components."""
+
+from __future__ import annotations
+
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import onnx
+
+from mmtrt.ir import export
+from mmtrt.ir.graph import Component, graph_io
+from mmtrt.progress import facts_digest, stage
+
+COMPONENTS = ("preprocess", "vision", "embed", "llm")
+# what every family's lowering gives: HF's stack of all vision hidden states, the LLM's cache as HF lays it out
+FRONTEND_PROPERTIES = frozenset({"vision.hidden_state_stack", "llm.kv_cache.hf"})
+
+
+def llm_facts(text) -> dict[str, Any]:
+    """The decoder's sizes, from its text config."""
+    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
+    return {
+        "model_type": text.model_type,
+        "num_layers": text.num_hidden_layers,
+        "hidden_size": text.hidden_size,
+        "num_heads": text.num_attention_heads,
+        "num_kv_heads": text.num_key_value_heads,
+        "head_dim": head_dim,
+        "vocab_size": text.vocab_size,
+        "max_position_embeddings": text.max_position_embeddings,
+    }
+
+
+def eos_token_ids(generation_config) -> list[int]:
+    eos = generation_config.eos_token_id
+    return sorted(eos if isinstance(eos, list) else [eos])
+
+
+def tokenizer_assets(processor) -> dict[str, bytes]:
+    with tempfile.TemporaryDirectory() as tmp:
+        processor.tokenizer.save_pretrained(tmp)
+        return {f"tokenizer/{p.name}": p.read_bytes() for p in sorted(Path(tmp).iterdir()) if p.is_file()}
+
+
+def onnx_component(name: str, model) -> Component:
+    return Component(name, graph_io(model, "inputs"), graph_io(model, "outputs"), onnx=model)
+
+
+def lowered(name: str, sizes: dict[str, Any], export_graph: Callable[[], onnx.ModelProto]) -> Component:
+    """One component exported under a progress line that names it with its depth; the next compile of the same
+    sizes shows this one's time as its estimate."""
+    depth = f" ({sizes['num_layers']} layers)" if "num_layers" in sizes else ""
+    with stage(f"lowering {name}{depth} to ONNX", key=f"lower {name} {facts_digest(sizes)}"):
+        return onnx_component(name, export_graph())
+
+
+def language_components(model, llm: dict[str, Any]) -> dict[str, Component]:
+    """The token embedding and the decoder (prefill and decode in one graph), exported."""
+    table = {"vocab_size": llm["vocab_size"], "hidden_size": llm["hidden_size"]}
+    return {
+        "embed": lowered("embed", table, lambda: export.export_embedding(model)),
+        "llm": lowered("llm", llm, lambda: export.export_decoder(model, llm["num_layers"], llm["num_kv_heads"],
+                                                                 llm["head_dim"], llm["hidden_size"])),
+    }

@@ -1,0 +1,225 @@
+"""Continuous batching over a loaded pipeline: sequences join and leave between decode steps.
+
+`Scheduler.admit` prefills one request into a free place of the bundle's KV layout and chooses its first token;
+`step` decodes one token for every running sequence in one LLM call; a sequence leaves at an end-of-sequence
+token, a stop string or its token limit (or when `release`d, e.g. cancelled), and its place is free at once.
+The places, per layout:
+- paged: a block table per sequence (`paged.PagedCache`); admitted when a batch place is free and the pool holds
+  its worst case beside what the running ones may still take; a request whose image prefix a running sequence
+  holds forks that sequence's blocks and prefills only what follows the image;
+- static: a row of the shared buffers; a leaving row is refilled from the last one, so rows 0..n-1 run;
+- hf (no kv_layout): a grown cache per sequence, each decoded by its own LLM call in the step (any batch).
+`generate_batch`, `Pipeline.stream` and the serving loop all drive this one class.
+"""
+
+from __future__ import annotations
+
+import time
+from collections import deque
+from typing import Iterator
+
+import numpy as np
+
+from mmtrt.errors import UserError
+from mmtrt.runtime.batch import Prepared, Sequence
+from mmtrt.runtime.paged import PagedStepper, prefill_sharing
+from mmtrt.runtime.streaming import Delta, TextStream
+
+
+class Scheduler:
+    def __init__(self, pipe, max_batch: int | None = None, text: bool = False):
+        """`text`: every sequence streams its text (deltas carry it); otherwise only those with stop strings.
+        One scheduler at a time per pipeline (they share its KV cache): `close` lets the next one start."""
+        self.pipe, self.text = pipe, text
+        self.places = (Blocks(pipe) if isinstance(pipe.stepper, PagedStepper) else Rows(pipe) if pipe.stepper
+                       else OwnCaches(pipe))
+        if max_batch and max_batch > self.places.batch and pipe.stepper:
+            raise UserError(f"max_batch {max_batch} is more than the {self.places.batch} sequences this bundle's KV "
+                            "cache holds; pass at most that or recompile with a larger envelope.batch.max")
+        self.max_batch = max_batch or self.places.batch
+        if not pipe.decoding.acquire(blocking=False):
+            raise RuntimeError("this bundle is decoding already (an unfinished stream or a serving loop); finish "
+                               "or close it first, or load the bundle again")
+        self.eos = set(pipe.model["eos_token_ids"])
+        self.active: list[Sequence] = []
+
+    def fits(self, prep: Prepared) -> bool:
+        """Whether `prep` can be admitted now (a batch place, and blocks for its worst case under paged)."""
+        return len(self.active) < self.max_batch and self.places.fits(prep)
+
+    def admit(self, prep: Prepared) -> tuple[Sequence, Delta]:
+        """Prefill `prep` and choose its first token; the sequence runs unless that token already ends it."""
+        seq = Sequence(prep)
+        if self.text or prep.sampling.stop:
+            seq.text = TextStream(self.pipe.tokenizer, prep.sampling.stop)
+        t0 = time.perf_counter()
+        try:
+            logits = self.places.prefill(seq, len(self.active))
+        except BaseException:
+            self.places.close(seq)
+            raise
+        prep.timings["prefill_ms"] = 1e3 * (time.perf_counter() - t0)
+        delta = self._advance(seq, logits)
+        if delta.finish_reason:
+            self.places.close(seq)
+        else:
+            self.active.append(seq)
+        return seq, delta
+
+    def step(self) -> list[tuple[Sequence, Delta]]:
+        """One token for every running sequence; the finished ones leave."""
+        if not self.active:
+            return []
+        t0 = time.perf_counter()
+        logits = self.places.decode(self.active)
+        spent = time.perf_counter() - t0
+        events = []
+        for seq, row in zip(self.active, logits):
+            seq.decode_s += spent
+            events.append((seq, self._advance(seq, row)))
+        for seq, delta in events:
+            if delta.finish_reason:
+                self.release(seq)
+        return events
+
+    def release(self, seq: Sequence) -> None:
+        """Take a running sequence out and free its place (its KV blocks or row) now."""
+        self.places.remove(self.active, self.active.index(seq))
+        self.places.close(seq)
+
+    def close(self) -> None:
+        """Free every running sequence's place and let another scheduler drive the pipeline."""
+        for seq in list(self.active):
+            self.release(seq)
+        self.pipe.decoding.release()
+
+    def usage(self) -> tuple[int, int]:
+        """KV places in use and in all: blocks (paged), rows (static) or sequences (hf)."""
+        return self.places.usage(len(self.active), self.max_batch)
+
+    def _advance(self, seq: Sequence, logits: np.ndarray) -> Delta:
+        seq.choose(logits)
+        token = seq.tokens[-1]
+        text = seq.text.push(token) if seq.text else ""
+        if token in self.eos or (seq.text and seq.text.stopped):
+            seq.finish_reason = "stop"
+        elif len(seq.tokens) == seq.prep.limit:
+            seq.finish_reason = "length"
+        if seq.finish_reason and seq.text:
+            text += seq.text.flush()
+        return Delta((token,), text, seq.finish_reason)
+
+
+def run_to_end(pipe, prepared: list[Prepared], text: bool = False) -> Iterator[tuple[Sequence, Delta]]:
+    """Every prepared request through a scheduler of its own, admitted in order as places free up; each token's
+    event. The scheduler starts at the first event and is closed at the end (or when the caller drops this)."""
+    waiting, scheduler = deque(prepared), Scheduler(pipe, text=text)
+    try:
+        while waiting or scheduler.active:
+            while waiting and scheduler.fits(waiting[0]):
+                yield scheduler.admit(waiting.popleft())
+            yield from scheduler.step()
+    finally:
+        scheduler.close()
+
+
+class Rows:
+    """The static layout: the active sequence i owns row i of the shared buffers."""
+
+    def __init__(self, pipe):
+        self.pipe, self.stepper = pipe, pipe.stepper
+        self.batch = self.stepper.cache.rows
+
+    def fits(self, prep: Prepared) -> bool:
+        return True
+
+    def prefill(self, seq: Sequence, row: int) -> np.ndarray:
+        return self.pipe.prefill(self.stepper, row, seq.prep)[0, -1]
+
+    def decode(self, active: list[Sequence]) -> np.ndarray:
+        embeds = self.pipe.embed(np.array([[s.tokens[-1]] for s in active], np.int64))
+        return self.stepper.run(embeds, 0, len(active), last_only=True)[:, -1]
+
+    def remove(self, active: list[Sequence], row: int) -> None:
+        """The last active row moves into the hole, so rows 0..n-1 stay the active ones."""
+        last = len(active) - 1
+        if row != last:
+            self.stepper.cache.copy_row(last, row)
+        active[row] = active[last]
+        active.pop()
+
+    def close(self, seq: Sequence) -> None:
+        """A row holds nothing once it is outside 0..n-1."""
+
+    def usage(self, running: int, limit: int) -> tuple[int, int]:
+        return running, self.batch
+
+
+class Blocks:
+    """The paged layout: a block table per sequence (keyed by the request's index), image prefixes forked."""
+
+    def __init__(self, pipe):
+        self.pipe, self.stepper, self.cache = pipe, pipe.stepper, pipe.stepper.cache
+        self.batch = self.stepper.batch_max
+        self.holders: dict[str, list[int]] = {}  # running sequences holding each image prefix, by its key
+
+    def fits(self, prep: Prepared) -> bool:
+        shared = prep.prefix_len if self.holders.get(prep.prefix_key) else 0
+        return self.cache.can_open(len(prep.ids) + prep.limit, shared)
+
+    def prefill(self, seq: Sequence, _row: int) -> np.ndarray:
+        prep = seq.prep
+        self.cache.open(prep.index, len(prep.ids) + prep.limit)
+        return prefill_sharing(self.pipe, self.stepper, self.holders, prep)[0, -1]
+
+    def decode(self, active: list[Sequence]) -> np.ndarray:
+        embeds = self.pipe.embed(np.array([[s.tokens[-1]] for s in active], np.int64))
+        return self.stepper.run(embeds, [s.prep.index for s in active], last_only=True)[:, -1]
+
+    def remove(self, active: list[Sequence], i: int) -> None:
+        active.pop(i)
+
+    def close(self, seq: Sequence) -> None:
+        """Every block of the sequence back to the pool (a shared one when its last holder lets go)."""
+        index, key = seq.prep.index, seq.prep.prefix_key
+        if index in self.cache.tables:
+            self.cache.close(index)
+        if key and index in self.holders.get(key, ()):
+            self.holders[key].remove(index)
+            if not self.holders[key]:
+                del self.holders[key]
+
+    def usage(self, running: int, limit: int) -> tuple[int, int]:
+        allocator = self.cache.allocator
+        return allocator.total - allocator.available, allocator.total
+
+
+class OwnCaches:
+    """The hf layout (no kv_layout): each sequence keeps the cache arrays its calls return, one call each."""
+
+    def __init__(self, pipe):
+        self.pipe = pipe
+        self.batch = pipe.dims["batch"]["max"]
+
+    def fits(self, prep: Prepared) -> bool:
+        return True
+
+    def prefill(self, seq: Sequence, _row: int) -> np.ndarray:
+        logits, seq.cache = self.pipe.step(seq.prep.embeds, self.pipe.empty_cache())
+        return logits[0, -1]
+
+    def decode(self, active: list[Sequence]) -> list[np.ndarray]:
+        rows = []
+        for seq in active:
+            logits, seq.cache = self.pipe.step(self.pipe.embed(np.array([[seq.tokens[-1]]], np.int64)), seq.cache)
+            rows.append(logits[0, -1])
+        return rows
+
+    def remove(self, active: list[Sequence], i: int) -> None:
+        active.pop(i)
+
+    def close(self, seq: Sequence) -> None:
+        seq.cache = None
+
+    def usage(self, running: int, limit: int) -> tuple[int, int]:
+        return running, limit

@@ -1,0 +1,294 @@
+"""The serving loop: continuous batching for served traffic, on a thread of its own.
+
+`submit` checks a request on the caller's thread (token limit, sampling values, prompt, images: a UserError at
+once) and queues it in a bounded queue (`QueueFull` when full, so an overloaded server refuses rather than times
+out). Between decode steps the loop thread cancels what was cancelled, admits queued requests while the scheduler
+has places (the vision encoder runs then, the image-prefix cache shared by every request), and decodes one token
+for every running sequence. Each step's `Delta`s go to the requests' handles (iterate one) or callbacks.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+import threading
+import time
+from collections import deque
+from dataclasses import dataclass
+from queue import SimpleQueue
+from typing import Callable, Iterator
+
+from mmtrt.errors import UserError
+from mmtrt.runtime.batch import Prepared, Request, Sequence
+from mmtrt.runtime.sampling import SamplingParams
+from mmtrt.runtime.scheduler import Scheduler
+from mmtrt.runtime.streaming import Delta
+
+
+class Unavailable(RuntimeError):
+    """The loop takes no request now (HTTP 503): it is draining or closed."""
+
+
+class QueueFull(Unavailable):
+    """The bounded queue is full (HTTP 429): retry later or scale out."""
+
+
+@dataclass(frozen=True)
+class Metrics:
+    queued: int
+    running: int
+    kv_blocks_used: int  # paged: blocks of the pool; static: rows of the buffers; hf: running sequences
+    kv_blocks_total: int
+    requests_finished: int  # every reason: stop, length, abort, error
+    requests_refused: int  # QueueFull and Unavailable at submit
+    tokens_generated: int
+    time_to_first_token_s: float | None  # mean over the requests that got a first token
+    tokens_per_s: float | None  # tokens generated per second of the loop's busy time (some sequence running)
+
+
+class Handle:
+    """One submitted request. Iterate it for its `Delta`s (the last has a finish_reason; a request that failed
+    inside the loop raises its error instead), or wait for `result()`. With a callback, the callback gets every
+    Delta (an error as finish_reason "error" with its message) and iterating gets none."""
+
+    def __init__(self, loop: ServingLoop, prep: Prepared, on_delta: Callable[[Delta], None] | None):
+        self.loop, self.prep, self.on_delta = loop, prep, on_delta
+        self.id, self.prompt_tokens = prep.index, len(prep.ids)
+        self.seq = None
+        self.finish_reason: str | None = None
+        self.generation = None  # a runtime.pipeline.Generation once finished (not after an error)
+        self.error: BaseException | None = None
+        self.submitted = time.monotonic()
+        self.time_to_first_token_s: float | None = None
+        self._deltas: SimpleQueue[Delta] = SimpleQueue()
+        self._done = threading.Event()
+
+    @property
+    def done(self) -> bool:
+        return self._done.is_set()
+
+    def __iter__(self) -> Iterator[Delta]:
+        while True:
+            delta = self._deltas.get()
+            if delta.finish_reason == "error":
+                raise self.error
+            yield delta
+            if delta.finish_reason:
+                return
+
+    def cancel(self, timeout: float | None = 30) -> None:
+        """Stop the request: its KV blocks (or row) are free when this returns (on the loop's thread, at once)."""
+        self.loop._cancel(self, timeout)
+
+    def result(self, timeout: float | None = None):
+        """The finished request's Generation (finish_reason "abort" when cancelled); its error if it failed."""
+        if not self._done.wait(timeout):
+            raise TimeoutError(f"request {self.id} is still running")
+        if self.error is not None:
+            raise self.error
+        return self.generation
+
+
+class ServingLoop:
+    """Continuous batching over one loaded pipeline (it holds the pipeline's KV cache until `close`)."""
+
+    def __init__(self, pipeline, max_batch: int | None = None, max_queue: int = 64):
+        self.pipe, self.max_queue = pipeline, max_queue
+        self.scheduler = Scheduler(pipeline, max_batch, text=True)
+        self._cv = threading.Condition()
+        self._queue: deque[Handle] = deque()
+        self._cancelled: list[Handle] = []
+        self._running: dict[int, Handle] = {}
+        self._state = "open"  # then "draining" (no new requests), "closed", or "stopped" by a fault of the loop
+        self._ids = itertools.count()
+        self._counts = dict(finished=0, refused=0, tokens=0, first_tokens=0)
+        self._ttft_sum = self._busy_s = 0.0
+        self._usage = self.scheduler.usage()
+        self._thread = threading.Thread(target=self._run, name="mmtrt-serving-loop", daemon=True)
+        self._thread.start()
+
+    def submit(self, request: Request, sampling: SamplingParams | None = None,
+               on_delta: Callable[[Delta], None] | None = None) -> Handle:
+        """Queue a request (`sampling` replaces the request's own). Raises UserError for a bad request (bad
+        sampling values even when the queue is full), QueueFull or Unavailable when the loop takes none now. `on_delta` runs on the loop's thread: keep it short."""
+        if sampling is not None:
+            request = dataclasses.replace(request, sampling=sampling)
+        (request.sampling or SamplingParams()).validate(self.pipe.manifest["envelope"]["max_new_tokens"])
+        self._refuse_if_unavailable()
+        handle = Handle(self, self.pipe.check(next(self._ids), request), on_delta)
+        with self._cv:
+            self._refuse_if_unavailable()
+            self._queue.append(handle)
+            self._cv.notify_all()
+        return handle
+
+    def metrics(self) -> Metrics:
+        with self._cv:
+            c = self._counts
+            used, total = self._usage
+            return Metrics(len(self._queue), len(self._running), used, total, c["finished"], c["refused"],
+                           c["tokens"], self._ttft_sum / c["first_tokens"] if c["first_tokens"] else None,
+                           c["tokens"] / self._busy_s if self._busy_s else None)
+
+    def drain(self, timeout: float | None = None) -> bool:
+        """Refuse new requests; wait until the queued and running ones have finished. False on timeout."""
+        with self._cv:
+            if self._state == "open":
+                self._state = "draining"
+            return self._cv.wait_for(lambda: not self._queue and not self._running, timeout)
+
+    def close(self) -> None:
+        """Stop: queued and running requests end with finish_reason "abort"; the pipeline is free again."""
+        with self._cv:
+            if self._state == "closed":
+                return
+            self._state = "closed"
+            self._cv.notify_all()
+        self._thread.join()
+        self.scheduler.close()
+
+    def __enter__(self) -> ServingLoop:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _refuse_if_unavailable(self) -> None:
+        with self._cv:
+            if self._state != "open":
+                self._counts["refused"] += 1
+                raise Unavailable(f"the server is {self._state} and takes no new requests")
+            if len(self._queue) >= self.max_queue:
+                self._counts["refused"] += 1
+                raise QueueFull(f"the queue holds {self.max_queue} requests already; retry later")
+
+    def _cancel(self, handle: Handle, timeout: float | None) -> None:
+        with self._cv:
+            if handle.done:
+                return
+            if handle in self._queue:
+                self._queue.remove(handle)
+                handle.generation = self.pipe.generation(Sequence(handle.prep, finish_reason="abort"))
+                self._finish(handle, Delta((), "", "abort"))
+                return
+            self._cancelled.append(handle)
+            self._cv.notify_all()
+        if threading.current_thread() is not self._thread:
+            handle._done.wait(timeout)
+
+    def _run(self) -> None:
+        try:
+            self._serve()
+        except BaseException as exc:  # a fault of the loop itself: no request waits forever for it
+            with self._cv:
+                self._state = "stopped"  # close() still frees the pipeline
+                waiting, self._queue = list(self._queue), deque()
+            for handle in waiting + list(self._running.values()):
+                if not handle.done:
+                    self._fail(handle, exc)
+            raise
+
+    def _serve(self) -> None:
+        while True:
+            with self._cv:
+                self._cv.wait_for(lambda: self._queue or self._cancelled or self._running or self._state == "closed")
+                if self._state == "closed":
+                    break
+                cancelled, self._cancelled = self._cancelled, []
+            for handle in cancelled:
+                self._abort(handle)
+            started = time.monotonic()
+            self._admit()
+            self._step()
+            with self._cv:
+                self._busy_s += time.monotonic() - started if self._running else 0.0
+                self._usage = self.scheduler.usage()
+                self._cv.notify_all()
+        with self._cv:
+            waiting, self._queue = list(self._queue), deque()
+        for handle in waiting + list(self._running.values()):
+            self._abort(handle)
+
+    def _admit(self) -> None:
+        while True:
+            with self._cv:
+                if not self._queue:
+                    return
+                if not self.scheduler.fits(self._queue[0].prep):
+                    if self.scheduler.active:
+                        return  # it waits for places to free up
+                    handle = self._queue.popleft()  # it would wait forever
+                    self._fail(handle, UserError("the request needs more KV cache than the bundle has free"))
+                    continue
+                handle = self._queue.popleft()
+                self._running[handle.id] = handle  # drain waits for it from here on
+            try:
+                handle.seq, delta = self.scheduler.admit(self.pipe.embed_request(handle.prep))
+            except Exception as exc:  # this request's failure (its places are already free); the others run on
+                self._fail(handle, exc)
+                continue
+            self._deliver(handle, delta)
+
+    def _step(self) -> None:
+        try:
+            events = self.scheduler.step()
+        except Exception as exc:  # the step's sequences cannot go on; each gets the error
+            for handle in list(self._running.values()):
+                if handle.seq in self.scheduler.active:
+                    self.scheduler.release(handle.seq)
+                self._fail(handle, exc)
+            return
+        for seq, delta in events:
+            self._deliver(self._running[seq.prep.index], delta)
+
+    def _deliver(self, handle: Handle, delta: Delta) -> None:
+        with self._cv:
+            self._counts["tokens"] += len(delta.token_ids)
+            if handle.time_to_first_token_s is None and delta.token_ids:
+                handle.time_to_first_token_s = time.monotonic() - handle.submitted
+                self._counts["first_tokens"] += 1
+                self._ttft_sum += handle.time_to_first_token_s
+            if delta.finish_reason:
+                handle.generation = self.pipe.generation(handle.seq)
+                self._running.pop(handle.id, None)
+        try:
+            self._finish(handle, delta) if delta.finish_reason else self._send(handle, delta)
+        except Exception:  # a callback that fails loses its request, not the loop
+            if not handle.done:
+                self._abort(handle)
+
+    def _abort(self, handle: Handle) -> None:
+        """Cancel a request the loop holds: its place is freed before anything else runs."""
+        if handle.done:
+            return
+        if handle.seq is not None and handle.seq in self.scheduler.active:
+            self.scheduler.release(handle.seq)
+        if handle.seq is not None:
+            handle.seq.finish_reason = "abort"
+            handle.generation = self.pipe.generation(handle.seq)
+        with self._cv:
+            self._running.pop(handle.id, None)
+        self._finish(handle, Delta((), "", "abort"))
+
+    def _fail(self, handle: Handle, exc: BaseException) -> None:
+        handle.error = exc
+        with self._cv:
+            self._running.pop(handle.id, None)
+        self._finish(handle, Delta((), "", "error", str(exc)))
+
+    def _finish(self, handle: Handle, delta: Delta) -> None:
+        handle.finish_reason = delta.finish_reason
+        with self._cv:
+            self._counts["finished"] += 1
+            self._usage = self.scheduler.usage()  # its place is free already: drain's waiter sees it so
+            self._cv.notify_all()
+        try:
+            self._send(handle, delta)
+        finally:
+            handle._done.set()
+
+    def _send(self, handle: Handle, delta: Delta) -> None:
+        if handle.on_delta is not None:
+            handle.on_delta(delta)
+        else:
+            handle._deltas.put(delta)
