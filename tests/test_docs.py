@@ -14,6 +14,7 @@ import pytest
 
 from mmtrt.cli import build_parser
 from mmtrt.docgen import ROOT, expected
+from mmtrt.ir.families import FAMILIES
 from mmtrt.pipeline.registry import registered_passes
 from mmtrt.status import ROWS
 
@@ -55,6 +56,13 @@ def test_the_status_matrix_covers_every_command_with_evidence_that_exists():
     for row in ROWS:
         for path in row.evidence:
             assert (ROOT / path).exists(), f"{row.what}: {path} does not exist"
+
+
+def test_the_readme_lists_every_model_family_the_frontend_lowers():
+    readme = (ROOT / "README.md").read_text()
+    models = readme[readme.index("## Supported models"):readme.index("## Install")]
+    missing = [model_type for model_type in FAMILIES if f"| `{model_type}` |" not in models]
+    assert not missing, f"model_type {missing} lowered but not in the README's supported models"
 
 
 def test_every_make_target_the_docs_name_exists():
