@@ -65,6 +65,19 @@ def test_the_readme_lists_every_model_family_the_frontend_lowers():
     assert not missing, f"model_type {missing} lowered but not in the README's supported models"
 
 
+def test_every_results_page_is_indexed_and_says_when_where_and_how_it_was_measured():
+    results = ROOT / "docs" / "results"
+    index = (results / "README.md").read_text()
+    for page in sorted(results.glob("*.md")):
+        if page.name == "README.md":
+            continue
+        text = page.read_text()
+        assert f"]({page.name})" in index, f"docs/results/README.md does not link {page.name}"
+        for what, pattern in (("date", r"20\d\d-\d\d-\d\d"), ("commit", r"\bcommit\b"),
+                              ("machine", r"machine|\bcores?\b"), ("command", r"command|scripts/")):
+            assert re.search(pattern, text, re.I), f"docs/results/{page.name} does not state its {what}"
+
+
 def test_every_make_target_the_docs_name_exists():
     targets = set(re.findall(r"^([\w-]+):", (ROOT / "Makefile").read_text(), re.M))
     sources = DOCS + sorted((ROOT / "recipes").glob("*.yaml")) + sorted((ROOT / "mmtrt").rglob("*.py"))
