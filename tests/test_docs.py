@@ -48,6 +48,13 @@ def test_readme_is_a_door_not_a_notebook():
             assert talk not in text, f"{page.relative_to(ROOT)} says {talk!r}"
 
 
+def test_nothing_points_into_readme_sections_that_moved_to_docs():
+    sources = sorted((ROOT / "recipes").glob("*.yaml")) + sorted((ROOT / "scripts").glob("*.py")) + sorted(
+        (ROOT / "mmtrt").rglob("*.py")) + sorted((ROOT / "passes").rglob("*.py"))
+    stale = [str(path.relative_to(ROOT)) for path in sources if re.search(r'README(\.md)? "|README table', path.read_text())]
+    assert not stale, f"these name a README section; point them at the docs/ page that holds it: {stale}"
+
+
 def test_the_status_matrix_covers_every_command_with_evidence_that_exists():
     commands = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction)).choices
     named = " ".join(row.what for row in ROWS)
