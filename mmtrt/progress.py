@@ -66,7 +66,7 @@ def stage(desc: str, key: str | None = None) -> Iterator[None]:
     estimate = _recorded(key) if key else None
     ticker = None
     if enabled():
-        about = f" (about {duration(estimate)}, as last time)" if estimate else ""
+        about = f" (about {duration(estimate)}, as last time)" if estimate is not None else ""
         ticker = _Ticker(f"mmtrt: {desc}{about} ...")
     try:
         yield
