@@ -16,7 +16,7 @@ from typing import NoReturn
 from mmtrt.errors import Terminated, UserError
 from mmtrt.progress import set_quiet, stage
 from mmtrt.serve.cli import add_commands as add_serve_commands
-from mmtrt.terminal import one_line, show
+from mmtrt.terminal import one_line, printable, show
 
 EXIT_USER_ERROR = 2
 EXIT_COMPARE_FAILED = 1
@@ -168,7 +168,7 @@ def _run(args) -> int:
                 print(json.dumps({"token_ids": list(delta.token_ids), "text": delta.text,
                                   "finish_reason": delta.finish_reason}), flush=True)
             else:
-                print(delta.text, end="\n" if delta.finish_reason else "", flush=True)
+                print(printable(delta.text), end="\n" if delta.finish_reason else "", flush=True)
         return 0
     result = pipe.generate(args.image, args.prompt, args.max_new_tokens, raw_prompt=args.raw_prompt,
                            sampling=sampling)

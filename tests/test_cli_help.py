@@ -71,7 +71,7 @@ def test_printable_escapes_control_characters_and_keeps_text():
 
 def test_run_on_a_terminal_escapes_what_the_model_says(tiny_bundle):
     """The random tiny model answers the demo's question with a form feed among its bytes: the JSON keeps the
-    exact text, the text output escapes it."""
+    exact text, the text output escapes it, streamed or not."""
     image, prompt = ROOT / "examples" / "sample.png", "What is in the picture?"
     exact = load(tiny_bundle).generate(image, prompt, 16).text
     assert any(printable(c) != c for c in exact), exact
@@ -79,6 +79,8 @@ def test_run_on_a_terminal_escapes_what_the_model_says(tiny_bundle):
                            "--prompt", prompt, "--max-new-tokens", "16"], capture_output=True, text=True, check=True)
     assert proc.stdout == printable(exact) + "\n"
     assert not [c for c in proc.stdout + proc.stderr if c != "\n" and printable(c) != c], repr(proc.stdout)
+    streamed = subprocess.run(proc.args + ["--stream"], capture_output=True, text=True, check=True)
+    assert streamed.stdout == proc.stdout, (streamed.stdout, proc.stdout)
 
 
 def test_inspect_shows_an_unbounded_side_as_any(tiny_bundle, capsys):
