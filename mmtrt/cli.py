@@ -239,14 +239,14 @@ def _build_engines(args) -> int:
         report = plan_report(bundle, manifest, args.target)
         if args.target == "tensorrt":
             report["tensorrt_llm"] = plan_json(bundle, manifest)
-        print(json.dumps(report, indent=2) if args.json else describe_plan(report))
+        show(json.dumps(report, indent=2) if args.json else describe_plan(report))
         return 0
-    log = (lambda line: None) if args.json else print
+    log = (lambda line: None) if args.json else show
     # --segment names TensorRT segments; TensorRT-RTX has no TensorRT-LLM
     llm = [] if args.segment or args.target == "rtx" else [build_llm_engine(bundle, args.force, log)]
     segments = build_engines(bundle, args.segment, force=args.force, target=args.target, log=log)
     counts = {s: sum(r["status"] == s for r in segments) for s in ("built", "up to date", "skipped", "failed")}
-    print(json.dumps(llm + segments, indent=2) if args.json else ", ".join(f"{n} {s}" for s, n in counts.items()))
+    show(json.dumps(llm + segments, indent=2) if args.json else ", ".join(f"{n} {s}" for s, n in counts.items()))
     # the TensorRT segments decide: a TensorRT-LLM engine this host cannot build is reported, not counted
     return 0 if counts["built"] + counts["up to date"] == len(segments) else EXIT_NOT_ALL_BUILT
 
