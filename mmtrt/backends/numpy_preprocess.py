@@ -85,13 +85,17 @@ def resized_size(height: int, width: int, size: list[int]) -> tuple[int, int]:
 
 
 def _resize(pixels: np.ndarray, op: dict[str, Any]) -> np.ndarray:
+    return resize_to(pixels, *resized_size(*pixels.shape[:2], op["size"]), op["interpolation"])
+
+
+def resize_to(pixels: np.ndarray, out_h: int, out_w: int, interpolation: str) -> np.ndarray:
+    """[H, W, C] uint8 to [out_h, out_w, C] as torchvision resizes a uint8 tensor with antialias."""
     height, width = pixels.shape[:2]
-    out_h, out_w = resized_size(height, width, op["size"])
-    if op["interpolation"] == "nearest-exact":
+    if interpolation == "nearest-exact":
         rows = np.minimum(np.floor((np.arange(out_h, dtype=np.float32) + 0.5) * np.float32(height / out_h)), height - 1)
         cols = np.minimum(np.floor((np.arange(out_w, dtype=np.float32) + 0.5) * np.float32(width / out_w)), width - 1)
         return pixels[rows.astype(np.int64)][:, cols.astype(np.int64)]
-    taps = FILTERS[op["interpolation"]]
+    taps = FILTERS[interpolation]
     if out_w != width:
         pixels = _resize_axis(pixels, 1, out_w, taps)
     if out_h != height:

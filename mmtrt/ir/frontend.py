@@ -12,12 +12,14 @@ import torch
 
 from mmtrt.errors import UserError
 from mmtrt.ir import export
+from mmtrt.ir.families import qwen2_vl
 from mmtrt.ir.graph import Component, ModelIR, TensorSpec, graph_io
 from mmtrt.ir.preprocess import spec_from_image_processor
 from mmtrt.recipe import ModelSource
 
 CHECKPOINT_FILES = ("config.json",)
 COMPONENTS = ("preprocess", "vision", "embed", "llm")
+QWEN = ("qwen2_vl", "qwen2_5_vl")
 FRONTEND_PROPERTIES = frozenset({"vision.hidden_state_stack", "llm.kv_cache.hf"})
 
 
@@ -27,11 +29,12 @@ def load_source(source: ModelSource, recipe_dir: Path):
         from mmtrt.zoo import build_zoo_model
 
         return build_zoo_model(source.name)
-    from transformers import LlavaForConditionalGeneration
+    import transformers
 
     folder, processor = _checkpoint_processor(recipe_dir / source.path)
+    name = qwen2_vl.MODEL_CLASS if _read_config(folder).get("model_type") in QWEN else "LlavaForConditionalGeneration"
     with _checkpoint_errors(f"could not load the weights in {folder}", "re-save the model with save_pretrained"):
-        return LlavaForConditionalGeneration.from_pretrained(folder, dtype=torch.float32).eval(), processor
+        return getattr(transformers, name).from_pretrained(folder, dtype=torch.float32).eval(), processor
 
 
 def describe_source(source: ModelSource, recipe_dir: Path) -> dict[str, Any]:
@@ -50,6 +53,8 @@ def describe_source(source: ModelSource, recipe_dir: Path) -> dict[str, Any]:
             generation = GenerationConfig.from_pretrained(folder)
         except OSError:
             generation = GenerationConfig.from_model_config(config.text_config)
+    if config.model_type in QWEN:
+        return qwen2_vl.model_facts(config, generation, processor, qwen2_vl.preprocess_spec(processor.image_processor))
     return model_facts(config, generation, processor, spec_from_image_processor(processor.image_processor))
 
 
@@ -70,7 +75,7 @@ def _checkpoint_processor(folder: Path):
     if missing:
         raise UserError(f"model folder {folder} has no {', '.join(missing)}; point model.path at a save_pretrained folder")
     model_type = _read_config(folder).get("model_type")
-    if model_type != "llava":
+    if model_type not in ("llava", *QWEN):
         raise UserError(f"model folder {folder} holds a {model_type!r} model; mmtrt compiles LLaVA-style checkpoints (model_type llava)")
     with _checkpoint_errors(f"could not load the config and processor in {folder}",
                             "fix config.json or save the processor beside the weights with save_pretrained"):
@@ -153,6 +158,8 @@ def tokenizer_assets(processor) -> dict[str, bytes]:
 
 def lower(model, processor) -> ModelIR:
     """Export every component to ONNX and assemble the IR."""
+    if model.config.model_type in QWEN:
+        return qwen2_vl.lower(model, processor)
     spec = spec_from_image_processor(processor.image_processor)
     facts = model_facts(model.config, model.generation_config, processor, spec)
     v, t = facts["vision"], facts["llm"]

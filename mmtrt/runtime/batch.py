@@ -39,6 +39,8 @@ class Prepared:
     prefix_key: str | None = None  # the image prefix's key when it may be reused (kv layouts only)
     prefix_len: int = 0
     prefix: list[np.ndarray] | None = None  # its stored KV when found at prepare time: embeds then start after it
+    positions: np.ndarray | None = None  # the prompt's position_ids when not 0..n-1 (M-RoPE: [3, 1, n])
+    rope_delta: int = 0  # what decode positions add to the cache length (M-RoPE)
 
     def after_prefix(self) -> np.ndarray:
         """The embeddings of the positions after the image prefix."""

@@ -27,6 +27,7 @@ from mmtrt.runtime.kv import StaticCache, cache_device
 from mmtrt.runtime.paged import PagedCache, PagedStepper, decode_paged
 from mmtrt.runtime.prefix import PrefixCache, prefix_key, prefix_length
 from mmtrt.runtime.prompt import format_prompt, tokenize
+from mmtrt.runtime.qwen2_vl import family_images
 from mmtrt.runtime.tokenizer import BundleTokenizer
 from mmtrt.runtime.trtllm import TrtllmLLM
 
@@ -92,7 +93,8 @@ class Pipeline:
         self.specs = {name: [TensorSpec.from_json(s) for s in comp["inputs"]]
                       for name, comp in self.manifest["components"].items()}
         self.preprocess_spec = read_json(self.path / self.manifest["components"]["preprocess"]["artifact"])
-        self.transform = build_transform(self.preprocess_spec)
+        self.family = family_images(self.manifest, self.preprocess_spec)  # images of their own size (Qwen2-VL)
+        self.transform = None if self.family else build_transform(self.preprocess_spec)
         self.kv = self.model.get("kv_cache")
         choices = engine_choices(self.path, self.manifest)
         if self.kv:  # the shared buffers are bound by address into one ONNX Runtime session of the whole LLM
@@ -104,12 +106,12 @@ class Pipeline:
                         for name in ("vision", "embed", "llm")}
         self.tokenizer = BundleTokenizer(self.path / "tokenizer")
         self.backends = {name: "+".join(r.providers) for name, r in self.runners.items()}
-        self.backends["preprocess"] = "numpy" if covers(self.preprocess_spec) else "torchvision"
+        self.backends["preprocess"] = "numpy" if self.family or covers(self.preprocess_spec) else "torchvision"
         self.stepper = self._static_stepper() if self.kv else None
         self.prefixes = PrefixCache(prefix_cache_mib)
         # token_prune's dynamic budget: the vision output is a padded block with a per-image count
-        self.dynamic_tokens = any(o["name"] == "image_token_count"
-                                  for o in self.manifest["components"]["vision"]["outputs"])
+        self.dynamic_tokens = self.family is not None or any(
+            o["name"] == "image_token_count" for o in self.manifest["components"]["vision"]["outputs"])
         self.trtllm = self._trtllm()
 
     def _trtllm(self):
@@ -153,10 +155,12 @@ class Pipeline:
     def pixel_values(self, image) -> np.ndarray:
         img = open_image(image)
         check_image(img, self.manifest["envelope"]["image"], self.preprocess_spec)
-        return self.transform(img)[None]
+        return self.family.pixels(img) if self.family else self.transform(img)[None]
 
     def image_features(self, pixels: np.ndarray) -> np.ndarray:
         """The image's tokens [1, count, D]: under a dynamic budget the first `image_token_count` of the block."""
+        if self.family:
+            return self._run("vision", self.family.vision_feeds(pixels))["image_features"]
         out = self._run("vision", {"pixel_values": pixels})
         if not self.dynamic_tokens:
             return out["image_features"]
@@ -183,16 +187,22 @@ class Pipeline:
         shape = (batch, llm["num_kv_heads"], 0, llm["head_dim"])
         return {s.name: np.zeros(shape, np.float32) for s in self.specs["llm"] if s.name.startswith("past.")}
 
-    def step(self, embeds: np.ndarray, cache) -> tuple[np.ndarray, Any]:
-        """One LLM call from the cache's length on: returns the logits of every position and the grown cache."""
+    def step(self, embeds: np.ndarray, cache, positions: np.ndarray | None = None,
+             delta: int = 0) -> tuple[np.ndarray, Any]:
+        """One LLM call from the cache's length on: returns the logits of every position and the grown cache.
+        Positions count on from the cache's length plus `delta` (M-RoPE's rope delta), unless given."""
         if self.stepper:
             return self.stepper.run_all(embeds), cache
         past = next(iter(cache.values())).shape[2]
         batch, seq = embeds.shape[:2]
+        if positions is None:
+            spec = next(s for s in self.specs["llm"] if s.name == "position_ids")  # [3, batch, seq] under M-RoPE
+            positions = np.broadcast_to(np.arange(past, past + seq, dtype=np.int64) + delta,
+                                        spec.shape[:-2] + (batch, seq))
         feeds = {
             "inputs_embeds": embeds,
             "attention_mask": np.ones((batch, past + seq), np.int64),
-            "position_ids": np.tile(np.arange(past, past + seq, dtype=np.int64), (batch, 1)),
+            "position_ids": np.ascontiguousarray(positions),
             **cache,
         }
         out = self._run("llm", feeds)
@@ -239,6 +249,7 @@ class Pipeline:
         features = self._features(pixels, seen) if self.dynamic_tokens else None
         if features is not None:
             ids = self.fit_image_tokens(ids, features.shape[1])
+        positions, delta = self.family.positions(ids, pixels) if self.family else (None, 0)
         n = prefix_length(ids, self.model["image_token_id"]) if self.stepper else 0
         key = prefix_key(pixels, ids, n) if n else None
         stored = self.prefixes.get(key) if key else None
@@ -249,7 +260,7 @@ class Pipeline:
                                 self._features(pixels, seen))
         t2 = time.perf_counter()
         prep = Prepared(index, ids, embeds, max_new, {"preprocess_ms": 1e3 * (t1 - t0), "vision_ms": 1e3 * (t2 - t1)},
-                        key, n, stored)
+                        key, n, stored, positions, delta)
         if isinstance(self.stepper, PagedStepper):
             self.stepper.check(prep)
         return prep
@@ -257,7 +268,7 @@ class Pipeline:
     def _features(self, pixels: np.ndarray, seen: dict[str, np.ndarray] | None) -> np.ndarray:
         if seen is None:
             return self.image_features(pixels)
-        digest = hashlib.sha256(np.ascontiguousarray(pixels).tobytes()).hexdigest()
+        digest = hashlib.sha256(pixels.tobytes()).hexdigest()
         if digest not in seen:
             seen[digest] = self.image_features(pixels)
         return seen[digest]
@@ -280,7 +291,7 @@ class Pipeline:
         done = {}
         for prep in prepared:
             t0 = time.perf_counter()
-            logits, cache = self.step(prep.embeds, self.empty_cache())
+            logits, cache = self.step(prep.embeds, self.empty_cache(), prep.positions)
             prep.timings["prefill_ms"] = 1e3 * (time.perf_counter() - t0)
             seq = Sequence(prep)
             t0 = time.perf_counter()
@@ -302,7 +313,8 @@ class Pipeline:
             seq.choose(logits[0, -1])
             if seq.tokens[-1] in eos or len(seq.tokens) == seq.prep.limit:
                 return
-            logits, cache = self.step(self.embed(np.array([[seq.tokens[-1]]], np.int64)), cache)
+            logits, cache = self.step(self.embed(np.array([[seq.tokens[-1]]], np.int64)), cache,
+                                      delta=seq.prep.rope_delta)
 
 
 def _log_fallbacks(fallbacks: dict[str, str]) -> None:
