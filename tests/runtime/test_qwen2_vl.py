@@ -1,0 +1,126 @@
+"""Qwen2-VL and Qwen2.5-VL bundles decode what transformers' `generate` decodes, for images of every shape the
+envelope allows; a batch of images of different sizes equals each alone; cast_precision's fp16 graphs stay close;
+the C++ runtime refuses the bundle in one line."""
+
+import subprocess
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+
+from builders import random_image
+from conftest import compile_to
+from cpp_harness import PROGRAM
+from mmtrt.errors import UserError
+from mmtrt.ir.graph import Component
+from mmtrt.runtime import load
+from mmtrt.runtime.batch import Request
+from mmtrt.runtime.qwen2_vl import QwenImages
+from mmtrt.zoo.tiny_qwen2_vl import build_tiny_qwen2_vl
+from passes.precision.cast_precision import CastPrecision
+
+PROMPT = "What is in the picture?"
+NEW_TOKENS = 8
+NEAR_TIE = 1e-3  # as tests/runtime/test_parity.py: a step whose top-2 margin is below this may flip
+# (height, width): square, very wide, very tall, the smallest (min_pixels: 4 tokens) and the largest (max_pixels:
+# 20 tokens, 112 x 140) the tiny processors allow
+IMAGES = {"square": (64, 64), "wide": (40, 700), "tall": (700, 40), "smallest": (20, 20), "largest": (112, 140)}
+
+
+@pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl"])
+def qwen(request, tmp_path_factory):
+    model, processor = build_tiny_qwen2_vl(request.param)
+    tmp = tmp_path_factory.mktemp(request.param)
+    model.save_pretrained(tmp / "checkpoint")
+    processor.save_pretrained(tmp / "checkpoint")
+    bundle = compile_to(tmp, "model: {source: hf, path: checkpoint}\n")
+    return model, processor, load(bundle, threads=1), bundle
+
+
+def reference(model, processor, image):
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": PROMPT}]}]
+    inputs = processor(images=image, text=processor.apply_chat_template(messages, add_generation_prompt=True),
+                       return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, output_scores=True,
+                             return_dict_in_generate=True)
+    margins = [float(torch.topk(s[0], 2).values.diff().abs()) for s in out.scores]
+    return inputs["input_ids"][0].tolist(), out.sequences[0, inputs["input_ids"].shape[1]:].tolist(), margins
+
+
+def decided_steps(margins):
+    return next((i for i, m in enumerate(margins) if m < NEAR_TIE), len(margins))
+
+
+@pytest.mark.parametrize("shape", list(IMAGES))
+def test_greedy_tokens_equal_generate(qwen, rng, shape):
+    model, processor, pipe, _ = qwen
+    image = random_image(rng, *IMAGES[shape])
+    ids, want, margins = reference(model, processor, image)
+    got = pipe.generate(image, PROMPT, max_new_tokens=NEW_TOKENS)
+    assert got.prompt_tokens == len(ids)
+    assert got.image_tokens == ids.count(model.config.image_token_id)
+    decided = decided_steps(margins)
+    assert decided >= min(len(margins), 3), f"early near tie: {margins}"
+    assert got.token_ids[:decided] == want[:decided]
+    assert len(got.token_ids) == len(want) or decided < len(margins)  # the same EOS, where every step is decided
+
+
+def test_batch_of_sizes_equals_each_alone(qwen, rng):
+    _, _, pipe, _ = qwen
+    images = [random_image(rng, *IMAGES[s]) for s in ("wide", "square", "largest")]
+    batch = pipe.generate_batch([Request(img, PROMPT, NEW_TOKENS) for img in images])
+    for img, together in zip(images, batch):
+        alone = pipe.generate(img, PROMPT, max_new_tokens=NEW_TOKENS)
+        decided = decided_steps(alone.margins)
+        assert together.token_ids[:decided] == alone.token_ids[:decided]
+    assert len({g.image_tokens for g in batch}) == 3
+
+
+def test_image_beyond_the_token_budget_is_refused(qwen, rng):
+    _, _, pipe, _ = qwen
+    with pytest.raises(UserError, match=r"^image is 600x3; .* takes \d+ image tokens, more than the bundle's 20 "):
+        pipe.generate(random_image(rng, 3, 600), PROMPT, max_new_tokens=2)
+
+
+def test_fp16_vision_and_llm_stay_close(qwen, rng):
+    """cast_precision on the TensorRT segments of the exported graphs (2-D rotary and window masks stay fp32)."""
+    _, _, pipe, bundle = qwen
+    graphs = {name: onnx.load(bundle / f"{name}.onnx") for name in ("vision", "llm")}
+
+    class IR:  # the components cast_precision reads, each offered TensorRT
+        components = {name: Component(name, [], [], onnx=onnx.load(bundle / f"{name}.onnx"),
+                                      metadata={"placement": {"targeted": True, "min_segment_size": 1}})
+                      for name in CastPrecision.components}
+
+    CastPrecision(CastPrecision.Config(dtype="fp16")).run(IR)
+    patches = QwenImages(pipe.manifest, pipe.preprocess_spec).pixels(random_image(rng, 90, 200))
+    vision_feeds = QwenImages(pipe.manifest, pipe.preprocess_spec).vision_feeds(patches)
+    llm = pipe.model["llm"]
+    llm_feeds = {"inputs_embeds": rng.normal(size=(1, 9, llm["hidden_size"])).astype(np.float32),
+                 "attention_mask": np.ones((1, 9), np.int64),
+                 "position_ids": np.stack([np.arange(9), np.arange(9) // 2, np.arange(9) % 3])[:, None],
+                 **{s.name: np.zeros((1, llm["num_kv_heads"], 0, llm["head_dim"]), np.float32)
+                    for s in pipe.specs["llm"] if s.name.startswith("past.")}}
+    for name, feeds, output in (("vision", vision_feeds, "image_features"), ("llm", llm_feeds, "logits")):
+        lowered = IR.components[name].onnx
+        assert any(t.data_type == onnx.TensorProto.FLOAT16 for t in lowered.graph.initializer)
+        want, got = (ort.InferenceSession(m.SerializeToString()).run([output], feeds)[0]
+                     for m in (graphs[name], lowered))
+        assert 0 < np.abs(got - want).max() / np.abs(want).max() < 1e-2, name
+
+
+@pytest.mark.skipif(not PROGRAM.is_file(), reason=f"{PROGRAM} is not built; run `make cpp`")
+def test_cpp_runtime_refuses_the_bundle_in_one_line(qwen, rng, tmp_path):
+    *_, bundle = qwen
+    image = tmp_path / "image.png"
+    random_image(rng, 40, 60).save(image)
+    proc = subprocess.run([str(PROGRAM), str(bundle), "--image", str(image), "--prompt", PROMPT], capture_output=True,
+                          text=True, timeout=120)
+    family = "qwen2_vl" if "qwen2_vl" in str(bundle.parent.name) else "qwen2_5_vl"
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.splitlines() == [f"mmtrt-run: error: {bundle} holds a {family} model; the C++ runtime does not "
+                                        "run Qwen2-VL (its dynamic-resolution preprocessing and M-RoPE positions are "
+                                        "implemented in the Python runtime only); run it with `mmtrt run`"]
