@@ -15,7 +15,7 @@ from mmtrt.eval.budget import Evaluate, check_budgets
 from mmtrt.eval.options import load_suite_data, suite_options
 from mmtrt.eval.userdata import Sample
 from mmtrt.pipeline.source import source_model
-from mmtrt.ir.frontend import COMPONENTS, FRONTEND_PROPERTIES, describe_source, load_source, lower
+from mmtrt.ir.frontend import COMPONENTS, FRONTEND_PROPERTIES, describe_source, fit_envelope, load_source, lower
 from mmtrt.ir.graph import ModelIR
 from mmtrt.partition.assign import assign_backends
 from mmtrt.partition.engine_plan import engine_sections
@@ -57,7 +57,7 @@ def make_plan(recipe_path: str | Path) -> Plan:
     """Validate everything that can be validated without exporting: recipe, model source, passes, backends."""
     quiet_libraries()
     recipe, recipe_dir = load_recipe(recipe_path)
-    facts = describe_source(recipe.model, recipe_dir)
+    facts = fit_envelope(describe_source(recipe.model, recipe_dir), recipe.envelope)
     passes = plan_passes(recipe, set(FRONTEND_PROPERTIES), set(COMPONENTS), facts)
     partitions = assign_backends(recipe.partition, list(COMPONENTS))
     plan_dims(passes.facts_after, recipe.envelope)
@@ -87,6 +87,7 @@ def compile_recipe(recipe_path: str | Path, out: str | Path, force: bool = False
             model, processor = load_source(plan.recipe.model, plan.recipe_dir)
         with stage("lowering to ONNX"):
             ir = lower(model, processor)
+            ir.config = fit_envelope(ir.config, plan.recipe.envelope)
         annotate(ir, plan.recipe.partition)
         verify_ir(ir)
         instruments = [Timer(), Verify()] + ([Dump(dump_dir)] if dump_dir else [])

@@ -49,6 +49,7 @@ class Range(Strict):
 class ImageEnvelope(Strict):
     min_side: int | None = Field(None, ge=1, description="Optional bound on the user's image file: its smallest side, in pixels. Unset, any image is taken (preprocessing resizes it to the model's input; PIL's decompression-bomb limit still applies).")
     max_side: int | None = Field(None, ge=1, description="Optional bound on the user's image file: its largest side, in pixels (e.g. to cap decoding time). Unset, any size up to PIL's decompression-bomb limit.")
+    max_tiles: int | None = Field(None, ge=1, description="Any-resolution models (LLaVA-NeXT, LLaVA-OneVision) only: the most tiles an image may be cut into (its grid, the base image not counted). It bounds the image tokens, the sequence and the KV cache; an image whose best grid has more tiles is refused. Unset: the model's largest grid.")
 
 
 class Envelope(Strict):

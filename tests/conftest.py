@@ -10,8 +10,10 @@ from mmtrt.compiler import compile_recipe
 from mmtrt.zoo.tiny_llava import build_tiny_llava
 
 ROOT = Path(__file__).resolve().parents[1]
+# Its projector reads two hidden states concatenated (a vision_feature_layer list), as LLaVA-OneVision-style
+# configs may; the last encoder layer is still dead.
 SIGLIP_SIZES = dict(tower="siglip", image_size=48, patch_size=8, vision_hidden=96, vision_layers=3,
-                    hidden=96, layers=3, heads=6, kv_heads=2, seed=7)
+                    hidden=96, layers=3, heads=6, kv_heads=2, seed=7, feature_layer=[1, -2])
 
 
 def compile_to(tmp: Path, recipe_text: str, name: str = "bundle") -> Path:

@@ -56,10 +56,19 @@ def build_transform(spec: dict[str, Any]) -> Callable[[Image.Image], np.ndarray]
 
 
 def _run(ops: dict[str, dict[str, Any]], image: Image.Image) -> np.ndarray:
+    return transform_pixels(ops, image_pixels(ops, image))
+
+
+def image_pixels(ops: dict[str, dict[str, Any]], image: Image.Image) -> np.ndarray:
+    """The image as uint8 [H, W, C], converted to RGB where the spec says so."""
     if "convert_rgb" in ops:
         image = convert_rgb(image)
     pixels = np.asarray(image, dtype=np.uint8)
-    pixels = pixels[:, :, None] if pixels.ndim == 2 else pixels
+    return pixels[:, :, None] if pixels.ndim == 2 else pixels
+
+
+def transform_pixels(ops: dict[str, dict[str, Any]], pixels: np.ndarray) -> np.ndarray:
+    """uint8 [H, W, C] through the spec's resize, crop and normalize: float32 [C, H, W]."""
     if "resize" in ops:
         pixels = _resize(pixels, ops["resize"])
     if "center_crop" in ops:
@@ -85,11 +94,11 @@ def resized_size(height: int, width: int, size: list[int]) -> tuple[int, int]:
 
 
 def _resize(pixels: np.ndarray, op: dict[str, Any]) -> np.ndarray:
-    return resize_to(pixels, *resized_size(*pixels.shape[:2], op["size"]), op["interpolation"])
+    return resize_pixels(pixels, *resized_size(*pixels.shape[:2], op["size"]), op["interpolation"])
 
 
-def resize_to(pixels: np.ndarray, out_h: int, out_w: int, interpolation: str) -> np.ndarray:
-    """[H, W, C] uint8 to [out_h, out_w, C] as torchvision resizes a uint8 tensor with antialias."""
+def resize_pixels(pixels: np.ndarray, out_h: int, out_w: int, interpolation: str) -> np.ndarray:
+    """uint8 [H, W, C] to [out_h, out_w, C] as torchvision resizes uint8 with antialias."""
     height, width = pixels.shape[:2]
     if interpolation == "nearest-exact":
         rows = np.minimum(np.floor((np.arange(out_h, dtype=np.float32) + 0.5) * np.float32(height / out_h)), height - 1)

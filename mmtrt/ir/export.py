@@ -19,16 +19,19 @@ OPSET = 23
 
 
 class VisionWithProjector(torch.nn.Module):
-    def __init__(self, llava, feature_layer: int, strategy: str):
+    """Tower, feature select and projector. `feature_layer` is LLaVA's vision_feature_layer: one hidden-state
+    index, or a list whose hidden states are concatenated along the features."""
+
+    def __init__(self, llava, feature_layer: int | list[int], strategy: str):
         super().__init__()
         self.tower = llava.model.vision_tower
         self.projector = llava.model.multi_modal_projector
-        self.feature_layer = feature_layer
+        self.feature_layers = [feature_layer] if isinstance(feature_layer, int) else list(feature_layer)
         self.strategy = strategy
 
     def forward(self, pixel_values):
         hidden = torch.stack(self.tower(pixel_values, output_hidden_states=True).hidden_states)
-        selected = hidden[self.feature_layer]
+        selected = torch.cat([hidden[layer] for layer in self.feature_layers], dim=-1)
         if self.strategy == "default":
             selected = selected[:, 1:]
         return self.projector(selected)
@@ -81,7 +84,7 @@ def strip_provenance(model: onnx.ModelProto) -> onnx.ModelProto:
     return model
 
 
-def export_vision(llava, feature_layer: int, strategy: str, image_size: tuple[int, int]) -> onnx.ModelProto:
+def export_vision(llava, feature_layer: int | list[int], strategy: str, image_size: tuple[int, int]) -> onnx.ModelProto:
     module = VisionWithProjector(llava, feature_layer, strategy).eval()
     example = torch.randn(2, 3, *image_size)
     return _export(module, (example,), {"pixel_values": {0: Dim("num_images", min=1, max=64)}},

@@ -1,26 +1,29 @@
-"""Frontends: load a LLaVA-style model (a Hugging Face checkpoint or a zoo model) and lower it into the IR."""
+"""Frontends: load a vision-language model (a Hugging Face checkpoint or a zoo model) and lower it into the IR.
+
+What a model lowers to depends on its family (`mmtrt.ir.families`, chosen by the config's model_type); this module
+finds and checks the checkpoint and hands it to its family.
+"""
 
 from __future__ import annotations
 
 import contextlib
 import json
-import tempfile
 from pathlib import Path
 from typing import Any
 
 import torch
 
 from mmtrt.errors import UserError
-from mmtrt.ir import export
-from mmtrt.ir.families import qwen2_vl
-from mmtrt.ir.graph import Component, ModelIR, TensorSpec, graph_io
+from mmtrt.ir.families import family
+from mmtrt.ir.families.common import COMPONENTS, FRONTEND_PROPERTIES
+from mmtrt.ir.graph import ModelIR
 from mmtrt.ir.preprocess import spec_from_image_processor
 from mmtrt.recipe import ModelSource
 
+__all__ = ["COMPONENTS", "FRONTEND_PROPERTIES", "describe_source", "fit_envelope", "load_source", "lower",
+           "model_facts"]
+
 CHECKPOINT_FILES = ("config.json",)
-COMPONENTS = ("preprocess", "vision", "embed", "llm")
-QWEN = ("qwen2_vl", "qwen2_5_vl")
-FRONTEND_PROPERTIES = frozenset({"vision.hidden_state_stack", "llm.kv_cache.hf"})
 
 
 def load_source(source: ModelSource, recipe_dir: Path):
@@ -31,10 +34,10 @@ def load_source(source: ModelSource, recipe_dir: Path):
         return build_zoo_model(source.name)
     import transformers
 
-    folder, processor = _checkpoint_processor(recipe_dir / source.path)
-    name = qwen2_vl.MODEL_CLASS if _read_config(folder).get("model_type") in QWEN else "LlavaForConditionalGeneration"
+    folder, processor, fam = _checkpoint_processor(recipe_dir / source.path)
+    model_class = getattr(transformers, fam.MODEL_CLASS)
     with _checkpoint_errors(f"could not load the weights in {folder}", "re-save the model with save_pretrained"):
-        return getattr(transformers, name).from_pretrained(folder, dtype=torch.float32).eval(), processor
+        return model_class.from_pretrained(folder, dtype=torch.float32).eval(), processor
 
 
 def describe_source(source: ModelSource, recipe_dir: Path) -> dict[str, Any]:
@@ -46,16 +49,36 @@ def describe_source(source: ModelSource, recipe_dir: Path) -> dict[str, Any]:
     else:
         from transformers import AutoConfig, GenerationConfig
 
-        folder, processor = _checkpoint_processor(recipe_dir / source.path)
+        folder, processor, _ = _checkpoint_processor(recipe_dir / source.path)
         with _checkpoint_errors(f"could not load {folder / 'config.json'}", "re-save the model with save_pretrained"):
             config = AutoConfig.from_pretrained(folder)
         try:
             generation = GenerationConfig.from_pretrained(folder)
         except OSError:
             generation = GenerationConfig.from_model_config(config.text_config)
-    if config.model_type in QWEN:
-        return qwen2_vl.model_facts(config, generation, processor, qwen2_vl.preprocess_spec(processor.image_processor))
-    return model_facts(config, generation, processor, spec_from_image_processor(processor.image_processor))
+    read_spec = getattr(family(config.model_type), "preprocess_spec", spec_from_image_processor)
+    return model_facts(config, generation, processor, read_spec(processor.image_processor))
+
+
+def model_facts(config, generation_config, processor, preprocess_spec: dict[str, Any]) -> dict[str, Any]:
+    """The numbers every later layer (passes, shape planning, runtime) needs about the model."""
+    return family(config.model_type).model_facts(config, generation_config, processor, preprocess_spec)
+
+
+def fit_envelope(facts: dict[str, Any], envelope) -> dict[str, Any]:
+    """The facts narrowed to the recipe's envelope where the family bounds its image tokens by it."""
+    fam = family(facts["architecture"])
+    if hasattr(fam, "fit_envelope"):
+        return fam.fit_envelope(facts, envelope)
+    if envelope.image.max_tiles is not None:
+        raise UserError(f"envelope.image.max_tiles applies to any-resolution models; this {facts['architecture']} "
+                        "model takes one fixed-size image: remove max_tiles")
+    return facts
+
+
+def lower(model, processor) -> ModelIR:
+    """Export every component to ONNX and assemble the IR."""
+    return family(model.config.model_type).lower(model, processor)
 
 
 def _first_line(exc: Exception, limit: int = 240) -> str:
@@ -65,7 +88,8 @@ def _first_line(exc: Exception, limit: int = 240) -> str:
 
 
 def _checkpoint_processor(folder: Path):
-    """Check that `folder` is a saved LLaVA checkpoint and load its processor (cheap: no weights)."""
+    """Check that `folder` is a saved checkpoint of a family mmtrt compiles; its processor (cheap: no weights)
+    and its family module."""
     from transformers import AutoProcessor
 
     folder = folder.resolve()
@@ -74,12 +98,10 @@ def _checkpoint_processor(folder: Path):
     missing = [f for f in CHECKPOINT_FILES if not (folder / f).is_file()]
     if missing:
         raise UserError(f"model folder {folder} has no {', '.join(missing)}; point model.path at a save_pretrained folder")
-    model_type = _read_config(folder).get("model_type")
-    if model_type not in ("llava", *QWEN):
-        raise UserError(f"model folder {folder} holds a {model_type!r} model; mmtrt compiles LLaVA-style checkpoints (model_type llava)")
+    fam = family(_read_config(folder).get("model_type"), f"model folder {folder}")
     with _checkpoint_errors(f"could not load the config and processor in {folder}",
                             "fix config.json or save the processor beside the weights with save_pretrained"):
-        return folder, AutoProcessor.from_pretrained(folder)
+        return folder, AutoProcessor.from_pretrained(folder), fam
 
 
 @contextlib.contextmanager
@@ -103,86 +125,3 @@ def _read_config(folder: Path) -> dict[str, Any]:
     if not isinstance(config, dict):
         raise UserError(f"{path} is not a JSON object; re-save the model with save_pretrained")
     return config
-
-
-def expected_image_tokens(processor, spec: dict[str, Any]) -> int:
-    """Image tokens per image as LlavaProcessor counts them when it expands the placeholder."""
-    height, width = spec["output_size"]
-    patches = (height // processor.patch_size) * (width // processor.patch_size)
-    drop_cls = processor.vision_feature_select_strategy == "default"
-    return patches + processor.num_additional_image_tokens - int(drop_cls)
-
-
-def model_facts(config, generation_config, processor, preprocess_spec: dict[str, Any]) -> dict[str, Any]:
-    """The numbers every later layer (passes, shape planning, runtime) needs about the model."""
-    text, vision = config.text_config, config.vision_config
-    head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
-    eos = generation_config.eos_token_id
-    if isinstance(config.vision_feature_layer, list):
-        raise UserError("vision_feature_layer lists several layers; mmtrt supports one feature layer for now")
-    return {
-        "architecture": "llava",
-        "vision": {
-            "model_type": vision.model_type,
-            "image_size": vision.image_size,
-            "input_size": list(preprocess_spec["output_size"]),
-            "patch_size": vision.patch_size,
-            "num_layers": vision.num_hidden_layers,
-            "hidden_size": vision.hidden_size,
-            "feature_layer": config.vision_feature_layer,
-            "select_strategy": config.vision_feature_select_strategy,
-            "image_tokens": expected_image_tokens(processor, preprocess_spec),
-        },
-        "llm": {
-            "model_type": text.model_type,
-            "num_layers": text.num_hidden_layers,
-            "hidden_size": text.hidden_size,
-            "num_heads": text.num_attention_heads,
-            "num_kv_heads": text.num_key_value_heads,
-            "head_dim": head_dim,
-            "vocab_size": text.vocab_size,
-            "max_position_embeddings": text.max_position_embeddings,
-        },
-        "image_token": processor.image_token,
-        "image_token_id": config.image_token_id,
-        "eos_token_ids": sorted(eos if isinstance(eos, list) else [eos]),
-        "chat_template": processor.chat_template,
-    }
-
-
-def tokenizer_assets(processor) -> dict[str, bytes]:
-    with tempfile.TemporaryDirectory() as tmp:
-        processor.tokenizer.save_pretrained(tmp)
-        return {f"tokenizer/{p.name}": p.read_bytes() for p in sorted(Path(tmp).iterdir()) if p.is_file()}
-
-
-def lower(model, processor) -> ModelIR:
-    """Export every component to ONNX and assemble the IR."""
-    if model.config.model_type in QWEN:
-        return qwen2_vl.lower(model, processor)
-    spec = spec_from_image_processor(processor.image_processor)
-    facts = model_facts(model.config, model.generation_config, processor, spec)
-    v, t = facts["vision"], facts["llm"]
-    size = tuple(spec["output_size"])
-    vision = _onnx_component("vision", export.export_vision(model, v["feature_layer"], v["select_strategy"], size))
-    exported_tokens = vision.outputs[0].shape[1]
-    if exported_tokens != v["image_tokens"]:
-        raise UserError(f"the vision tower yields {exported_tokens} tokens per image but the processor expands "
-                        f"the image placeholder to {v['image_tokens']}; the checkpoint's processor does not fit its model")
-    components = {
-        "preprocess": Component(
-            "preprocess",
-            inputs=[TensorSpec("image", "uint8", ("height", "width", 3))],
-            outputs=[TensorSpec("pixel_values", "float32", (1, 3, *size))],
-            spec=spec,
-        ),
-        "vision": vision,
-        "embed": _onnx_component("embed", export.export_embedding(model)),
-        "llm": _onnx_component(
-            "llm", export.export_decoder(model, t["num_layers"], t["num_kv_heads"], t["head_dim"], t["hidden_size"])),
-    }
-    return ModelIR(components, facts, tokenizer_assets(processor), set(FRONTEND_PROPERTIES))
-
-
-def _onnx_component(name: str, model) -> Component:
-    return Component(name, graph_io(model, "inputs"), graph_io(model, "outputs"), onnx=model)

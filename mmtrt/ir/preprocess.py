@@ -10,6 +10,10 @@ The spec is what the bundle stores and what mmtrt.backends.torchvision_backend r
              {"op": "normalize", "mean": [0.48145466, ...], "std": [0.26862954, ...]}],
      "output_size": [224, 224]}
 
+An any-resolution processor (LLaVA-NeXT, LLaVA-OneVision) adds `"tiling": {"pinpoints": [[h, w], ...],
+"tile": [h, w], "base": [h, w], "interpolation": ...}`: the image is cut into tiles first
+(mmtrt.backends.anyres), and the ops run on each tile and the base image.
+
 Ops appear in that order, each only when the processor applies it. resize "size" follows torchvision:
 [s] scales the shorter edge to s (the longer one truncated to int, as HF does), [h, w] is the exact size. Values are
 plain Python ints/floats/lists copied from the processor, so the spec survives json round trips bit-exactly.
@@ -27,6 +31,10 @@ from transformers import (
     CLIPImageProcessorPil,
     LlavaImageProcessor,
     LlavaImageProcessorPil,
+    LlavaNextImageProcessor,
+    LlavaNextImageProcessorPil,
+    LlavaOnevisionImageProcessor,
+    LlavaOnevisionImageProcessorPil,
     SiglipImageProcessor,
     SiglipImageProcessorPil,
 )
@@ -45,6 +53,9 @@ _SUPPORTED = (
     BitImageProcessor,  # what transformers maps dinov2 checkpoints to
     BitImageProcessorPil,
 )
+# Any-resolution processors: their do_pad pads the tile count of a batch, which one image at a time never needs.
+_TILING = (LlavaNextImageProcessor, LlavaNextImageProcessorPil, LlavaOnevisionImageProcessor,
+           LlavaOnevisionImageProcessorPil)
 
 # PIL resample code -> torchvision InterpolationMode value, as transformers' pil_torch_interpolation_mapping;
 # box and hamming are absent because torchvision cannot resize tensors with them.
@@ -64,10 +75,11 @@ def spec_from_image_processor(image_processor: Any) -> dict[str, Any]:
     """The spec that reproduces image_processor(images)["pixel_values"] for PIL images."""
     ip = image_processor
     name = type(ip).__name__
-    if type(ip) not in _SUPPORTED:
-        supported = ", ".join(c.__name__ for c in _SUPPORTED)
+    tiled = type(ip) in _TILING
+    if type(ip) not in _SUPPORTED and not tiled:
+        supported = ", ".join(c.__name__ for c in _SUPPORTED + _TILING)
         raise UserError(f"image processor {name} is not supported; use a checkpoint whose processor is one of: {supported}")
-    if ip.do_pad:
+    if ip.do_pad and not tiled:
         raise UserError(f"{name} has do_pad=True (padding), which mmtrt does not support; set do_pad to false")
     if ip.data_format not in (None, "channels_first"):
         raise UserError(f"{name} has data_format={ip.data_format!r}; set it to channels_first")
@@ -93,7 +105,24 @@ def spec_from_image_processor(image_processor: Any) -> dict[str, Any]:
     if ip.do_normalize:
         mean = _per_channel(name, "image_mean", ip.image_mean)
         ops.append({"op": "normalize", "mean": mean, "std": _per_channel(name, "image_std", ip.image_std)})
-    return {"version": SPEC_VERSION, "ops": ops, "output_size": output_size}
+    spec = {"version": SPEC_VERSION, "ops": ops, "output_size": output_size}
+    if tiled:
+        spec["tiling"] = _tiling(name, ip)
+    return spec
+
+
+def _tiling(name: str, ip: Any) -> dict[str, Any]:
+    """What LlavaNextImageProcessor._preprocess derives: the tile (crop height, else the size) and the base image's
+    size; the resizes for tiling use the processor's resample whatever do_resize says."""
+    size = _size(name, "size", ip.size, (_SHORTEST_EDGE, _HEIGHT_WIDTH))
+    base = size if len(size) == 2 else size * 2
+    crop = dict(ip.crop_size or {})
+    side = int(crop["height"]) if crop.get("height") else base[0]
+    interpolation = _interpolation(name, ip.resample)
+    if interpolation not in ("bicubic", "bilinear"):
+        raise UserError(f"{name}.resample is {interpolation}; mmtrt tiles images with bicubic or bilinear resizing")
+    pinpoints = [[int(h), int(w)] for h, w in ip.image_grid_pinpoints]
+    return {"pinpoints": pinpoints, "tile": [side, side], "base": base, "interpolation": interpolation}
 
 
 def _size(name: str, field: str, size: Any, forms: tuple[tuple[str, ...], ...]) -> list[int]:

@@ -13,7 +13,7 @@ if TYPE_CHECKING:  # the runtime checks shapes without importing onnx, or the re
 
 # The recipe key that widens each dimension, for error messages.
 DIM_SOURCES = {
-    "height": "envelope.image", "width": "envelope.image", "num_images": "envelope.batch", "batch": "envelope.batch",
+    "height": "envelope.image", "width": "envelope.image", "num_images": "envelope.batch or envelope.image.max_tiles", "batch": "envelope.batch",
     "seq": "envelope.prompt_tokens", "past": "envelope.prompt_tokens and envelope.max_new_tokens",
     "total": "envelope.prompt_tokens and envelope.max_new_tokens",
     "capacity": "envelope.prompt_tokens and envelope.max_new_tokens",
@@ -35,11 +35,13 @@ def plan_dims(facts: dict[str, Any], env: Envelope) -> dict[str, dict[str, int]]
     batch = env.batch.model_dump()
     opt_seq = env.prompt_tokens.opt + tokens
     side = max(facts["vision"]["input_size"])
+    anyres = facts["vision"].get("anyres")  # the vision encoder then takes one image's tiles and its base at once
+    tiles = {"min": 1, "opt": 1 + anyres["max_tiles"], "max": 1 + anyres["max_tiles"]} if anyres else batch
     dims = {
         # the user's file, before preprocessing: bounded only where the recipe says so (max null: unbounded)
         "height": {"min": env.image.min_side or 1, "opt": side, "max": env.image.max_side},
         "width": {"min": env.image.min_side or 1, "opt": side, "max": env.image.max_side},
-        "num_images": batch,
+        "num_images": tiles,
         "batch": batch,
         # opt is one consistent decode step (seq 1 after a typical prompt), the shape engines run most often
         "seq": {"min": 1, "opt": 1, "max": seq_max},

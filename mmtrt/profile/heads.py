@@ -28,6 +28,7 @@ import onnxruntime as ort
 from onnx import helper
 
 from mmtrt.backends.onnxruntime_backend import session_options
+from mmtrt.ir.facts import deepest_feature_layer
 from mmtrt.profile.layers import projector_matmuls
 
 PROBE = "mmtrt_probe"
@@ -115,7 +116,7 @@ def layer_stats(outputs: dict[str, np.ndarray], layers: list[tuple[str, str]]) -
 
 def feature_layer_index(vision: dict[str, Any], attention_layers: int) -> int:
     """The encoder layer token_prune reads by default (the feature layer's), among the graph's Attention nodes."""
-    return min(vision["feature_layer"] % (vision["num_layers"] + 1) - 1, attention_layers - 1)
+    return min(deepest_feature_layer(vision) - 1, attention_layers - 1)
 
 
 def saliency(outputs: dict[str, np.ndarray], probe: ProbeSession, vision: dict[str, Any]) -> dict[str, Any]:

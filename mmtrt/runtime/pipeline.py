@@ -14,6 +14,7 @@ from typing import Any
 import numpy as np
 from PIL import Image, UnidentifiedImageError
 
+from mmtrt.backends.anyres import NEWLINE_ASSET, build_tiler, grid_tiles, pack
 from mmtrt.backends.numpy_preprocess import build_transform, covers
 from mmtrt.bundle.manifest import bundle_hash, read_manifest
 from mmtrt.bundle.verify import verify_bundle
@@ -94,7 +95,11 @@ class Pipeline:
                       for name, comp in self.manifest["components"].items()}
         self.preprocess_spec = read_json(self.path / self.manifest["components"]["preprocess"]["artifact"])
         self.family = family_images(self.manifest, self.preprocess_spec)  # images of their own size (Qwen2-VL)
-        self.transform = None if self.family else build_transform(self.preprocess_spec)
+        # any-resolution models: the image is tiled, and its tiles' features packed by its size
+        self.anyres = self.model["vision"].get("anyres")
+        self.transform = (None if self.family else build_tiler(self.preprocess_spec) if self.anyres
+                          else build_transform(self.preprocess_spec))
+        self.newline = np.load(self.path / NEWLINE_ASSET) if self.anyres and self.anyres["layout"] == "grid" else None
         self.kv = self.model.get("kv_cache")
         choices = engine_choices(self.path, self.manifest)
         if self.kv:  # the shared buffers are bound by address into one ONNX Runtime session of the whole LLM
@@ -153,15 +158,33 @@ class Pipeline:
         return ids
 
     def pixel_values(self, image) -> np.ndarray:
+        """The vision input: [1, 3, H, W], or an any-resolution image's base and tiles [1 + tiles, 3, H, W]."""
         img = open_image(image)
         check_image(img, self.manifest["envelope"]["image"], self.preprocess_spec)
-        return self.family.pixels(img) if self.family else self.transform(img)[None]
+        if self.family:
+            return self.family.pixels(img)
+        if self.anyres:
+            self._check_tiles(img)
+            return self.transform(img)
+        return self.transform(img)[None]
 
-    def image_features(self, pixels: np.ndarray) -> np.ndarray:
-        """The image's tokens [1, count, D]: under a dynamic budget the first `image_token_count` of the block."""
+    def _check_tiles(self, img: Image.Image) -> None:
+        rows, cols = grid_tiles(img.height, img.width, self.anyres["pinpoints"], self.anyres["tile"])
+        if rows * cols > self.anyres["max_tiles"]:
+            raise UserError(f"image is {img.width}x{img.height}, which the model cuts into {rows}x{cols} tiles; this "
+                            f"bundle takes at most {self.anyres['max_tiles']}; pass a smaller image or recompile "
+                            "with a larger envelope.image.max_tiles")
+
+    def image_features(self, pixels: np.ndarray, size: tuple[int, int] | None = None) -> np.ndarray:
+        """The image's tokens [1, count, D]: under a dynamic budget the first `image_token_count` of the block;
+        for an any-resolution model its tiles' features packed by the image's (height, width) `size`."""
         if self.family:
             return self._run("vision", self.family.vision_feeds(pixels))["image_features"]
         out = self._run("vision", {"pixel_values": pixels})
+        if self.anyres:
+            if size is None:
+                raise ValueError("an any-resolution model's image features need the image's (height, width)")
+            return pack(out["image_features"], out.get("image_token_count"), *size, self.anyres, self.newline)[None]
         if not self.dynamic_tokens:
             return out["image_features"]
         return out["image_features"][:, :int(out["image_token_count"][0])]
@@ -244,20 +267,22 @@ class Pipeline:
                             "recompile with a larger envelope.max_new_tokens")
         ids = self.prompt_ids(req.prompt, req.raw_prompt)
         t0 = time.perf_counter()
-        pixels = self.pixel_values(req.image)
+        image = open_image(req.image)
+        pixels, size = self.pixel_values(image), (image.height, image.width)
         t1 = time.perf_counter()
-        features = self._features(pixels, seen) if self.dynamic_tokens else None
+        # the image's own token count: a dynamic budget's, or an any-resolution image's
+        features = self._features(pixels, size, seen) if self.dynamic_tokens or self.anyres else None
         if features is not None:
             ids = self.fit_image_tokens(ids, features.shape[1])
         positions, delta = self.family.positions(ids, pixels) if self.family else (None, 0)
         n = prefix_length(ids, self.model["image_token_id"]) if self.stepper else 0
-        key = prefix_key(pixels, ids, n) if n else None
+        key = prefix_key(self._keyed(pixels, size), ids, n) if n else None
         stored = self.prefixes.get(key) if key else None
         if stored is not None:
             embeds = self.embed(np.array([ids[n:]], np.int64))
         else:
             embeds = self.embed(np.array([ids], np.int64), features if features is not None else
-                                self._features(pixels, seen))
+                                self._features(pixels, size, seen))
         t2 = time.perf_counter()
         prep = Prepared(index, ids, embeds, max_new, {"preprocess_ms": 1e3 * (t1 - t0), "vision_ms": 1e3 * (t2 - t1)},
                         key, n, stored, positions, delta)
@@ -265,12 +290,22 @@ class Pipeline:
             self.stepper.check(prep)
         return prep
 
-    def _features(self, pixels: np.ndarray, seen: dict[str, np.ndarray] | None) -> np.ndarray:
+    def _keyed(self, pixels: np.ndarray, size: tuple[int, int]) -> np.ndarray:
+        """What identifies an image's features: its pixels, and for an any-resolution model its size too (the
+        size places the tiles' padding, which the layout cuts away)."""
+        if self.family:  # Qwen2-VL's patches with their grid
+            return np.frombuffer(pixels.tobytes(), np.uint8)
+        if not self.anyres:
+            return pixels
+        return np.concatenate([np.ascontiguousarray(pixels).ravel().view(np.uint8),
+                               np.asarray(size, np.int64).view(np.uint8)])
+
+    def _features(self, pixels: np.ndarray, size: tuple[int, int], seen: dict[str, np.ndarray] | None) -> np.ndarray:
         if seen is None:
-            return self.image_features(pixels)
-        digest = hashlib.sha256(pixels.tobytes()).hexdigest()
+            return self.image_features(pixels, size)
+        digest = hashlib.sha256(np.ascontiguousarray(self._keyed(pixels, size)).tobytes()).hexdigest()
         if digest not in seen:
-            seen[digest] = self.image_features(pixels)
+            seen[digest] = self.image_features(pixels, size)
         return seen[digest]
 
     def prefill(self, stepper, handle, prep: Prepared) -> np.ndarray:

@@ -20,7 +20,7 @@ def prefix_length(ids: list[int], image_token_id: int) -> int:
 
 
 def prefix_key(pixels: np.ndarray, ids: list[int], length: int) -> str:
-    h = hashlib.sha256(pixels.tobytes())
+    h = hashlib.sha256(np.ascontiguousarray(pixels).tobytes())
     h.update(np.asarray(ids[:length], np.int64).tobytes())
     return h.hexdigest()
 

@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from mmtrt.backends.numpy_preprocess import convert_rgb, resize_to
+from mmtrt.backends.numpy_preprocess import convert_rgb, resize_pixels
 from mmtrt.errors import UserError
 
 
@@ -65,7 +65,7 @@ def preprocess(image: Image.Image, spec: dict[str, Any]) -> Patches:
     pixels = pixels[:, :, None] if pixels.ndim == 2 else pixels
     height, width = smart_resize(pixels.shape[0], pixels.shape[1], resize["factor"], resize["min_pixels"],
                                  resize["max_pixels"])
-    pixels = resize_to(pixels, height, width, resize["interpolation"])
+    pixels = resize_pixels(pixels, height, width, resize["interpolation"])
     out = pixels.transpose(2, 0, 1).astype(np.float32)
     inverse = np.float32(1.0 / ops.get("rescale", {"factor": 1.0})["factor"])
     if "normalize" in ops:

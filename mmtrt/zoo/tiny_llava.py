@@ -44,14 +44,15 @@ BOS_TEMPLATE = "{{ bos_token }}" + CHAT_TEMPLATE
 LLM_CONFIGS = {"llama": LlamaConfig, "mistral": MistralConfig, "gemma": GemmaConfig}
 
 
-def byte_tokenizer(bos: bool = False) -> PreTrainedTokenizerFast:
-    """A byte-level tokenizer with no merges: 256 byte tokens and the chat's special tokens, built offline.
-    With `bos`, it prepends a BOS token as Mistral's and Gemma's tokenizers do, and its template writes one."""
+def byte_tokenizer(bos: bool = False, extra: list[str] = ()) -> PreTrainedTokenizerFast:
+    """A byte-level tokenizer with no merges: 256 byte tokens and the chat's special tokens (and `extra` ones),
+    built offline. With `bos`, it prepends a BOS token as Mistral's and Gemma's tokenizers do, and its template
+    writes one."""
     vocab = {ch: i for i, ch in enumerate(bytes_to_unicode().values())}
     tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
     tok.decoder = decoders.ByteLevel()
-    tok.add_special_tokens(SPECIAL_TOKENS + ([BOS] if bos else []))
+    tok.add_special_tokens(SPECIAL_TOKENS + list(extra) + ([BOS] if bos else []))
     if bos:
         tok.post_processor = processors.TemplateProcessing(single=f"{BOS} $A", pair=f"{BOS} $A {BOS} $B",
                                                            special_tokens=[(BOS, tok.token_to_id(BOS))])
@@ -88,10 +89,11 @@ def describe_tiny_llava(
     kv_heads: int = 2,
     llm: str = "llama",
     head_dim: int | None = None,
+    feature_layer: int | list[int] = -2,
 ) -> tuple[LlavaConfig, GenerationConfig, LlavaProcessor]:
     """The config, generation config and processor, without weights. `llm` picks the decoder family (llama,
     mistral or gemma: the latter two with a BOS-writing template); `head_dim` may differ from hidden / heads,
-    as Gemma's does."""
+    as Gemma's does; `feature_layer` is LLaVA's vision_feature_layer (a list concatenates those layers)."""
     tokenizer = byte_tokenizer(bos=llm != "llama")
     vision_config, image_processor = _vision(tower, image_size, patch_size, vision_hidden, vision_layers)
     text_config = LLM_CONFIGS[llm](
@@ -104,7 +106,7 @@ def describe_tiny_llava(
     config = LlavaConfig(
         vision_config=vision_config, text_config=text_config,
         image_token_id=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
-        vision_feature_layer=-2, vision_feature_select_strategy=strategy, projector_hidden_act="gelu",
+        vision_feature_layer=feature_layer, vision_feature_select_strategy=strategy, projector_hidden_act="gelu",
     )
     generation = GenerationConfig(eos_token_id=tokenizer.eos_token_id, pad_token_id=tokenizer.pad_token_id,
                                   do_sample=False)

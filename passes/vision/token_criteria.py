@@ -23,6 +23,7 @@ from google.protobuf.message import DecodeError
 from onnx import TensorProto, compose, helper, numpy_helper, version_converter
 
 from mmtrt.errors import UserError
+from mmtrt.ir.facts import deepest_feature_layer
 from mmtrt.ir.flops import concrete
 from mmtrt.ir.rewrite import attr
 
@@ -80,7 +81,7 @@ class Builder:
 def encoder_layer(layer: int | None, vision: dict[str, Any]) -> int:
     """hidden_states[0] is the embedding and hidden_states[i] the output of encoder layer i - 1."""
     count = vision["num_layers"] + 1
-    feature = vision["feature_layer"] % count
+    feature = deepest_feature_layer(vision)
     if layer is None:
         return feature - 1
     if not -count <= layer < count or not 1 <= layer % count <= feature:

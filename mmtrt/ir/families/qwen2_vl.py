@@ -15,7 +15,8 @@ import math
 from typing import Any
 
 from mmtrt.errors import UserError
-from mmtrt.ir.graph import Component, ModelIR, TensorSpec, graph_io
+from mmtrt.ir.families.common import eos_token_ids, llm_facts, onnx_component, tokenizer_assets
+from mmtrt.ir.graph import Component, ModelIR, TensorSpec
 
 MODEL_CLASS = "AutoModelForImageTextToText"
 COMPONENTS = ("preprocess", "vision", "embed", "llm")
@@ -84,7 +85,6 @@ def model_facts(config, generation_config, processor, spec: dict[str, Any]) -> d
     merge = vision.spatial_merge_size
     dims = token_dims(spec, merge)
     side = math.isqrt(dims["tokens"]["max"]) * vision.patch_size * merge
-    eos = generation_config.eos_token_id
     windowed = config.model_type == "qwen2_5_vl"
     return {
         "architecture": config.model_type,
@@ -102,21 +102,14 @@ def model_facts(config, generation_config, processor, spec: dict[str, Any]) -> d
             "dims": dims,
         },
         "llm": {
-            "model_type": text.model_type,
-            "num_layers": text.num_hidden_layers,
-            "hidden_size": text.hidden_size,
-            "num_heads": text.num_attention_heads,
-            "num_kv_heads": text.num_key_value_heads,
-            "head_dim": text.hidden_size // text.num_attention_heads,
-            "vocab_size": text.vocab_size,
-            "max_position_embeddings": text.max_position_embeddings,
+            **llm_facts(text),
             "rope": "mrope",
             "mrope_section": list(text.rope_parameters["mrope_section"]),
             "trtllm_refused": TRTLLM_REFUSED,
         },
         "image_token": processor.image_token,
         "image_token_id": config.image_token_id,
-        "eos_token_ids": sorted(eos if isinstance(eos, list) else [eos]),
+        "eos_token_ids": eos_token_ids(generation_config),
         "chat_template": processor.chat_template,
         "refused_passes": REFUSED_PASSES,
     }
@@ -126,7 +119,6 @@ def lower(model, processor) -> ModelIR:
     """Export the vision tower, the embedding and the M-RoPE decoder; preprocessing stays a spec."""
     from mmtrt.ir.export import export_embedding
     from mmtrt.ir.families import qwen2_vl_export as export
-    from mmtrt.ir.frontend import tokenizer_assets
 
     spec = preprocess_spec(processor.image_processor)
     facts = model_facts(model.config, model.generation_config, processor, spec)
@@ -139,13 +131,17 @@ def lower(model, processor) -> ModelIR:
             outputs=[TensorSpec("pixel_values", "float32", ("patches", cpp))],
             spec=spec,
         ),
-        "vision": _onnx_component("vision", export.export_vision(model, v["window_size"] is not None, (6, 10))),
-        "embed": _onnx_component("embed", export_embedding(model)),
-        "llm": _onnx_component(
+        "vision": onnx_component("vision", export.export_vision(model, v["window_size"] is not None, (6, 10))),
+        "embed": onnx_component("embed", export_embedding(model)),
+        "llm": onnx_component(
             "llm", export.export_decoder(model, t["num_layers"], t["num_kv_heads"], t["head_dim"], t["hidden_size"])),
     }
     return ModelIR(components, facts, tokenizer_assets(processor), set(PROPERTIES))
 
 
-def _onnx_component(name: str, model) -> Component:
-    return Component(name, graph_io(model, "inputs"), graph_io(model, "outputs"), onnx=model)
+def fit_envelope(facts: dict[str, Any], envelope) -> dict[str, Any]:
+    """The image envelope in pixels is the processor's; tiles do not apply."""
+    if envelope.image.max_tiles is not None:
+        raise UserError("envelope.image.max_tiles applies to any-resolution (tiling) models; Qwen2-VL bounds an "
+                        "image's tokens by its processor's max_pixels: remove max_tiles")
+    return facts
