@@ -66,7 +66,7 @@ class VisionTower(torch.nn.Module):
         if self.windowed:
             x = self._reorder(x, window_index)
             cos, sin = (self._reorder(t[:, 0], window_index)[:, None] for t in (cos, sin))
-            window_mask = window_id[:, None] == window_id[None, :]
+            window_mask = (window_id[:, None] == window_id[None, :])[None, None]  # 4-D, as TensorRT takes it
         for i, block in enumerate(self.visual.blocks):
             mask = window_mask if self.windowed and i not in self.full_layers else None
             x = x + self._attention(block.attn, block.norm1(x), cos, sin, mask)
