@@ -111,7 +111,7 @@ class Pipeline:
                         for name in ("vision", "embed", "llm")}
         self.tokenizer = BundleTokenizer(self.path / "tokenizer")
         self.backends = {name: "+".join(r.providers) for name, r in self.runners.items()}
-        self.backends["preprocess"] = "numpy" if self.family or covers(self.preprocess_spec) else "torchvision"
+        self.backends["preprocess"] = "numpy" if covers(self.preprocess_spec) else "torchvision"
         self.stepper = self._static_stepper() if self.kv else None
         self.prefixes = PrefixCache(prefix_cache_mib)
         # token_prune's dynamic budget: the vision output is a padded block with a per-image count

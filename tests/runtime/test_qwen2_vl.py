@@ -124,3 +124,10 @@ def test_cpp_runtime_refuses_the_bundle_in_one_line(qwen, rng, tmp_path):
     assert proc.stderr.splitlines() == [f"mmtrt-run: error: {bundle} holds a {family} model; the C++ runtime does not "
                                         "run Qwen2-VL (its dynamic-resolution preprocessing and M-RoPE positions are "
                                         "implemented in the Python runtime only); run it with `mmtrt run`"]
+
+
+def test_inspect_names_why_tensorrt_llm_has_no_checkpoint(qwen):
+    from mmtrt.bundle.inspect import describe
+
+    text = describe(qwen[3])
+    assert "this host: numpy" in text and "position_embedding_type mrope" in text
