@@ -57,13 +57,16 @@ def decided_steps(margins):
 @pytest.mark.parametrize("shape", list(IMAGES))
 def test_greedy_tokens_equal_generate(qwen, rng, shape):
     model, processor, pipe, _ = qwen
-    image = random_image(rng, *IMAGES[shape])
-    ids, want, margins = reference(model, processor, image)
+    for _ in range(5):  # a random image whose first steps are near ties cannot tell right from wrong: draw again
+        image = random_image(rng, *IMAGES[shape])
+        ids, want, margins = reference(model, processor, image)
+        decided = decided_steps(margins)
+        if decided >= min(len(margins), 3):
+            break
+    assert decided >= min(len(margins), 3), f"five random images all had early near ties: {margins}"
     got = pipe.generate(image, PROMPT, max_new_tokens=NEW_TOKENS)
     assert got.prompt_tokens == len(ids)
     assert got.image_tokens == ids.count(model.config.image_token_id)
-    decided = decided_steps(margins)
-    assert decided >= min(len(margins), 3), f"early near tie: {margins}"
     assert got.token_ids[:decided] == want[:decided]
     assert len(got.token_ids) == len(want) or decided < len(margins)  # the same EOS, where every step is decided
 
