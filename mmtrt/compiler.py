@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from mmtrt import __version__
+from mmtrt.backends.tensorrt.shipped import check_engine_targets, ship_engines
 from mmtrt.bundle import writer
 from mmtrt.bundle.manifest import SCHEMA_VERSION, toolchain_versions
 from mmtrt.eval.budget import Evaluate, check_budgets
@@ -64,6 +65,7 @@ def make_plan(recipe_path: str | Path) -> Plan:
     calibration = load_recipe_data(recipe.calibration, recipe_dir)
     check_recipe_data(passes.passes, calibration)
     suite_data = load_suite_data(recipe.evaluate, recipe.eval_suites(), recipe_dir)
+    check_engine_targets(recipe.output.engines)
     return Plan(recipe, recipe_dir, facts, passes, partitions, calibration, suite_data)
 
 
@@ -104,7 +106,9 @@ def compile_recipe(recipe_path: str | Path, out: str | Path, force: bool = False
             manifest["evaluation"] = evaluation
             writer.write_manifest(folder, manifest)
             check_budgets(plan.recipe.budgets, evaluation)
+        engines = ship_engines(folder, plan.recipe.output.engines)
         writer.write_build_report(folder, {
+            **({"engines": engines} if engines else {}),
             "compile_seconds": round(time.perf_counter() - started, 2),
             "host": platform.node(),
             "pass_times_ms": {f"{i}:{r['pass']}": r.get("time_ms") for i, r in enumerate(reports)},

@@ -69,6 +69,7 @@ class PartitionPolicy(Strict):
 
 class Output(Strict):
     external_data_threshold: int = Field(1024, ge=0, description="Initializers of at least this many bytes go to each ONNX file's external data file.")
+    engines: list[Literal["rtx"]] = Field([], description="Engines the compile builds into the bundle's `engines/` folder, so it ships with them. `rtx`: every TensorRT segment built with TensorRT for RTX, on the compiling host with no GPU needed, for GPUs of compute capability 8.0, 8.6, 8.9 and 12.0 (needs `pip install tensorrt-rtx-cu13==1.7.1.116`); as `mmtrt build-engines BUNDLE --target rtx` builds them later. A segment the parser or builder refuses fails the compile, nothing written; one that cannot be built at all (no profile could be planned, or its plugins could not be registered) is listed with the reason in `build_report.json`. Engines are not in the bundle's hash: the portable bundle is its ONNX.")
 
 
 class CalibrationData(Strict):

@@ -3,7 +3,10 @@ kernel on random inputs and compares it with numpy, with the CPU twin, and with 
 on the GPU by CuPy; then times kernel and decomposition (CUDA events, medians). Part of scripts/gpu_check.sh.
 NOT RUN YET: no GPU was lent to the session that wrote it.
 
-Usage: python scripts/gpu_kernel_check.py [--cubins DIR]   (DIR: build/kernels/cuda-* or a bundle's plugins/)
+The launches (grid, block, shared memory, scalar arguments) are mmtrt/kernels/launch.py's, the ones TensorRT's
+plugins use. `--quick` runs one small case per kernel (for compute-sanitizer, which slows every access).
+
+Usage: python scripts/gpu_kernel_check.py [--cubins DIR] [--quick]   (DIR: build/kernels/cuda-* or a bundle's plugins/)
 """
 
 from __future__ import annotations
@@ -11,7 +14,6 @@ from __future__ import annotations
 import argparse
 import math
 import statistics
-import struct
 import sys
 from pathlib import Path
 
@@ -19,9 +21,9 @@ import cupy as cp
 import ml_dtypes
 import numpy as np
 
-from mmtrt.kernels import cpu
+from mmtrt.kernels import cpu, launch
 from mmtrt.quant.int4 import quantize_groups
-from onnx import numpy_helper
+from passes.fusion.int4_gemm_match import int8_pairs
 
 TYPES = {np.dtype(np.float32): "f32", np.dtype(np.float16): "f16", np.dtype(ml_dtypes.bfloat16): "bf16"}
 # (n, heads, tokens, cls, head_dim, dim, keep): DINOv2-S/14 at 224 px keeping 64, CLIP-L/14 at 336 px keeping 144
@@ -61,14 +63,13 @@ def raw(a: np.ndarray) -> cp.ndarray:
 def token_select_gpu(mod, q, k, feats, keep, cls):
     n, heads, q_len, head_dim = q.shape
     kv, tokens, dim = k.shape[2], feats.shape[1], feats.shape[2]
-    fn = mod.get_function(f"mmtrt_token_select_{TYPES[feats.dtype]}")
+    found = launch.token_select(q.shape, k.shape, feats.shape, keep, cls, 1 / math.sqrt(head_dim), TYPES[feats.dtype])
+    fn = mod.get_function(found.kernel)
     dq, dk, df = raw(q), raw(k), raw(feats)
     out = cp.empty((n, keep, dim), df.dtype)
-    scale_bits = struct.unpack("<i", struct.pack("<f", 1 / math.sqrt(head_dim)))[0]
-    args = (dq, dk, df, *map(np.int32, (heads, q_len, kv, head_dim, cls, tokens, dim, keep, scale_bits)), out)
-    smem = 4 * (kv + 3 * tokens + keep + 256)  # token_select_smem_floats, no merge
-    launch = lambda: fn((n, min(keep, 8)), (256,), args, shared_mem=smem)
-    launch()
+    args = (dq, dk, df, *map(np.int32, found.args), out)
+    run = lambda: fn(found.grid, found.block, args, shared_mem=found.shared_mem)
+    run()
     cp.cuda.Device().synchronize()
     result = cp.asnumpy(out).view(feats.dtype)
 
@@ -80,12 +81,12 @@ def token_select_gpu(mod, q, k, feats, keep, cls):
         idx = cp.sort(cp.argsort(-scores, axis=1)[:, :keep], axis=1)
         return cp.take_along_axis(df, idx[..., None], axis=1)
 
-    return result, timed(launch), decomposition, timed(decomposition)
+    return result, timed(run), decomposition, timed(decomposition)
 
 
-def check_token_select(mod, rng) -> bool:
+def check_token_select(mod, rng, cases) -> bool:
     ok = True
-    for n, heads, tokens, cls, head_dim, dim, keep in TOKEN_CASES:
+    for n, heads, tokens, cls, head_dim, dim, keep in cases:
         for dtype in (np.float16, ml_dtypes.bfloat16, np.float32):
             kv = tokens + cls
             q = rng.standard_normal((n, heads, kv, head_dim)).astype(dtype)
@@ -119,14 +120,13 @@ def check_token_select_merge(mod, rng) -> bool:
         q = rng.standard_normal((n, heads, kv, head_dim)).astype(dtype)
         k = rng.standard_normal((n, heads, kv, head_dim)).astype(dtype)
         feats = rng.standard_normal((n, tokens, dim)).astype(dtype)
-        fn = mod.get_function(f"mmtrt_token_select_merge_{TYPES[np.dtype(dtype)]}")
+        found = launch.token_select(q.shape, k.shape, feats.shape, keep, cls, 1 / math.sqrt(head_dim),
+                                    TYPES[np.dtype(dtype)], contextual)
+        fn = mod.get_function(found.kernel)
         out = cp.empty((n, keep, dim), raw(feats).dtype)
-        scale_bits = struct.unpack("<i", struct.pack("<f", 1 / math.sqrt(head_dim)))[0]
         args = (raw(q), raw(k), raw(feats), cp.asarray(target_at), cp.asarray(merged_at),
-                *map(np.int32, (heads, kv, kv, head_dim, cls, tokens, dim, keep, scale_bits, contextual)), out)
-        smem = 4 * (kv + 3 * tokens + keep + 256 + contextual * (head_dim + 2))
-        launch = lambda: fn((n, 8), (256,), args, shared_mem=smem)
-        ms = timed(launch)
+                *map(np.int32, found.args), out)
+        ms = timed(lambda: fn(found.grid, found.block, args, shared_mem=found.shared_mem))
         got = cp.asnumpy(out).view(dtype).astype(np.float32)
         twin = cpu.token_select(q, k, feats, keep, cls, target_at=target_at)[0].astype(np.float32)
         dominant = keep - contextual
@@ -138,21 +138,21 @@ def check_token_select_merge(mod, rng) -> bool:
     return ok
 
 
-def check_int4_gemm(mod, rng) -> bool:
+def check_int4_gemm(mod, rng, cases) -> bool:
     ok = True
-    for rows, K, N in GEMM_CASES:
+    for rows, K, N in cases:
         for dtype, scale_dtype in ((np.float16, np.float32), (np.float16, np.float16), (ml_dtypes.bfloat16, ml_dtypes.bfloat16)):
             q, scales, _ = quantize_groups(rng.standard_normal((N, K)).astype(np.float32), 128)
-            packed = np.frombuffer(numpy_helper.from_array(np.ascontiguousarray(q.T).astype(ml_dtypes.int4)).raw_data, np.uint8)
+            packed = int8_pairs(np.ascontiguousarray(q.T))  # the plugin's weight: int8 [K, N / 2]
             s = np.ascontiguousarray(scales.T).astype(scale_dtype)
             x = rng.standard_normal((rows, K)).astype(dtype)
             pre = rng.uniform(0.5, 2, K).astype(dtype)
-            fn = mod.get_function(f"mmtrt_int4_gemm_{TYPES[np.dtype(dtype)]}_{TYPES[np.dtype(scale_dtype)]}")
+            found = launch.int4_gemm(x.shape, s.shape, 128, TYPES[np.dtype(dtype)], TYPES[np.dtype(scale_dtype)])
+            fn = mod.get_function(found.kernel)
             dx, dw, ds, dp = raw(x), cp.asarray(packed), raw(s), raw(pre)
             y = cp.empty((rows, N), dx.dtype)
-            args = (dx, dw, ds, dp, *map(np.int32, (rows, K, N, 128)), y)
-            launch = lambda: fn((-(-N // 64), -(-rows // 8)), (32, 8), args)  # kInt4Cols, kInt4MaxRows
-            kernel_ms = timed(launch)
+            args = (dx, dw, ds, dp, *map(np.int32, found.args), y)
+            kernel_ms = timed(lambda: fn(found.grid, found.block, args))
             got = cp.asnumpy(y).view(dtype)
             twin = cpu.int4_gemm(x, packed, s, pre, 128)
             w16 = cp.asarray((q.T.astype(np.float32) * np.repeat(s.astype(np.float32), 128, axis=0)[:K]).astype(np.float16))
@@ -171,16 +171,19 @@ def check_int4_gemm(mod, rng) -> bool:
     return ok
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--cubins", type=Path, help="folder with kernels.sm_XX.cubin (default: build them here)")
-    args = parser.parse_args()
+    parser.add_argument("--quick", action="store_true", help="one small case per kernel")
+    args = parser.parse_args(argv)
     if args.cubins is None:
         from mmtrt.kernels.build import device_code
         args.cubins = device_code().folder
     print(f"{cp.cuda.runtime.getDeviceProperties(0)['name'].decode()}, cubins from {args.cubins}")
     mod, rng = module(args.cubins), np.random.default_rng(0)
-    ok = check_token_select(mod, rng) & check_token_select_merge(mod, rng) & check_int4_gemm(mod, rng)
+    token_cases, gemm_cases = (TOKEN_CASES[:1], GEMM_CASES[:1]) if args.quick else (TOKEN_CASES, GEMM_CASES)
+    ok = (check_token_select(mod, rng, token_cases) & check_token_select_merge(mod, rng)
+          & check_int4_gemm(mod, rng, gemm_cases))
     return 0 if ok else 1
 
 

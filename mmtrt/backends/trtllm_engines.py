@@ -5,9 +5,10 @@ limits, so its key is the checkpoint's digest, the build options' digest, the co
 TensorRT-LLM version; engines/index.json (shared with the TensorRT engines, not part of the bundle's hash) maps
 the key to the engine folder (`rank0.engine` + `config.json`, as trtllm-build writes them) and its digest.
 
-NOT RUN: TensorRT-LLM cannot be installed where this was written. The command is trtllm-build's
-(tensorrt_llm/commands/build.py, NVIDIA/TensorRT-LLM; the `trtllm-build` console script, else
-`python -m tensorrt_llm.commands.build`), with `--input_timing_cache` / `--output_timing_cache` per target.
+TensorRT-LLM lives in an environment of its own (trtllm_process.py): the probe asks its worker, and the command is
+that environment's trtllm-build (tensorrt_llm/commands/build.py, NVIDIA/TensorRT-LLM; the `trtllm-build` console
+script beside its python, else `python -m tensorrt_llm.commands.build`), with `--input_timing_cache` /
+`--output_timing_cache` per target. NOT RUN: TensorRT-LLM cannot be installed where this was written.
 """
 
 from __future__ import annotations
@@ -17,7 +18,6 @@ import json
 import shlex
 import shutil
 import subprocess
-import sys
 import tempfile
 import time
 from dataclasses import dataclass
@@ -25,8 +25,9 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any, Callable
 
-from mmtrt.backends.tensorrt.engines import ENGINE_DIR, INDEX, probe_gpu, read_index, write_index
+from mmtrt.backends.tensorrt.engines import ENGINE_DIR, INDEX, read_index, write_index
 from mmtrt.backends.tensorrt_llm import CHECKPOINT_DIR, ENGINE_DIR as PLANNED_ENGINE_DIR, TIMING_CACHE
+from mmtrt.backends.trtllm_process import build_executable, probe, trtllm_python
 from mmtrt.bundle.manifest import read_manifest, sha256_file
 from mmtrt.errors import UserError
 
@@ -46,8 +47,8 @@ class LlmTarget:
 
 
 def probe_llm_target() -> LlmTarget | str:
-    """This host's target, or why it cannot build or run TensorRT-LLM engines."""
-    found = probe_gpu("tensorrt_llm")
+    """This host's target, or why it cannot build or run TensorRT-LLM engines, from the worker's environment."""
+    found = probe(trtllm_python())
     return found if isinstance(found, str) else LlmTarget(*found)
 
 
@@ -77,8 +78,7 @@ def build_command(bundle: Path, plan: dict[str, Any], output_dir: Path, target: 
     swap = {f"BUNDLE/{CHECKPOINT_DIR}": str(bundle / CHECKPOINT_DIR), f"BUNDLE/{PLANNED_ENGINE_DIR}": str(output_dir),
             f"BUNDLE/{TIMING_CACHE}": cache}
     words = [swap.get(w, w) for w in words]
-    exe = shutil.which("trtllm-build")
-    return ([exe] if exe else [sys.executable, "-m", "tensorrt_llm.commands.build"]) + words[1:]
+    return build_executable(trtllm_python()) + words[1:]
 
 
 def bundle_reason(manifest: dict[str, Any]) -> str | None:

@@ -6,6 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from mmtrt.backends.tensorrt.engines import read_index
 from mmtrt.bundle.manifest import bundle_hash, read_build_report, read_manifest, verify_artifacts
 from mmtrt.runtime.host import host_backends
 
@@ -19,6 +20,7 @@ def inspect_json(bundle: str | Path) -> dict[str, Any]:
         "artifacts_modified": verify_artifacts(bundle, manifest),
         "manifest": manifest,
         "this_host": host_backends(bundle, manifest),
+        "engines": read_index(bundle),
         "build_report": read_build_report(bundle),
     }
 
@@ -54,10 +56,19 @@ def describe(bundle: str | Path) -> str:
     lines += ["", "passes:"] + [f"  {i + 1}. {r['pass']} {json.dumps(r['config'])}: {_fmt_changes(r['changes'])}"
                                 for i, r in enumerate(m["passes"])] or ["  (none)"]
     lines += _plugins(m)
+    lines += _engines(info["engines"])
     lines += ["", "artifacts:"] + [f"  {digest[:16]}  {name}" for name, digest in m["artifacts"].items()]
     if info["artifacts_modified"]:
         lines.append(f"WARNING: modified since compile: {', '.join(info['artifacts_modified'])}")
     return "\n".join(lines)
+
+
+def _engines(index: dict[str, dict[str, Any]]) -> list[str]:
+    """The engines built into engines/ (build-engines, or the recipe's output.engines), per segment and target."""
+    if not index:
+        return ["", "engines: none built (mmtrt build-engines BUNDLE --target rtx builds them on any host)"]
+    return ["", "engines:"] + [f"  {r['segment']:<10} {r.get('flavor', 'tensorrt'):<9} {r['target']:<30} {r['file']}"
+                               for r in sorted(index.values(), key=lambda r: (r["segment"], r["target"]))]
 
 
 PIPELINE_ORDER = ("vision", "embed", "llm")
@@ -95,7 +106,8 @@ def _plugins(manifest: dict[str, Any]) -> list[str]:
     plugins = manifest.get("tensorrt", {}).get("plugins") or {}
     lines = ["", "plugins (TensorRT, AOT):"] if plugins else []
     for pid, e in sorted(plugins.items()):
-        lines.append(f"  {pid} v{e['version']} kernel {e['kernel']}_*: PTX {e['ptx_target']}, cubins "
+        isa = f" (ISA {e['ptx_isa']})" if "ptx_isa" in e else ""
+        lines.append(f"  {pid} v{e['version']} kernel {e['kernel']}_*: PTX {e['ptx_target']}{isa}, cubins "
                      f"{', '.join(e['architectures'])}; {len(e['sha256'])} files, registration {e['registration']}")
     return lines
 

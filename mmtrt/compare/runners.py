@@ -58,10 +58,11 @@ def bundle_runner(bundle: Path, manifest: dict[str, Any], component: str, choice
         return OnnxrtRunner(partial(_session, path), name=name), "onnxruntime"
     if len(segments) == 1:
         from mmtrt.backends.tensorrt.runner import trt_runner
+        from mmtrt.runtime.executors import engine_flavor
 
         engine = next(iter(engines.values()))
         profiles = next(e["profiles"] for e in manifest["tensorrt"]["segments"] if e["id"] == segments[0]["id"])
-        return trt_runner(engine, profiles, name), f"tensorrt ({engine.name})"
+        return trt_runner(engine, profiles, name, engine_flavor(engine)), f"{engine_flavor(engine)} ({engine.name})"
     backends = "+".join(sorted({"tensorrt" if s["id"] in engines else "onnxruntime" for s in segments}))
     chain = partial(component_runner, bundle, manifest, component, choices, None, True)
     return FunctionRunner(chain, manifest["components"][component]["inputs"], name), f"segments ({backends})"

@@ -1,12 +1,17 @@
 """The plugin files a bundle carries and their manifest entries (manifest `tensorrt.plugins`): per plugin its
 name, version, namespace, kernel, architectures and the sha256 of each file. The files are the PTX TensorRT's AOT
 interface compiles into the engine, the cubins (sm_80 to sm_90, for CUDA-level checks such as
-scripts/gpu_check.sh) and the registration module `mmtrt build-engines` imports. All are built from the committed
-sources by mmtrt.kernels.build, so the same recipe gives the same bytes."""
+scripts/gpu_check.sh), the registration module `mmtrt build-engines` imports and the launch geometry it reads. All
+are built from the committed sources by mmtrt.kernels.build, so the same recipe gives the same bytes.
+
+The PTX carries the ISA version of the nvcc that wrote it (`.version 9.0` from CUDA 13): a driver JIT-compiles PTX
+only up to the ISA of its own CUDA version, so the entry records the ISA and the CUDA release whose driver (or a
+newer one) loads it; the cubins need no JIT. nvcc has no option to write an older ISA."""
 
 from __future__ import annotations
 
 import importlib.util
+import re
 import shutil
 from pathlib import Path
 from typing import Any
@@ -18,6 +23,7 @@ from mmtrt.kernels.catalog import BY_NAME, NAMESPACE
 
 PLUGIN_DIR = "plugins"
 REGISTRATION = Path(__file__).with_name("registration.py")
+LAUNCH = Path(__file__).with_name("launch.py")
 
 
 def write_plugins(folder: Path, plugin_ids: list[str]) -> dict[str, dict[str, Any]]:
@@ -27,22 +33,34 @@ def write_plugins(folder: Path, plugin_ids: list[str]) -> dict[str, dict[str, An
     device = build.device_code()
     (folder / PLUGIN_DIR).mkdir(exist_ok=True)
     files = []
-    for src in [device.ptx, *device.cubins.values(), REGISTRATION]:
+    for src in [device.ptx, *device.cubins.values(), REGISTRATION, LAUNCH]:
         shutil.copyfile(src, folder / PLUGIN_DIR / src.name)
         files.append(f"{PLUGIN_DIR}/{src.name}")
     digests = {name: sha256_file(folder / name) for name in files}
     nvcc_version = build.tool_version(build.nvcc()).splitlines()[-1]
+    isa = ptx_isa(device.ptx.read_text())
     entries = {}
     for plugin_id in sorted(set(plugin_ids)):
         spec = BY_NAME[plugin_id.split("::", 1)[1]]
         entries[plugin_id] = {
             "name": spec.name, "version": spec.version, "namespace": NAMESPACE, "kernel": spec.kernel,
             "attributes": list(spec.attributes), "architectures": list(build.ARCHS), "ptx_target": build.PTX_ARCH,
+            "ptx_isa": isa, "ptx_driver": f"a driver for CUDA {cuda_release(nvcc_version)} or newer JIT-compiles the "
+                                          f"PTX (ISA {isa}); the cubins need none",
             "ptx": f"{PLUGIN_DIR}/{device.ptx.name}", "cubins": {a: f"{PLUGIN_DIR}/{p.name}" for a, p in device.cubins.items()},
             "registration": f"{PLUGIN_DIR}/{REGISTRATION.name}", "sha256": digests,
             "sources_sha256": build.source_digest(), "nvcc": nvcc_version, "why": spec.why,
         }
     return entries
+
+
+def ptx_isa(ptx: str) -> str:
+    return re.search(r"^\.version (\d+\.\d+)", ptx, re.M).group(1)
+
+
+def cuda_release(nvcc_version: str) -> str:
+    """'13.0' from nvcc's last version line ('Build cuda_13.0.r13.0/compiler...')."""
+    return re.search(r"cuda_(\d+\.\d+)", nvcc_version).group(1)
 
 
 def check_plugins(bundle: Path, plugins: dict[str, dict[str, Any]]) -> None:
@@ -55,9 +73,16 @@ def check_plugins(bundle: Path, plugins: dict[str, dict[str, Any]]) -> None:
                                 f"bundle (mmtrt compile) to rewrite it")
 
 
-def register_plugins(bundle: Path, plugins: dict[str, dict[str, Any]]) -> None:
-    """Check the files, then import the bundle's registration module, which registers the plugins with TensorRT."""
+def register_plugins(bundle: Path, plugins: dict[str, dict[str, Any]], trt=None) -> None:
+    """Check the files, then register the plugins with TensorRT: TensorRT 11 imports the bundle's registration module
+    (AOT plugins, tensorrt.plugin); TensorRT-RTX (`trt` is the tensorrt_rtx module) takes mmtrt.kernels.rtx's
+    creators, whose kernels come from the bundle's PTX at run time."""
     check_plugins(bundle, plugins)
+    if plugins and trt is not None and trt.__name__ == "tensorrt_rtx":
+        from mmtrt.kernels import rtx
+
+        rtx.register(trt, bundle / next(iter(plugins.values()))["ptx"])
+        return
     for path in sorted({entry["registration"] for entry in plugins.values()}):
         spec = importlib.util.spec_from_file_location(f"mmtrt_bundle_plugins_{abs(hash(str(bundle)))}", bundle / path)
         module = importlib.util.module_from_spec(spec)

@@ -22,6 +22,8 @@ def library() -> ctypes.CDLL:
     lib.mmtrt_token_select_cpu.argtypes = [_I, _P, _P, _P, *[_I] * 9, _F, _I, _P, _P, _P, _P]
     lib.mmtrt_token_select_scored_cpu.argtypes = [_I, _P, _P, *[_I] * 5, _F, _P, _P, _P]
     lib.mmtrt_int4_gemm_cpu.argtypes = [_I, _I, _P, _P, _P, _P, _I, _I, _I, _I, _P]
+    lib.mmtrt_token_select_smem_bytes.argtypes = [_I] * 5
+    lib.mmtrt_scored_smem_bytes.argtypes = [_I] * 2
     lib.mmtrt_round_cpu.argtypes = [_I, _P, _P, ctypes.c_longlong]
     lib.mmtrt_round_cpu.restype = None
     return lib
@@ -80,15 +82,15 @@ def token_select_scored(scores: np.ndarray, features: np.ndarray, keep: int, lea
 
 
 def int4_gemm(x: np.ndarray, packed: np.ndarray, scales: np.ndarray, pre: np.ndarray, group: int) -> np.ndarray:
-    """y [..., N] = (x * pre) @ dequant(W) for W int4 [K, N] as `packed` bytes (ONNX order), scales [G, N] in
-    x's type or float32."""
+    """y [..., N] = (x * pre) @ dequant(W) for W int4 [K, N] held as `packed` int8 [K, N / 2] (row k's byte j: column
+    2j in the low nibble, 2j + 1 in the high one), scales [G, N] in x's type or float32."""
     x, scales, pre = (np.ascontiguousarray(a) for a in (x, scales, pre))
-    packed = np.ascontiguousarray(packed, np.uint8)
+    packed = np.ascontiguousarray(packed, np.int8)
     K, N = x.shape[-1], scales.shape[1]
     M = int(np.prod(x.shape[:-1]))
-    if packed.size != (K * N + 1) // 2 or scales.shape[0] != -(-K // group) or pre.shape != (K,):
-        raise ValueError(f"int4_gemm: packed {packed.size} B, scales {list(scales.shape)}, pre {list(pre.shape)} "
-                         f"do not fit K {K}, N {N}, group {group}")
+    if N % 2 or packed.shape != (K, N // 2) or scales.shape[0] != -(-K // group) or pre.shape != (K,):
+        raise ValueError(f"int4_gemm: packed {list(packed.shape)}, scales {list(scales.shape)}, pre {list(pre.shape)} "
+                         f"do not fit K {K}, N {N} (even), group {group}")
     y = np.empty((*x.shape[:-1], N), x.dtype)
     rc = library().mmtrt_int4_gemm_cpu(_code(x, pre), DTYPES[scales.dtype], _ptr(x), _ptr(packed), _ptr(scales),
                                        _ptr(pre), M, K, N, group, _ptr(y))
@@ -96,6 +98,15 @@ def int4_gemm(x: np.ndarray, packed: np.ndarray, scales: np.ndarray, pre: np.nda
         raise ValueError(f"int4_gemm: scales in {scales.dtype} with activations in {x.dtype}; give them in the "
                          f"activations' type or float32")
     return y
+
+
+def smem_bytes(kernel: str, **dims: int) -> int:
+    """The dynamic shared memory the headers give a launch: kernel `token_select` (kv_len, tokens, keep, head_dim,
+    contextual) or `scored` (tokens, rows)."""
+    if kernel == "token_select":
+        return library().mmtrt_token_select_smem_bytes(dims["kv_len"], dims["tokens"], dims["keep"], dims["head_dim"],
+                                                       dims["contextual"])
+    return library().mmtrt_scored_smem_bytes(dims["tokens"], dims["rows"])
 
 
 def round_to(values: np.ndarray, dtype) -> np.ndarray:

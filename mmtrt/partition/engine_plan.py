@@ -31,7 +31,7 @@ def engine_sections(ir: ModelIR, recipe: Recipe, dims: dict, folder: Path, files
     typical = recipe.envelope.prompt_tokens.opt + ir.config["vision"]["image_tokens"]
     phases = phase_dims(dims, typical)
     for comp in ir.onnx_components():
-        placement, forms = _placement(comp)
+        placement, forms = _placement(comp, dims)
         written = segments.write(placement, folder, threshold, None if forms else files[comp.name])
         report = {**placement.to_json(), **({"kv_cache_forms": forms} if forms else {})}
         for seg_json, seg_files in zip(report["segments"], written):
@@ -55,13 +55,13 @@ def engine_sections(ir: ModelIR, recipe: Recipe, dims: dict, folder: Path, files
     return {"placement": placements, "tensorrt": plan, "tensorrt_llm": llm_plan, "polygraphy": loaders}
 
 
-def _placement(comp):
+def _placement(comp, dims: dict):
     """The component's placement; a static KV cache's LLM is placed in the form TensorRT parses (its segments are
     cut from that form), with what runs where."""
     settings = comp.metadata.get("placement", {})
     if comp.name != "llm" or not settings.get("targeted") or not has_gqa(comp.onnx):
         return place_component(comp), None
-    return place_component(comp, tensorrt_form(comp.onnx)), FORMS
+    return place_component(comp, tensorrt_form(comp.onnx, dims)), FORMS
 
 
 def write_float_checkpoint(ir: ModelIR, recipe: Recipe, folder: Path) -> str | None:
@@ -87,7 +87,7 @@ def _add_plugins(entry: dict[str, Any], plugin_ids: list[str]) -> None:
     """The mmtrt plugins a segment calls (manifest tensorrt.plugins has their files); trtexec cannot register
     tensorrt.plugin (Python) plugins, so such a segment is built with `mmtrt build-engines`."""
     entry["aot_plugins"] = plugin_ids
-    if plugin_ids and entry.get("trtexec"):
+    if plugin_ids and entry["profiles"] is not None:
         entry["trtexec_note"] = (f"needs {', '.join(plugin_ids)} registered through tensorrt.plugin, which trtexec "
                                  f"cannot load: use {entry['build_command']}")
 
@@ -113,8 +113,9 @@ def segment_profiles(placement, segment, phases) -> tuple[list[dict] | None, str
         shapes, why = segments.profile(placement, segment, dims)
         if shapes is None:
             return None, why
-        if all(shapes != p["shapes"] for p in profiles):
-            profiles.append({"name": name, "shapes": shapes})
+        values = segments.shape_values(segment, dims)
+        if all((shapes, values) != (p["shapes"], p.get("values", {})) for p in profiles):
+            profiles.append({"name": name, "shapes": shapes, **({"values": values} if values else {})})
     if len(profiles) == 1:
         profiles[0]["name"] = "all"
     return profiles, None

@@ -16,9 +16,10 @@ from typing import Any
 import onnx
 from onnx import TensorProto, helper
 
+from mmtrt.backends.tensorrt.parser_form import write_form
 from mmtrt.bundle.manifest import sha256_file
 from mmtrt.bundle.writer import save_onnx
-from mmtrt.partition.placement import Placement, Segment, node_inputs
+from mmtrt.partition.placement import TENSORRT, Placement, Segment, node_inputs
 
 SEGMENT_DIR = "segments"
 POINTS = ("min", "opt", "max")
@@ -49,7 +50,8 @@ def _typed(placement: Placement, name: str) -> onnx.ValueInfoProto:
 def write(placement: Placement, folder: Path, threshold: int,
           component_files: dict[str, Any] | None) -> list[dict[str, Any]]:
     """Write a file per segment when the component is split, or when the placement is of another form of its graph
-    (`component_files` None); returns per segment its files and their digest."""
+    (`component_files` None), and beside a TensorRT segment's file the form TensorRT's parser reads where it
+    differs (`parser_form`); returns per segment its files and their digest (over both forms)."""
     entries = []
     whole = len(placement.segments) == 1 and component_files is not None
     for s in placement.segments:
@@ -59,8 +61,12 @@ def write(placement: Placement, folder: Path, threshold: int,
             (folder / SEGMENT_DIR).mkdir(exist_ok=True)
             written = save_onnx(extract(placement, s), folder / SEGMENT_DIR / f"{placement.segment_id(s)}.onnx", threshold)
             files = [f"{SEGMENT_DIR}/{name}" for name in written]
-        entries.append({"id": placement.segment_id(s), "backend": s.backend, "onnx": files[0], "files": files,
-                        "sha256": files_digest(folder, files)})
+        entry = {"id": placement.segment_id(s), "backend": s.backend, "onnx": files[0], "files": files}
+        form = write_form(folder, files[0]) if s.backend == TENSORRT else None
+        if form:
+            entry["tensorrt_onnx"] = form
+        entry["sha256"] = files_digest(folder, files + ([form] if form else []))
+        entries.append(entry)
     return entries
 
 
@@ -84,6 +90,19 @@ def profile(placement: Placement, segment: Segment, dims: dict[str, dict[str, in
         except KeyError as exc:
             return None, f"{name} has dimension {exc.args[0]!r}, which the shape plan does not cover"
     return shapes, None
+
+
+# Inputs TensorRT takes as shape tensors (their values set an output's shape), with the range of those values as
+# expressions on planned dimensions: kv_layout's `logits_from` is a Slice start on the sequence axis, from 0 (every
+# position's logits) to seq - 1 (the last one's). A profile gives TensorRT their values (`set_shape_input`).
+SHAPE_VALUES = {"logits_from": ("0", "seq - 1")}
+
+
+def shape_values(segment: Segment, dims: dict[str, dict[str, int]]) -> dict[str, dict[str, list[int]]]:
+    """min/opt/max values of the segment's shape-tensor inputs."""
+    return {name: {"min": [dim_at(low, dims, "min")], "opt": [dim_at(high, dims, "opt")],
+                   "max": [dim_at(high, dims, "max")]}
+            for name, (low, high) in SHAPE_VALUES.items() if name in segment.inputs}
 
 
 _OPS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.FloorDiv: operator.floordiv}

@@ -173,14 +173,43 @@ def dequantize_linear_nodes(name: str, x_input: str, output: str, q: np.ndarray,
     """`output` = x @ dequantized(W).T as INT4 initializer -> DequantizeLinear -> MatMul (opset 21+).
 
     This is the weight-only form TensorRT builds INT4 GEMMs from. MatMul takes W as [K, N], so the INT4 weight is
-    q transposed, blocked along K on axis 0, with scales [ceil(K/block), N] (same rank, strictly positive) and no
-    zero point: symmetric q only. Keep constant folding away from the DequantizeLinear or the weight is float again.
+    q transposed, blocked along K on axis 0, with scales [K/block, N] (same rank, strictly positive) and no zero
+    point: symmetric q only. Keep constant folding away from the DequantizeLinear or the weight is float again.
+    TensorRT's parser takes only whole blocks ("The quantization axis must divide into whole blocks"), so a K with
+    a partial last group is written exactly in whole ones (`whole_blocks`).
     """
     if q.min() < -8 or q.max() > 7:
         raise ValueError(f"DequantizeLinear {name}: INT4 weights are signed [-8, 7] (symmetric grid only)")
+    k = q.shape[1]
+    q, scales, block, pad = whole_blocks(q, np.asarray(scales), block)
     weight = numpy_helper.from_array(np.ascontiguousarray(q.T).astype(ml_dtypes.int4), f"{name}.weight")
-    scale = numpy_helper.from_array(np.ascontiguousarray(np.asarray(scales).T), f"{name}.weight_scale")
-    dq = helper.make_node("DequantizeLinear", [weight.name, scale.name], [f"{name}.weight_dq"], name=f"{name}.dq",
-                          axis=0, block_size=block)
-    matmul = helper.make_node("MatMul", [x_input, f"{name}.weight_dq"], [output], name=name)
-    return [dq, matmul], [weight, scale]
+    scale = numpy_helper.from_array(np.ascontiguousarray(scales.T), f"{name}.weight_scale")
+    nodes = [helper.make_node("DequantizeLinear", [weight.name, scale.name], [f"{name}.weight_dq"], name=f"{name}.dq",
+                              axis=0, block_size=block)]
+    inits = [weight, scale]
+    if pad:  # the activations get the zero columns the weight got as zero rows
+        inits += [numpy_helper.from_array(np.array([0, pad], np.int64), f"{name}.pads"),
+                  numpy_helper.from_array(np.array([-1], np.int64), f"{name}.pad_axes")]
+        nodes.append(helper.make_node("Pad", [x_input, f"{name}.pads", "", f"{name}.pad_axes"], [f"{name}.x_padded"],
+                                      name=f"{name}.pad"))
+        x_input = f"{name}.x_padded"
+    nodes.append(helper.make_node("MatMul", [x_input, f"{name}.weight_dq"], [output], name=name))
+    assert k + pad == q.shape[1]
+    return nodes, inits
+
+
+WHOLE_BLOCK = 64  # the smaller block TensorRT's INT4 DequantizeLinear takes
+
+
+def whole_blocks(q: np.ndarray, scales: np.ndarray, block: int) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """q [N, K] and scales [N, ceil(K/block)] as whole blocks, exactly: a K that is a multiple of 64 with a block
+    that is one too takes block 64, each scale repeated over the 64-blocks of its group (K = 576 at block 128:
+    nine blocks of 64); any other K is padded with zero weights up to whole blocks, and the caller pads the
+    activations as much (returned: the padding). The dequantized weights are the same."""
+    k = q.shape[1]
+    if k % block == 0:
+        return q, scales, block, 0
+    if k % WHOLE_BLOCK == 0 and block % WHOLE_BLOCK == 0:
+        return q, np.repeat(scales, block // WHOLE_BLOCK, axis=1)[:, : k // WHOLE_BLOCK], WHOLE_BLOCK, 0
+    pad = num_groups(k, block) * block - k
+    return np.pad(q, ((0, 0), (0, pad))), scales, block, pad

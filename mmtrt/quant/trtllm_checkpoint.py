@@ -79,6 +79,13 @@ def float_linear_tensors(prefix: str, weight: np.ndarray, dtype: str) -> dict[st
     return {f"{prefix}.weight": np.asarray(weight).astype(DTYPES[dtype])}
 
 
+# The groups TensorRT-LLM's fine-grained INT4 kernels take (cutlass_kernels/fpA_intB_gemm: "Only group size 64 and 128
+# supported for fine grained kernels"), and the modules its quantize_layers leaves unquantized when a checkpoint
+# gives no exclude_modules (tensorrt_llm/quantization/quantize.py): a given list replaces them, so it restates them.
+TRTLLM_GROUPS = (64, 128)
+DEFAULT_EXCLUDED = ("*lm_head", "*router", "*vocab_embedding", "*position_embedding", "*block_embedding",
+                    "*shared_expert_gate")
+
 # The activation types TensorRT-LLM's W4A16 (weight-only INT4) GEMM kernels take: fp16 and bf16, not fp32; a
 # float checkpoint is written in the 16-bit types too (the GEMM plugin's, and what cast_precision lowers to).
 W4A16_DTYPES = ("float16", "bfloat16")
@@ -91,7 +98,8 @@ def trtllm_config(*, dtype: str, vocab_size: int, hidden_size: int, num_hidden_l
     """config.json of a single-GPU LLaMA checkpoint (keys of TensorRT-LLM's PretrainedConfig and LLaMAConfig):
     W4A16_AWQ with `group_size`, float linears with None. `head_size` is explicit: TensorRT-LLM assumes
     hidden_size / num_attention_heads without it, which is wrong for models whose head_dim differs (Gemma's). No
-    exclude_modules: TensorRT-LLM's default then keeps lm_head and the embedding unquantized."""
+    exclude_modules here: TensorRT-LLM's default then keeps lm_head and the embedding unquantized (a mixed checkpoint
+    adds the list, trtllm_export.llama_checkpoint)."""
     if dtype not in W4A16_DTYPES:
         raise ValueError(f"TensorRT-LLM checkpoints here take dtype {' or '.join(W4A16_DTYPES)}, got {dtype!r} "
                          "(the W4A16 kernels take float16 or bfloat16)")

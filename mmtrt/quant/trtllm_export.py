@@ -1,8 +1,18 @@
 """The LLM of an IR as a TensorRT-LLM LLaMA checkpoint: W4A16_AWQ linears when quantized, float ones otherwise.
 
 The checkpoint holds what the ONNX graph computes: the same INT4 weights and scales, the normalisation weights
-with AWQ's scales folded in, a pre-quant scale of ones where a norm or a linear absorbed the scale. TensorRT-LLM
-keeps lm_head unquantized, so a quantized lm_head is written dequantized (its logits then equal the ONNX ones).
+with AWQ's scales folded in, a pre-quant scale of ones where a norm or a linear absorbed the scale, the embedding
+as the embed graph dequantizes it. TensorRT-LLM keeps lm_head unquantized, so a quantized lm_head is written
+dequantized (its logits then equal the ONNX ones).
+
+A mixed bundle (linears awq_int4 kept in float, or did not select) is one W4A16_AWQ checkpoint whose quantization
+config lists the float modules in `exclude_modules` (tensorrt_llm/models/modeling_utils.py QuantConfig; matched with
+fnmatch by quantization/quantize.py quantize_layers, which then leaves the module in the checkpoint's float dtype).
+A given list replaces TensorRT-LLM's default one, so it restates the defaults (lm_head, the embeddings, ...). Module
+granularity is TensorRT-LLM's: q, k and v share `attention.qkv`, and `mlp.fc` (gate_proj) goes with `mlp.gate`
+(up_proj) because fuse_gate_mlp concatenates both weights as float when fc is unquantized; a module with any float
+member is written float, its INT4 members dequantized. So is a module whose input width is not a whole number of
+groups: TensorRT-LLM's INT4 kernels take whole groups of 64 or 128 only.
 """
 
 from __future__ import annotations
@@ -20,8 +30,8 @@ from mmtrt.ir.rewrite import attr
 from mmtrt.quant.int4 import dequantize_groups
 from mmtrt.quant.linears import Linear, find_linears
 from mmtrt.quant.quantize import QuantizedLinear
-from mmtrt.quant.trtllm_checkpoint import (DTYPES, float_linear_tensors, linear_tensors, llama_name, trtllm_config,
-                                           write_checkpoint)
+from mmtrt.quant.trtllm_checkpoint import (DEFAULT_EXCLUDED, DTYPES, TRTLLM_GROUPS, float_linear_tensors,
+                                           linear_tensors, llama_name, trtllm_config, write_checkpoint)
 
 LOGITS_FROM = "logits_from"  # the LLM input of a kv_layout bundle: the first position whose logits are returned
 LAYER_ROLES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -33,9 +43,12 @@ class NotExportable(ValueError):
     """The LLM cannot be written as a TensorRT-LLM checkpoint; the message says why."""
 
 
-def checkpoint_assets(ir: ModelIR, quantized: list[QuantizedLinear], group_size: int, dtype: str) -> dict[str, bytes]:
-    """`trtllm/checkpoint/config.json` and `rank0.safetensors` of the W4A16_AWQ LLM as bundle assets."""
-    return _assets(*llama_checkpoint(ir, quantized, group_size, dtype))
+def checkpoint_assets(ir: ModelIR, quantized: list[QuantizedLinear], group_size: int, dtype: str,
+                      outputs: dict[tuple[int, str], str]) -> tuple[dict[str, bytes], dict[str, str]]:
+    """`trtllm/checkpoint/config.json` and `rank0.safetensors` of the W4A16_AWQ LLM as bundle assets, and the
+    modules written in float with why. `outputs`: every decoder linear's output tensor by (layer, role)."""
+    config, tensors, excluded = llama_checkpoint(ir, quantized, group_size, dtype, outputs)
+    return _assets(config, tensors), excluded
 
 
 def float_checkpoint_assets(ir: ModelIR, dtype: str) -> dict[str, bytes]:
@@ -49,23 +62,61 @@ def _assets(config: dict, tensors: dict[str, np.ndarray]) -> dict[str, bytes]:
         return {f"{CHECKPOINT_DIR}/{p.name}": p.read_bytes() for p in sorted(folder.iterdir())}
 
 
-def llama_checkpoint(ir: ModelIR, quantized: list[QuantizedLinear], group_size: int,
-                     dtype: str) -> tuple[dict, dict[str, np.ndarray]]:
+def llama_checkpoint(ir: ModelIR, quantized: list[QuantizedLinear], group_size: int, dtype: str,
+                     outputs: dict[tuple[int, str], str]) -> tuple[dict, dict[str, np.ndarray], dict[str, str]]:
+    if group_size not in TRTLLM_GROUPS:
+        raise NotExportable(f"TensorRT-LLM's INT4 kernels take group_size {' or '.join(map(str, TRTLLM_GROUPS))} "
+                            f"(\"Only group size 64 and 128 supported for fine grained kernels\"), not {group_size}")
     found = {(ql.linear.layer, ql.linear.role): ql for ql in quantized}
-    _check_layers(ir, found, "TensorRT-LLM's W4A16_AWQ quantizes every decoder linear; not quantized")
-    uneven = sorted({ql.linear.k for ql in found.values() if ql.linear.k % group_size})
-    if uneven:
-        raise NotExportable(f"TensorRT-LLM needs every linear's input width to be a multiple of group_size "
-                            f"{group_size}; {uneven} are not (choose a group size that divides them)")
+    graph_linears = _graph_linears(ir, {key: out for key, out in outputs.items() if key not in found})
+    floats = {key: weight for key, (_, weight) in graph_linears.items()}
+    _check_layers(ir, {**floats, **found}, "the LLM is not a LLaMA of linears TensorRT-LLM can take; not found")
+    why = {key: "kept in float by awq_int4" for key in floats}
+    why |= {key: f"input width {ql.linear.k} is not a whole number of {group_size}-groups"
+            for key, ql in found.items() if ql.linear.k % group_size}
+    for layer in range(ir.config["llm"]["num_layers"]):
+        for unit in (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")):
+            reasons = [why[(layer, role)] for role in unit if (layer, role) in why]
+            why |= {(layer, role): why.get((layer, role), f"shares its module with a float one ({reasons[0]})")
+                    for role in unit if reasons}
+    excluded: dict[str, str] = {}
 
-    def linear(prefix: str, qls: list[QuantizedLinear]) -> dict[str, np.ndarray]:
-        return linear_tensors(prefix, np.concatenate([ql.q for ql in qls]),
-                              np.concatenate([ql.scales for ql in qls]), _prequant(qls[0]), dtype)
+    def linear(prefix: str, keys: list[tuple[int, str]]) -> dict[str, np.ndarray]:
+        if not any(key in why for key in keys):
+            qls = [found[k] for k in keys]
+            return linear_tensors(prefix, np.concatenate([ql.q for ql in qls]),
+                                  np.concatenate([ql.scales for ql in qls]), _prequant(qls[0]), dtype)
+        excluded[prefix] = "; ".join(dict.fromkeys(why[k] for k in keys if k in why))
+        weights = [floats[k] if k in floats else _dequantized(found[k]) for k in keys]
+        return float_linear_tensors(prefix, np.concatenate(weights), dtype)
 
     head = next((ql for ql in quantized if ql.linear.role == "lm_head"), None)
     head_weight = None if head is None else (_dequantized(head), head.linear.input)
-    return _llama(ir, {k: ql.linear for k, ql in found.items()}, lambda p, keys: linear(p, [found[k] for k in keys]),
-                  head_weight, dtype, group_size)
+    linears = {key: lin for key, (lin, _) in graph_linears.items()} | {k: ql.linear for k, ql in found.items()}
+    config, tensors = _llama(ir, linears, linear, head_weight, dtype, group_size)
+    if excluded:
+        config["quantization"]["exclude_modules"] = [*DEFAULT_EXCLUDED, *excluded]
+    return config, tensors, excluded
+
+
+def _graph_linears(ir: ModelIR, outputs: dict[tuple[int, str], str]) -> dict[tuple[int, str], tuple[Linear, np.ndarray]]:
+    """Each linear still a float MatMul in the graph, with its weight [out, in] (an initializer, or an fp16
+    initializer cast to the graph's type: awq_int4's float_dtype float16)."""
+    graph = ir.components["llm"].onnx.graph
+    producer = {o: n for n in graph.node for o in n.output}
+    inits = {t.name: t for t in graph.initializer}
+    weights = {}
+    for key, out in outputs.items():
+        node = producer.get(out)
+        if node is None or node.op_type != "MatMul":
+            continue
+        name = node.input[1]
+        while name in producer and producer[name].op_type == "Cast":
+            name = producer[name].input[0]
+        if name in inits:
+            weight = numpy_helper.to_array(inits[name]).astype(np.float32)
+            weights[key] = (Linear(node, name, *weight.shape, layer=key[0], role=key[1]), weight.T)
+    return weights
 
 
 def float_checkpoint(ir: ModelIR, dtype: str) -> tuple[dict, dict[str, np.ndarray]]:
@@ -162,12 +213,18 @@ def _lm_head(inits: dict[str, onnx.TensorProto], producer: dict, logits: onnx.No
 
 
 def _embedding(ir: ModelIR) -> np.ndarray:
+    """The token embedding table as the embed graph computes it: one Gather from a constant table, or awq_int4's
+    int8 rows (Gather from an int8 [V, H] table and from its row scales [V, 1], multiplied)."""
     graph = ir.components["embed"].onnx.graph
     inits = {t.name: t for t in graph.initializer}
-    gathers = [n for n in graph.node if n.op_type == "Gather" and n.input[0] in inits]
-    if len(gathers) != 1:
-        raise NotExportable("the embed graph is not one Gather from a constant table")
-    return numpy_helper.to_array(inits[gathers[0].input[0]])
+    tables = [numpy_helper.to_array(inits[n.input[0]]) for n in graph.node if n.op_type == "Gather" and n.input[0] in inits]
+    if len(tables) == 1:
+        return tables[0]
+    rows = [t for t in tables if t.dtype == np.int8]
+    scales = [t for t in tables if t.dtype != np.int8 and t.ndim == 2 and t.shape[1] == 1]
+    if len(tables) == 2 and len(rows) == 1 and len(scales) == 1 and len(rows[0]) == len(scales[0]):
+        return rows[0].astype(np.float32) * scales[0].astype(np.float32)
+    raise NotExportable("the embed graph is neither one Gather from a constant table nor awq_int4's int8 rows")
 
 
 def _rotary_base(model: onnx.ModelProto, head_dim: int) -> float:

@@ -1,7 +1,9 @@
 """Which runner executes each component on this host.
 
 A TensorRT segment runs as an engine when engines/index.json holds one whose key matches this host (segment
-digest, profile, compute capability, TensorRT version); otherwise ONNX Runtime runs it and the reason is kept.
+digest, profile, compute capability, TensorRT version; or a TensorRT-RTX engine built for this GPU's compute
+capability with the TensorRT-RTX installed here); otherwise ONNX Runtime runs it and the reason is kept. One
+process runs engines of one of the two (Polygraphy drives one), so a load takes the one with more engines here.
 A component without any usable engine runs whole on ONNX Runtime; a split component with some runs segment by
 segment, passing the boundary tensors by name. The LLM runs through TensorRT-LLM instead when the bundle plans it
 and engines/index.json holds an engine for its checkpoint, build options and this host (`llm_engine_choice`).
@@ -16,6 +18,7 @@ import numpy as np
 
 from mmtrt.backends.onnxruntime_backend import OrtRunner
 from mmtrt.backends.tensorrt.engines import probe_target, read_index, select
+from mmtrt.backends.tensorrt.flavors import RTX, TENSORRT
 from mmtrt.backends.trtllm_engines import SEGMENT as TRTLLM, bundle_reason, probe_llm_target, select_llm_engine
 
 
@@ -39,8 +42,42 @@ def engine_choices(bundle: Path, manifest: dict[str, Any]) -> dict[str, tuple[Pa
     entries = (manifest.get("tensorrt") or {}).get("segments", [])
     if not entries:
         return {}
-    target, index = probe_target(), read_index(bundle)
-    return {e["id"]: select(bundle, e, target, index) for e in entries}
+    index = read_index(bundle)
+    found = {TENSORRT.name: {e["id"]: select(bundle, e, probe_target(TENSORRT), index) for e in entries}}
+    if any(r.get("flavor") == RTX.name for r in index.values()):  # importing tensorrt_rtx costs a second
+        rtx = probe_target(RTX)
+        found[RTX.name] = {e["id"]: _rtx_choice(bundle, e, rtx, index) for e in entries}
+    else:
+        found[RTX.name] = {e["id"]: (None, "no TensorRT-RTX engine in this bundle (mmtrt build-engines BUNDLE "
+                                           "--target rtx builds them on any host)") for e in entries}
+    best = max(found, key=lambda name: sum(engine is not None for engine, _ in found[name].values()))
+    other = RTX.name if best == TENSORRT.name else TENSORRT.name
+    return {seg: (engine, why) if engine is not None else (None, f"{why}; {other}: {found[other][seg][1]}")
+            for seg, (engine, why) in found[best].items()}
+
+
+def _rtx_choice(bundle: Path, entry: dict, target, index: dict) -> tuple[Path | None, str]:
+    """select(), saying which built TensorRT-RTX engine stays unused when this host cannot run it."""
+    built = sorted(r["file"] for r in index.values() if r["segment"] == entry["id"] and r.get("flavor") == RTX.name)
+    if isinstance(target, str) and built:
+        return None, f"TensorRT-RTX engine {built[0]} not loaded: {target}"
+    return select(bundle, entry, target, index)
+
+
+def _register_rtx_plugins(bundle: Path, manifest: dict[str, Any], entries: list[dict]) -> None:
+    """A TensorRT-RTX engine records mmtrt's plugins, not their kernels: their creators must be registered before
+    it loads (TensorRT 11's AOT plugins carry the kernel in the engine and need nothing)."""
+    if any(e.get("aot_plugins") for e in entries):
+        import tensorrt_rtx
+
+        from mmtrt.kernels.bundle import register_plugins
+
+        register_plugins(bundle, manifest["tensorrt"]["plugins"], tensorrt_rtx)
+
+
+def engine_flavor(path: Path) -> str:
+    """Which TensorRT built an engine: its file name carries the target's tag (`engines.Target.tag`)."""
+    return RTX.name if "-rtx" in Path(path).name else TENSORRT.name
 
 
 def llm_engine_choice(bundle: Path, manifest: dict[str, Any]) -> tuple[Path | None, str | None]:
@@ -63,9 +100,12 @@ def component_runner(bundle: Path, manifest: dict[str, Any], name: str, choices:
     if not engines:
         return OrtRunner(bundle / manifest["components"][name]["artifact"], threads, spin)
     plan = {e["id"]: e for e in manifest["tensorrt"]["segments"]}
+    _register_rtx_plugins(bundle, manifest, [plan[seg] for seg, path in engines.items()
+                                             if engine_flavor(path) == RTX.name])
     steps = []
     for s in segments:
-        runner = (EngineRunner(engines[s["id"]], plan[s["id"]]["profiles"]) if s["id"] in engines
+        runner = (EngineRunner(engines[s["id"]], plan[s["id"]]["profiles"], flavor=engine_flavor(engines[s["id"]]))
+                  if s["id"] in engines
                   else OrtRunner(bundle / s["onnx"], threads, spin))
         steps.append((runner, [t["name"] for t in s["inputs"]]))
     if len(steps) == 1:

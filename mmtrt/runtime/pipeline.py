@@ -24,7 +24,7 @@ from mmtrt.partition.shapes import check_shape
 from mmtrt.runtime.batch import Prepared, Request, Sequence, StaticStepper, decode_static
 from mmtrt.runtime.executors import TRTLLM, component_runner, engine_choices, llm_engine_choice
 from mmtrt.runtime.image_bounds import check_image
-from mmtrt.runtime.kv import StaticCache, cache_device
+from mmtrt.runtime.kv import StaticCache, cache_device, cache_providers
 from mmtrt.runtime.paged import PagedCache, PagedStepper, decode_paged
 from mmtrt.runtime.prefix import PrefixCache, prefix_key, prefix_length
 from mmtrt.runtime.prompt import format_prompt, tokenize
@@ -138,7 +138,7 @@ class Pipeline:
             return PagedStepper(runner.session, PagedCache(self.kv, self.model["llm"], self.dims),
                                 self.dims["batch"]["max"])
         cache = StaticCache(self.kv, self.model["llm"], self.dims["batch"]["max"], self.dims["capacity"]["max"],
-                            cache_device(runner.providers))
+                            cache_device(runner.providers), cache_providers(runner.providers))
         return StaticStepper(runner.session, cache)
 
     def _run(self, name: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

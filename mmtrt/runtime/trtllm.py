@@ -3,22 +3,21 @@
 TensorRT-LLM takes image features as a prompt table (prompt tuning): the image tokens of a prompt become virtual
 token ids vocab_size + i, and the engine embeds id v as row v - vocab_size of the request's table instead of the
 vocabulary's row (examples/multimodal, LLaVA; `--max_multimodal_len` sizes the table). `prompt_table` does that
-mapping; everything else here drives `tensorrt_llm.runtime.ModelRunnerCpp` (from_dir, then generate with
-prompt_table / prompt_tasks, one task per request), imported only when an engine was selected.
+mapping. The engine runs in the TensorRT-LLM worker (mmtrt/backends/trtllm_worker.py), a process in TensorRT-LLM's
+own environment that drives `tensorrt_llm.runtime.ModelRunnerCpp` (from_dir, then generate with prompt_table /
+prompt_tasks, one task per request); requests go to it in chunks of at most the engine's max_batch_size, which a
+larger generate() call would exceed.
 
-NOT RUN: TensorRT-LLM cannot be installed where this was written; the calls follow ModelRunnerCpp as
-tensorrt_llm/runtime/model_runner_cpp.py (NVIDIA/TensorRT-LLM) defines it.
+NOT RUN: TensorRT-LLM cannot be installed where this was written.
 """
 
 from __future__ import annotations
 
-import json
-import time
-from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+from mmtrt.backends.trtllm_process import TrtllmProcess
 from mmtrt.runtime.batch import Prepared, Sequence
 
 
@@ -41,43 +40,41 @@ class TrtllmLLM:
 
     providers = ["TensorRT-LLM"]
 
-    def __init__(self, engine_dir, plan: dict[str, Any], model: dict[str, Any]):
-        from tensorrt_llm.runtime import ModelRunnerCpp
-
-        self.runner = ModelRunnerCpp.from_dir(
-            str(engine_dir), max_tokens_in_paged_kv_cache=plan["runtime"]["max_tokens_in_paged_kv_cache"])
-        # the engine's config.json, as trtllm-build writes it: {"version", "pretrained_config", "build_config"}
-        self.vocab_size = json.loads((Path(engine_dir) / "config.json").read_text())["pretrained_config"]["vocab_size"]
+    def __init__(self, engine_dir, plan: dict[str, Any], model: dict[str, Any], worker=None):
+        self.worker = worker or TrtllmProcess()
+        loaded, _ = self.worker.call("load", engine_dir=str(engine_dir),
+                                     max_tokens_in_paged_kv_cache=plan["runtime"]["max_tokens_in_paged_kv_cache"])
+        self.vocab_size, self.max_batch = loaded["vocab_size"], loaded["max_batch_size"]
         self.image_token_id = model["image_token_id"]
         self.eos = list(model["eos_token_ids"])
 
     def decode(self, prepared: list[Prepared]) -> dict[int, Sequence]:
-        """All requests in one generate call (in-flight batching inside the executor), each with its own table."""
-        import torch
+        """The requests in chunks of at most the engine's max_batch_size (in-flight batching inside each call), each
+        request with its own prompt table."""
+        done = {}
+        for start in range(0, len(prepared), self.max_batch):
+            done.update(self._generate(prepared[start:start + self.max_batch]))
+        return done
 
-        if not prepared:
-            return {}
+    def _generate(self, prepared: list[Prepared]) -> dict[int, Sequence]:
         ids, tables = zip(*(prompt_table(p.ids, p.embeds[0][np.asarray(p.ids) == self.image_token_id],
                                          self.image_token_id, self.vocab_size) for p in prepared))
-        rows = max(len(t) for t in tables)
-        table = np.zeros((len(tables), rows, tables[0].shape[-1]), np.float32)
+        table = np.zeros((len(tables), max(len(t) for t in tables), tables[0].shape[-1]), np.float32)
         for i, t in enumerate(tables):
             table[i, : len(t)] = t
-        started = time.perf_counter()
-        out = self.runner.generate(
-            [torch.tensor(i, dtype=torch.int32) for i in ids], max_new_tokens=max(p.limit for p in prepared),
-            end_id=self.eos[0], pad_id=self.eos[0], stop_words_list=None, prompt_table=torch.from_numpy(table),
-            prompt_tasks=",".join(str(i) for i in range(len(prepared))), return_dict=True,
-            output_sequence_lengths=True)
-        seconds = time.perf_counter() - started
+        arrays = {f"ids_{i}": np.asarray(v, np.int32) for i, v in enumerate(ids)} | {"table": table}
+        out, tokens = self.worker.call("generate", arrays, requests=len(prepared), end_id=self.eos[0],
+                                       pad_id=self.eos[0], max_new_tokens=max(p.limit for p in prepared))
         done = {}
         for i, prep in enumerate(prepared):
-            end = int(out["sequence_lengths"][i][0])
-            seq = Sequence(prep, _until_eos(out["output_ids"][i][0][len(prep.ids): end].tolist(), self.eos, prep.limit))
-            seq.decode_s = seconds
-            prep.timings["llm_ms"] = 1e3 * seconds
+            seq = Sequence(prep, _until_eos(tokens[f"tokens_{i}"].tolist(), self.eos, prep.limit))
+            seq.decode_s = out["seconds"]
+            prep.timings["llm_ms"] = 1e3 * out["seconds"]
             done[prep.index] = seq
         return done
+
+    def close(self) -> None:
+        self.worker.close()
 
 
 def _until_eos(tokens: list[int], eos: list[int], limit: int) -> list[int]:

@@ -21,11 +21,12 @@ from onnx import numpy_helper
 from pydantic import Field
 
 from mmtrt.ir.graph import ModelIR
+from mmtrt.kernels import launch
 from mmtrt.kernels.catalog import PLUGINS
 from mmtrt.partition.placement import TENSORRT, node_inputs, place_component
 from mmtrt.pipeline.pass_base import Pass, PassConfig
-from passes.fusion.graph_view import GraphView, NoMatch, NotCandidate
-from passes.fusion.int4_gemm_match import Int4GemmMatch, match_int4_gemm, np_type
+from passes.fusion.graph_view import GraphView, NoMatch, NotCandidate, check
+from passes.fusion.int4_gemm_match import Int4GemmMatch, int8_pairs, match_int4_gemm, np_type
 from passes.fusion.plugin_nodes import add_function, plugin_node
 from passes.fusion.token_select_dynamic_match import TokenSelectDynamicMatch, match_token_select_dynamic
 from passes.fusion.token_select_match import TokenSelectMatch, match_token_select
@@ -69,6 +70,7 @@ class FusePlugins(Pass):
                     continue
                 try:
                     found = match(view, node)
+                    _check_shared_memory(found, view)
                 except NotCandidate:
                     continue
                 except NoMatch as why:
@@ -85,6 +87,32 @@ class FusePlugins(Pass):
             _rewrite(comp.onnx, replacements, weights)
         return {"tensorrt_nodes": len(on_trt), "fused": dict(sorted(fused.items())),
                 "not_fused": dict(sorted(skipped.items()))}
+
+
+def _check_shared_memory(found, view: GraphView) -> None:
+    """A selection kernel keeps an image's scores in dynamic shared memory; TensorRT's AOT launch does not opt in to
+    more than launch.MAX_DYNAMIC_SMEM, so a selection fuses only where its largest image fits (an Int4GroupGemm uses
+    static shared memory only)."""
+    if isinstance(found, Int4GemmMatch):
+        return
+    features = _fixed(view, found.inputs[-1], 3)  # q, k, features or scores, features
+    if features[1] is None:
+        raise NoMatch(f"the token count of {found.inputs[-1]} is not fixed: the kernel's shared memory cannot be bounded")
+    attrs, tokens = found.attributes, features[1]
+    if getattr(found, "key", None) in ("token_select_scored", "token_select_dynamic"):
+        need = launch.scored_bytes(tokens, attrs.get("most", attrs.get("keep")))
+    else:
+        k = _fixed(view, found.inputs[1], 4)
+        if None in (k[2], k[3]):
+            raise NoMatch(f"the keys {found.inputs[1]} have no fixed length: the kernel's shared memory cannot be bounded")
+        need = launch.token_select_bytes(k[2], tokens, attrs["keep"], k[3], attrs.get("contextual", 0))
+    check(need <= launch.MAX_DYNAMIC_SMEM, f"{tokens} tokens need {need} B of shared memory per image, over the "
+          f"{launch.MAX_DYNAMIC_SMEM} B a kernel may take without opting in")
+
+
+def _fixed(view: GraphView, name: str, rank: int) -> list[int | None]:
+    shape = view.shapes.get(name) or [None] * rank
+    return [d if isinstance(d, int) and d > 0 else None for d in shape] if len(shape) == rank else [None] * rank
 
 
 def _plugin_for(found, weights: list[onnx.TensorProto], view: GraphView) -> list[onnx.NodeProto]:
@@ -106,8 +134,8 @@ def _plugin_for(found, weights: list[onnx.TensorProto], view: GraphView) -> list
             PLUGINS["token_select_merge"], [*found.inputs, *(t.name for t in positions)], out,
             f"{anchor.name}/TokenSelectMerge", **found.attributes))
     pre = found.pre or _ones(found, weights)
-    return [plugin_node(PLUGINS["int4_gemm"], [found.x, found.weight, found.scales, pre], anchor.output[0],
-                        f"{anchor.name}/Int4GroupGemm", group_size=found.group)]
+    return [plugin_node(PLUGINS["int4_gemm"], [found.x, _packed(found, weights, view), found.scales, pre],
+                        anchor.output[0], f"{anchor.name}/Int4GroupGemm", group_size=found.group)]
 
 
 def _in_anchor_type(view: GraphView, anchor: onnx.NodeProto, features: str, make) -> list[onnx.NodeProto]:
@@ -118,6 +146,14 @@ def _in_anchor_type(view: GraphView, anchor: onnx.NodeProto, features: str, make
         return [make(anchor.output[0])]
     inner = f"{anchor.output[0]}__plugin"
     return [make(inner), onnx.helper.make_node("Cast", [inner], [anchor.output[0]], name=f"{inner}_cast", to=want)]
+
+
+def _packed(found: Int4GemmMatch, weights: list[onnx.TensorProto], view: GraphView) -> str:
+    """The INT4 weight as the plugin's int8 pairs, one initializer per weight."""
+    name = f"{found.weight}.int8_pairs"
+    if not any(t.name == name for t in weights):
+        weights.append(numpy_helper.from_array(int8_pairs(numpy_helper.to_array(view.weights[found.weight])), name))
+    return name
 
 
 def _ones(found: Int4GemmMatch, weights: list[onnx.TensorProto]) -> str:

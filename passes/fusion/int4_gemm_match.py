@@ -2,8 +2,9 @@
 
     [Mul(x, pre-quant scale [K])] -> MatMul <- [Cast] <- DequantizeLinear(INT4 W [K, N], scales [G, N], axis 0)
 
-The plugin takes the INT4 weight and the scales as stored (cast_precision leaves the DequantizeLinear in fp32 and casts
-its output; the kernel rounds q * scale to the activations' type the same way).
+The plugin takes the scales as stored (cast_precision leaves the DequantizeLinear in fp32 and casts its output; the
+kernel rounds q * scale to the activations' type the same way) and the INT4 weight as int8 [K, N / 2], two values a
+byte (`int8_pairs`): TensorRT takes INT4 tensors only as DequantizeLinear inputs, not as plugin inputs.
 """
 
 from __future__ import annotations
@@ -46,6 +47,7 @@ def match_int4_gemm(view: GraphView, matmul: onnx.NodeProto) -> Int4GemmMatch:
     check(attribute(dq, "axis", 1) == 0 and group in GROUPS,
           f"block size {group} on axis {attribute(dq, 'axis', 1)}: the kernel takes groups {GROUPS} along K")
     K, N = view.weights[weight].dims
+    check(N % 2 == 0, f"W [{K}, {N}] has an odd N: the kernel reads two columns a byte")
     scales = dq.input[1]
     check(list(view.const(scales).shape) == [-(-K // group), N], f"scales {scales} do not fit W [{K}, {N}]")
     dtype = view.types.get(matmul.input[0])
@@ -69,6 +71,13 @@ def _prequant_scale(view: GraphView, mul: onnx.NodeProto, K: int) -> str | None:
             if view.const(name).shape == (K,) and view.types.get(name) == view.types.get(mul.output[0]):
                 return name
     return None
+
+
+def int8_pairs(q: np.ndarray) -> np.ndarray:
+    """int4 values [K, N] (even N) as the plugin's int8 [K, N / 2]: byte j of row k holds column 2j in the low nibble
+    and 2j + 1 in the high one (the bytes of ONNX's own INT4 packing of the row-major array)."""
+    nibbles = np.asarray(q).astype(np.int16) & 15
+    return (nibbles[:, 0::2] | (nibbles[:, 1::2] << 4)).astype(np.uint8).view(np.int8)
 
 
 def np_type(onnx_type: int):

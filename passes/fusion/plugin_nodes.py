@@ -157,11 +157,24 @@ def _token_select_dynamic_body() -> tuple[list[str], list[str], list[onnx.NodePr
 
 def _int4_gemm_body() -> tuple[list[str], list[str], list[onnx.NodeProto]]:
     """(x * pre) @ CastLike(DequantizeLinear(W, scales), x), the block size from group_size: the graph awq_int4
-    and cast_precision leave (ONNX Runtime keeps running it as before: no MatMulNBits fusion across the cast)."""
-    dq = helper.make_node("DequantizeLinear", ["weight", "scales"], ["w"], axis=0)
+    and cast_precision leave, with W unpacked from the plugin's int8 pairs back to INT4 first (signed nibbles:
+    (b & 15) ^ 8 - 8 and ((b & 240) / 16) ^ 8 - 8 of each byte b, interleaved along N)."""
+    n = helper.make_node
+    dq = n("DequantizeLinear", ["q4", "scales"], ["w"], axis=0)
     dq.attribute.append(helper.make_attribute_ref("block_size", AttributeProto.INT, ref_attr_name="group_size"))
-    nodes = [helper.make_node("Mul", ["x", "pre"], ["xs"]), dq, helper.make_node("CastLike", ["w", "x"], ["w_x"]),
-             helper.make_node("MatMul", ["xs", "w_x"], ["y"])]
+    nodes = [
+        _const("low_bits", np.int32(15)), _const("high_bits", np.int32(240)), _const("sign", np.int32(8)),
+        _const("nibble", np.int32(16)), _const("last", [-1]), _const("rows_by_columns", [0, -1]),
+        n("Cast", ["weight"], ["bytes"], to=TensorProto.INT32),
+        n("BitwiseAnd", ["bytes", "low_bits"], ["low_u"]), n("BitwiseXor", ["low_u", "sign"], ["low_x"]),
+        n("Sub", ["low_x", "sign"], ["low"]),
+        n("BitwiseAnd", ["bytes", "high_bits"], ["high_shifted"]), n("Div", ["high_shifted", "nibble"], ["high_u"]),
+        n("BitwiseXor", ["high_u", "sign"], ["high_x"]), n("Sub", ["high_x", "sign"], ["high"]),
+        n("Unsqueeze", ["low", "last"], ["low_col"]), n("Unsqueeze", ["high", "last"], ["high_col"]),
+        n("Concat", ["low_col", "high_col"], ["pairs"], axis=-1),
+        n("Reshape", ["pairs", "rows_by_columns"], ["q"]), n("Cast", ["q"], ["q4"], to=TensorProto.INT4),
+        dq, n("CastLike", ["w", "x"], ["w_x"]), n("Mul", ["x", "pre"], ["xs"]), n("MatMul", ["xs", "w_x"], ["y"]),
+    ]
     return ["x", "weight", "scales", "pre"], ["y"], nodes
 
 

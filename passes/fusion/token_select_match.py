@@ -20,8 +20,6 @@ from onnx import TensorProto
 from mmtrt.kernels.catalog import KERNEL_SUFFIX
 from passes.fusion.graph_view import GraphView, NoMatch, NotCandidate, attribute, check
 
-MAX_KEYS = 4096  # the kernel keeps the logits, scores and flags of an image in shared memory
-
 
 @dataclass
 class TokenSelectMatch:
@@ -92,7 +90,6 @@ def scores_source(view: GraphView, scores: str, features: str) -> tuple[str, str
     check(list(attribute(transpose, "perm", [])) == [0, 1, 3, 2], "the keys are not transposed for q K^T")
     q, k = _source(view, query.input[0]), _source(view, transpose.input[0])
     kv_len = _dims(view, k)[2]
-    check(kv_len is None or kv_len <= MAX_KEYS, f"{kv_len} keys exceed the kernel's {MAX_KEYS}")
     cls = starts[0]
     check(ends[0] >= INT_LIMIT or kv_len is None or ends[0] >= kv_len, "the patch slice stops before the last key")
     types = {view.types.get(name) for name in (q, k, features)}

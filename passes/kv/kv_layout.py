@@ -136,9 +136,13 @@ def _projection(prods, bnsh: str) -> str:
     return _producer_through(prods, transpose.input[0], "Reshape").input[0]
 
 
-def _rotary_3d(rotary: onnx.NodeProto, source: str, out: str) -> onnx.NodeProto:
+def _rotary_3d(rotary: onnx.NodeProto, source: str, out: str, heads: int) -> onnx.NodeProto:
+    """The rotation on the [B, S, heads * D] projection: a 3-D input needs `num_heads` to split the heads, and the
+    exporter's 4-D node's value is not kept current by passes that prune heads (TensorRT's rotary layer derives the
+    head size from it: "cosCache's last dimension ... must be half of headSize")."""
     node = helper.make_node("RotaryEmbedding", [source, *rotary.input[1:]], [out], name=out)
-    node.attribute.extend(rotary.attribute)
+    node.attribute.extend(a for a in rotary.attribute if a.name != "num_heads")
+    node.attribute.append(helper.make_attribute("num_heads", heads))
     return node
 
 
@@ -168,8 +172,8 @@ def rewrite_attention(graph: onnx.GraphProto, llm: dict[str, Any]) -> int:
             gqa.attribute.append(helper.make_attribute("softcap", attr(att, "softcap")))
         for old in (att, out_t, out, concat_k, concat_v):
             graph.node.remove(old)
-        graph.node.extend([_rotary_3d(q_rot, _projection(prods, q_rot.input[0]), q3),
-                           _rotary_3d(k_rot, _projection(prods, k_rot.input[0]), k3), gqa])
+        graph.node.extend([_rotary_3d(q_rot, _projection(prods, q_rot.input[0]), q3, llm["num_heads"]),
+                           _rotary_3d(k_rot, _projection(prods, k_rot.input[0]), k3, llm["num_kv_heads"]), gqa])
     graph.input.extend([helper.make_tensor_value_info(SEQLENS, TensorProto.INT32, ["batch"]),
                         helper.make_tensor_value_info(TOTAL, TensorProto.INT32, [])])
     return len(attentions)

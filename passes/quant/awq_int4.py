@@ -24,7 +24,7 @@ the bundle at trtllm/checkpoint; the manifest's `tensorrt_llm.command` builds it
 from __future__ import annotations
 
 import fnmatch
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -36,7 +36,9 @@ from mmtrt.quant.calibration import calibration_batches, image_embeds
 from mmtrt.quant.embedding import int8_embedding
 from mmtrt.quant.fisher import fisher_scores, source_deltas, source_linears
 from mmtrt.quant.int4 import Grid
+from mmtrt.quant.linears import find_linears
 from mmtrt.quant.quantize import QuantizedLinear, Settings, quantize_component
+from mmtrt.quant.trtllm_checkpoint import TRTLLM_GROUPS
 from mmtrt.quant.trtllm_export import NotExportable, checkpoint_assets
 
 TENSORRT_BLOCKS = (64, 128)
@@ -86,6 +88,9 @@ class AwqInt4Config(PassConfig):
             raise ValueError("zero_point: float applies to the asymmetric grid; set symmetric: false or drop zero_point")
         if self.act_order and self.method not in ("gptq", "awq_gptq"):
             raise ValueError("act_order applies to GPTQ's rounding; set method: gptq or awq_gptq, or drop act_order")
+        if self.trtllm_checkpoint == "always" and self.group_size not in TRTLLM_GROUPS:
+            raise ValueError(f"trtllm_checkpoint: always needs group_size 64 or 128, the groups TensorRT-LLM's INT4 "
+                             f"kernels take, not {self.group_size}")
         if not self.symmetric and (self.lowering == "dequantize_linear" or self.trtllm_checkpoint == "always"):
             raise ValueError("TensorRT's DequantizeLinear and TensorRT-LLM's W4A16_AWQ take symmetric INT4 only; "
                              "set symmetric: true or lowering: matmulnbits and trtllm_checkpoint: never")
@@ -106,18 +111,13 @@ class AwqInt4(Pass):
     components = ("vision", "embed", "llm")
     lossy = True
 
-    def plan_facts(self, facts: dict[str, Any]) -> dict[str, Any]:
-        hidden = facts["llm"]["hidden_size"]
-        if self.config.trtllm_checkpoint == "always" and hidden % self.config.group_size:
-            raise UserError(f"trtllm_checkpoint: always needs group_size to divide the LLM's hidden size {hidden} "
-                            f"(TensorRT-LLM takes whole groups); choose another group_size or trtllm_checkpoint: auto")
-        return facts
-
     def run(self, ir: ModelIR) -> dict:
         cfg = self.config
         cal = cfg.calibration
         batches = calibration_batches(ir, cal.images, cal.samples, cal.text_windows, cal.text)
-        changes = {}
+        changes, llm_quantized = {}, None
+        # every decoder linear's output before quantization: a mixed TensorRT-LLM checkpoint finds its float ones
+        outputs = {(lin.layer, lin.role): lin.output for lin in find_linears(ir.components["llm"].onnx, "llm")[1]}
         for name in ("vision", "llm"):
             if name in cfg.components:
                 lowering, why = self._lowering(ir.components[name])
@@ -125,10 +125,11 @@ class AwqInt4(Pass):
                     ir.components[name].onnx, name, batches.vision if name == "vision" else batches.llm,
                     self._settings(lowering, self._task_sensitivity(ir) if name == "llm" else None))
                 changes[name] = _summary(quantized, report, lowering, why, cfg.group_size)
-                if name == "llm":
-                    changes["trtllm_checkpoint"] = self._checkpoint(ir, quantized)
+                llm_quantized = quantized if name == "llm" else llm_quantized
         if cfg.embedding == "int8":
             changes["embed"] = int8_embedding(ir.components["embed"].onnx)
+        if llm_quantized is not None:  # after the embedding: the checkpoint holds the rows the embed graph gives
+            changes["trtllm_checkpoint"] = self._checkpoint(ir, llm_quantized, outputs)
         return changes
 
     def _settings(self, lowering: str, sensitivity=None) -> Settings:
@@ -166,7 +167,7 @@ class AwqInt4(Pass):
                                    f"grid with group 64 or 128")
         return "dequantize_linear", f"partition.{comp.name} offers tensorrt (ONNX Runtime fuses it into MatMulNBits)"
 
-    def _checkpoint(self, ir: ModelIR, quantized: list[QuantizedLinear]) -> dict:
+    def _checkpoint(self, ir: ModelIR, quantized: list[QuantizedLinear], outputs: dict) -> dict:
         cfg = self.config
         wanted = "tensorrt-llm" in ir.components["llm"].metadata.get("placement", {}).get("backends", [])
         if cfg.trtllm_checkpoint == "never" or (cfg.trtllm_checkpoint == "auto" and not wanted):
@@ -175,14 +176,15 @@ class AwqInt4(Pass):
         try:
             if not cfg.symmetric:
                 raise NotExportable("W4A16_AWQ is symmetric; this recipe quantizes asymmetrically")
-            assets = checkpoint_assets(ir, quantized, cfg.group_size, cfg.trtllm_dtype)
+            assets, excluded = checkpoint_assets(ir, quantized, cfg.group_size, cfg.trtllm_dtype, outputs)
         except NotExportable as exc:
             if cfg.trtllm_checkpoint == "always":
                 raise UserError(f"awq_int4 cannot write the TensorRT-LLM checkpoint: {exc}") from None
             return {"written": False, "reason": str(exc)}
         ir.assets.update(assets)
         return {"written": True, "files": sorted(assets), "dtype": cfg.trtllm_dtype,
-                "build": "manifest tensorrt_llm.command (trtllm-build, limits from the shape plan)"}
+                "build": "manifest tensorrt_llm.command (trtllm-build, limits from the shape plan)",
+                **({"float_modules": excluded} if excluded else {})}
 
 
 def _summary(quantized: list[QuantizedLinear], report: dict, lowering: str, why: str, group: int) -> dict:

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from builders import random_image
-from mmtrt.backends.tensorrt.build import MISSING
+from mmtrt.backends.tensorrt.flavors import TENSORRT
 from mmtrt.backends.tensorrt.engines import (
     Target,
     engine_file,
@@ -110,19 +110,26 @@ def test_runtime_falls_back_once_and_reports_why(tiny_bundle, rng):
 
 
 @pytest.mark.skipif(HAS_TENSORRT, reason="tensorrt is installed here")
-def test_build_engines_without_tensorrt_is_one_line(tiny_bundle, capsys):
-    assert main(["build-engines", str(tiny_bundle)]) == 2
-    assert capsys.readouterr().err.strip() == f"mmtrt: error: {MISSING}"
+def test_build_engines_without_tensorrt_is_one_line_naming_what_installs(tiny_bundle, capsys):
+    assert main(["build-engines", str(tiny_bundle), "--segment", "vision.0"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("mmtrt: error: build-engines --target tensorrt needs tensorrt") and len(err.splitlines()) == 1
+    assert TENSORRT.install in err and "mmtrt[tensorrt]" not in err
 
 
 def test_build_plan_prints_profiles_and_commands(tiny_bundle, capsys):
-    assert main(["build-engines", str(tiny_bundle), "--plan"]) == 0
+    assert main(["build-engines", str(tiny_bundle), "--plan", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     entries = {e["id"]: e for e in plan["segments"]}
     assert [p["name"] for p in entries["llm.0"]["profiles"]] == ["decode", "prefill"]
     assert entries["llm.0"]["profiles"][0]["shapes"]["past.0.key"]["min"][2] == 0
-    assert "--maxShapes=pixel_values:4x3x64x64" in entries["vision.0"]["trtexec"]
-    assert entries["vision.0"]["build_command"] == "mmtrt build-engines BUNDLE --segment vision.0"
+    assert entries["vision.0"]["profiles"][0]["shapes"]["pixel_values"]["max"] == [4, 3, 64, 64]
+    assert entries["vision.0"]["command"] == f"mmtrt build-engines {tiny_bundle} --target tensorrt --segment vision.0"
+    if plan["resolved"] is None:  # no TensorRT GPU here: no engine names, no trtexec line with a hole in it
+        assert "tensorrt" in plan["unresolved"] and "trtexec" not in entries["vision.0"]
+    assert main(["build-engines", str(tiny_bundle), "--plan"]) == 0
+    text = capsys.readouterr().out
+    assert "profile prefill:" in text and "{" not in text
 
 
 def test_trtllm_command_takes_its_limits_from_the_shape_plan(tiny_bundle):

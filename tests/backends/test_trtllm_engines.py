@@ -103,7 +103,7 @@ def test_build_is_skipped_with_the_reason_where_tensorrt_llm_is_absent(tiny_bund
     assert record["status"] == "skipped" and record["reason"].startswith("tensorrt_llm is not importable")
     assert lines == [f"{SEGMENT}: skipped, {record['reason']}"]
     assert not (tiny_bundle / "engines").exists() or not any((tiny_bundle / "engines").glob("trtllm-*"))
-    assert main(["build-engines", str(tiny_bundle), "--plan"]) == 0
+    assert main(["build-engines", str(tiny_bundle), "--plan", "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)["tensorrt_llm"]
     assert shown["command"] == read_manifest(tiny_bundle)["tensorrt_llm"]["command"]
     assert shown["skipped"] == record["reason"]

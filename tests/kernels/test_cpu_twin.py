@@ -74,9 +74,18 @@ def test_token_select_refuses_a_keep_beyond_the_tokens():
         cpu.token_select(q, k, feats, 11, 1)
 
 
-def onnx_int4_bytes(q_kn: np.ndarray) -> np.ndarray:
-    """The raw bytes ONNX stores for an INT4 tensor (the format spec, via onnx's own packer)."""
-    return np.frombuffer(numpy_helper.from_array(q_kn.astype(ml_dtypes.int4)).raw_data, np.uint8)
+def int8_pairs(q_kn: np.ndarray) -> np.ndarray:
+    """The plugin's weight: int8 [K, N / 2], byte j of row k = column 2j (low nibble) | column 2j + 1 (high)."""
+    nibbles = q_kn.astype(np.int16) & 15
+    return (nibbles[:, 0::2] | (nibbles[:, 1::2] << 4)).astype(np.uint8).view(np.int8)
+
+
+def test_int8_pairs_are_the_bytes_of_onnx_int4():
+    """For an even N the plugin's int8 weight holds the very bytes ONNX stores for the INT4 [K, N] initializer (the
+    format spec, via onnx's own packer): fuse_plugins retypes the initializer without repacking."""
+    q = np.random.default_rng().integers(-8, 8, size=(6, 10))
+    onnx_bytes = np.frombuffer(numpy_helper.from_array(q.astype(ml_dtypes.int4)).raw_data, np.uint8)
+    assert (int8_pairs(q).view(np.uint8).reshape(-1) == onnx_bytes).all()
 
 
 def ref_int4(x, q, scales, pre, group, dtype):
@@ -104,7 +113,7 @@ def test_int4_gemm_matches_numpy(dtype, scale_dtype, rows, K, N, group):
     x = rng.standard_normal((rows, K)).astype(dtype)
     pre = rng.uniform(0.5, 2.0, K).astype(dtype)
     s_t = np.ascontiguousarray(scales.T).astype(scale_dtype)  # [G, N]
-    y = cpu.int4_gemm(x, onnx_int4_bytes(np.ascontiguousarray(q.T)), s_t, pre, group)
+    y = cpu.int4_gemm(x, int8_pairs(np.ascontiguousarray(q.T)), s_t, pre, group)
     expect = ref_int4(x, q, s_t, pre, group, dtype)
     # fp32 accumulation against float64: the error bound of a K-term sum, plus one rounding to the output type
     bound = K * 2.0 ** -23 * (np.abs(ref_int4(np.abs(x.astype(np.float32)).astype(dtype), np.abs(q), s_t, pre, group,
@@ -115,14 +124,14 @@ def test_int4_gemm_matches_numpy(dtype, scale_dtype, rows, K, N, group):
 def test_int4_gemm_refuses_mixed_low_precision_scales():
     x = np.ones((1, 64), np.float16)
     with pytest.raises(ValueError, match="activations' type or float32"):
-        cpu.int4_gemm(x, np.zeros(32 * 8, np.uint8), np.ones((1, 8), BF16), np.ones(64, np.float16), 64)
+        cpu.int4_gemm(x, np.zeros((64, 4), np.int8), np.ones((1, 8), BF16), np.ones(64, np.float16), 64)
 
 
 def test_int4_gemm_batch_dims_are_rows():
     rng = np.random.default_rng()
     q, scales, _ = quantize_groups(rng.standard_normal((64, 128)).astype(np.float32), 128)
     x = rng.standard_normal((2, 4, 128)).astype(np.float16)
-    args = (onnx_int4_bytes(np.ascontiguousarray(q.T)), np.ascontiguousarray(scales.T).astype(np.float16),
+    args = (int8_pairs(np.ascontiguousarray(q.T)), np.ascontiguousarray(scales.T).astype(np.float16),
             np.ones(128, np.float16), 128)
     np.testing.assert_array_equal(cpu.int4_gemm(x, *args).reshape(8, 64), cpu.int4_gemm(x.reshape(8, 128), *args))
 

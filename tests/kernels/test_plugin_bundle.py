@@ -3,6 +3,8 @@ plugins per segment (`build-engines --plan` shows them), tampering is caught, an
 
 import json
 import shutil
+import subprocess
+import sys
 
 import numpy as np
 import pytest
@@ -41,18 +43,35 @@ def test_manifest_carries_every_plugin_file_with_its_digest(bundle):
     for entry in plugins.values():
         assert entry["namespace"] == "mmtrt" and entry["version"] == "1"
         assert entry["architectures"] == ["sm_80", "sm_86", "sm_89", "sm_90"] and entry["ptx_target"] == "compute_80"
-        files = {entry["ptx"], entry["registration"], *entry["cubins"].values()}
+        files = {entry["ptx"], entry["registration"], "plugins/launch.py", *entry["cubins"].values()}
         assert set(entry["sha256"]) == files
+        ptx_version = (bundle / entry["ptx"]).read_text().split(".version ", 1)[1].split()[0]
+        assert entry["ptx_isa"] == ptx_version and "CUDA" in entry["ptx_driver"]
         assert all(sha256_file(bundle / name) == digest for name, digest in entry["sha256"].items())
 
 
 def test_plan_lists_plugins_per_segment(bundle, capsys):
-    assert cli.main(["build-engines", str(bundle), "--plan"]) == 0
+    assert cli.main(["build-engines", str(bundle), "--plan", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert sorted(plan["plugins"]) == PLUGINS
     by_segment = {s["id"]: s["aot_plugins"] for s in plan["segments"]}
     assert by_segment == {"vision.0": ["mmtrt::TokenSelect"], "llm.0": ["mmtrt::Int4GroupGemm"]}
-    assert all("trtexec cannot load" in s["trtexec_note"] for s in plan["segments"])
+    manifest = read_manifest(bundle)["tensorrt"]["segments"]
+    assert all("trtexec cannot load" in s["trtexec_note"] for s in manifest)
+    assert all("trtexec" not in s for s in plan["segments"])
+
+
+def test_build_engines_builds_the_plugin_segments_with_tensorrt_rtx(bundle, tmp_path):
+    """build-engines --target rtx registers the plugins (mmtrt.kernels.rtx) and builds every segment: the one build
+    path takes plugin segments too. In a process of its own: plugin creators are registered process-wide."""
+    pytest.importorskip("tensorrt_rtx")
+    copy = shutil.copytree(bundle, tmp_path / "b")
+    done = subprocess.run([sys.executable, "-m", "mmtrt.cli", "build-engines", str(copy), "--target", "rtx", "--json"],
+                          capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    records = {r["segment"]: r for r in json.loads(done.stdout[done.stdout.index("["):])}
+    assert records["vision.0"]["status"] == records["llm.0"]["status"] == "built"
+    assert all((copy / r["file"]).stat().st_size == r["engine_bytes"] for r in records.values())
 
 
 def test_inspect_shows_plugin_nodes_and_plugins(bundle):

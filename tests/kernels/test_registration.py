@@ -1,69 +1,109 @@
-"""The tensorrt.plugin registration, read as source (TensorRT is not installed here, so it cannot be imported):
-every catalog plugin is registered with shapes, autotune and an AOT implementation; the attributes it declares
-are the ones fuse_plugins writes on the node; every kernel it can name is in the PTX."""
+"""The TensorRT 11 registration (registration.py) under TensorRT 11.4's own tensorrt.plugin validators and symbolic
+size classes (tests/kernels/trt11_plugin.py loads them), and the launch geometry (launch.py) it shares with
+TensorRT-RTX's plugin: shared memory against the kernel headers' own functions, type combinations against
+tensorrt.plugin's expansion and the kernels in the PTX."""
 
-import ast
-import itertools
 import re
 
+import numpy as np
 import pytest
 
-from mmtrt.kernels import build
+import trt11_plugin
+from mmtrt.kernels import build, cpu, launch
 from mmtrt.kernels.bundle import REGISTRATION
-from mmtrt.kernels.catalog import PLUGINS
+from mmtrt.kernels.catalog import BY_NAME, PLUGINS
 
-TREE = ast.parse(REGISTRATION.read_text())
-
-
-def decorated(kind: str) -> dict[str, ast.FunctionDef]:
-    found = {}
-    for node in TREE.body:
-        if isinstance(node, ast.FunctionDef):
-            for d in node.decorator_list:
-                if isinstance(d, ast.Call) and isinstance(d.func, ast.Attribute) and d.func.attr == kind:
-                    found[d.args[0].value] = node
-    return found
+LAUNCH = REGISTRATION.with_name("launch.py")
+ARGS = {"TokenSelect": 9, "TokenSelectMerge": 10, "TokenSelectScored": 3, "TokenSelectDynamic": 5, "Int4GroupGemm": 4}
+RANKS = {"TokenSelect": (4, 4, 3), "TokenSelectMerge": (4, 4, 3, 1, 1), "TokenSelectScored": (2, 3),
+         "TokenSelectDynamic": (2, 3), "Int4GroupGemm": (3, 2, 2, 1)}
+ATTRIBUTES = {"keep": 16, "cls": 1, "scale": 0.125, "contextual": 4, "most": 16, "least": 2, "mass": 0.9,
+              "group_size": 64}
 
 
-def test_every_plugin_has_register_autotune_and_aot_impl():
-    ids = {spec.plugin_id for spec in PLUGINS.values()}
-    for kind in ("register", "autotune", "aot_impl"):
-        assert set(decorated(kind)) == ids, kind
+@pytest.fixture(scope="module")
+def sources():
+    return trt11_plugin.load()
 
 
-@pytest.mark.parametrize("key", sorted(PLUGINS))
-def test_registered_attributes_are_the_node_attributes(key):
-    spec = PLUGINS[key]
-    for kind in ("register", "aot_impl"):
-        fn = decorated(kind)[spec.plugin_id]
-        names = [a.arg for a in fn.args.args if ast.unparse(a.annotation or ast.Constant("")) != "trtp.TensorDesc"]
-        attributes = [n for n in names if n not in ("outputs", "tactic")]
-        assert attributes == list(spec.attributes), kind
+@pytest.fixture(scope="module")
+def registered(sources, tmp_path_factory):
+    """registration.py imported from a folder laid out as a bundle's plugins/ (with the PTX where nvcc exists)."""
+    folder = tmp_path_factory.mktemp("plugins")
+    ptx = build.device_code().ptx if build.nvcc() else None
+    path = trt11_plugin.copy_beside(folder, REGISTRATION, LAUNCH, ptx)
+    trtp, registry = trt11_plugin.facade(sources)
+    trt11_plugin.import_registration(path, trtp)
+    return registry
 
 
-def test_shared_memory_formula_matches_the_header():
-    """The AOT launch's shared memory is token_select_smem_floats (token_select.h) in bytes."""
-    header = (build.SOURCE_DIR / "token_select.h").read_text()
-    assert "return s.kv_len + 2 * s.tokens + s.keep + kTokenSelectThreads + s.tokens + s.contextual * (s.head_dim + 2);" in header
-    body = ast.unparse(next(n for n in TREE.body if isinstance(n, ast.FunctionDef) and n.name == "_token_select_smem"))
-    assert "4 * (kv_len + 3 * tokens + keep + TOKEN_SELECT_THREADS + contextual * (head_dim + 2))" in body
+def test_every_plugin_passes_tensorrt_plugins_validation(registered):
+    """register, autotune and aot_impl of every catalog plugin, with the attributes fuse_plugins writes."""
+    assert set(registered) == {spec.plugin_id for spec in PLUGINS.values()}
+    for plugin_id, plugin in registered.items():
+        spec = BY_NAME[plugin_id.split("::")[1]]
+        assert list(plugin.input_attrs) == list(spec.attributes), plugin_id
+        assert plugin.autotune and plugin.aot_impl
+        assert plugin.num_outputs == (2 if spec.name == "TokenSelectDynamic" else 1)
 
 
-def test_scored_shared_memory_matches_the_header():
-    """TokenSelectScored / TokenSelectDynamic launch with scored_smem_words (token_budget.h) in bytes."""
-    header = (build.SOURCE_DIR / "token_budget.h").read_text()
-    assert "return 4 * s.tokens + s.keep + 1;" in header
-    body = ast.unparse(next(n for n in TREE.body if isinstance(n, ast.FunctionDef) and n.name == "_scored_launch"))
-    assert "params.shared_mem = 4 * (4 * tokens + rows + 1)" in body
+def test_string_annotations_fail_tensorrt_plugins_validation(sources, tmp_path):
+    """What `from __future__ import annotations` does to registration.py: tensorrt.plugin's validator refuses it."""
+    text = "from __future__ import annotations\n" + REGISTRATION.read_text()
+    (tmp_path / "registration.py").write_text(text)
+    trt11_plugin.copy_beside(tmp_path, None, LAUNCH, None)
+    with pytest.raises(ValueError, match="TensorDescs args should come first"):
+        trt11_plugin.import_registration(tmp_path / "registration.py", trt11_plugin.facade(sources)[0])
 
 
-def test_every_kernel_the_registration_can_name_is_in_the_ptx():
-    if build.nvcc() is None:
-        pytest.skip("nvcc is not installed: no PTX to read")
+@pytest.mark.skipif(build.nvcc() is None, reason="nvcc is not installed: no PTX for aot_impl to hand over")
+@pytest.mark.parametrize("name", sorted(ARGS))
+def test_aot_impl_runs_on_symbolic_sizes(sources, registered, name):
+    """Every aot_impl, and the shapes of every register, on tensorrt.plugin's symbolic sizes (which have no
+    reflected operators) for every type combination the autotune offers; the kernel it names is in the PTX."""
+    import tensorrt_rtx as trt
+
+    plugin = registered[f"mmtrt::{name}"]
     entries = set(re.findall(r"\.visible \.entry (\w+)\(", build.device_code().ptx.read_text()))
-    suffixes = ("f32", "f16", "bf16")
-    assert {f"mmtrt_token_select{m}_{s}" for m in ("", "_merge", "_scored", "_dynamic") for s in suffixes} <= entries
-    # Int4GroupGemm's autotune: x, pre and y share a type; the scales are that type or fp32
-    pairs = {(s, s) for s in suffixes} | {(s, "f32") for s in ("f16", "bf16")}
-    assert {f"mmtrt_int4_gemm_{x}_{s}" for x, s in pairs} <= entries
-    assert not {e for e in entries if e.startswith("mmtrt_int4_gemm_")} - {f"mmtrt_int4_gemm_{x}_{s}" for x, s in itertools.product(suffixes, suffixes)}
+    attrs = [ATTRIBUTES[a] for a in plugin.input_attrs]
+    for types in launch.io_combinations(name):
+        descs = [sources.TensorDesc(sources.ShapeExprs(rank, _is_dummy=True), getattr(trt.DataType, _dtype(t)))
+                 for rank, t in zip(RANKS[name], types)]
+        outputs = plugin.desc(*descs, *attrs)
+        assert len(outputs if isinstance(outputs, tuple) else (outputs,)) == plugin.num_outputs
+        kernel, ptx, params, args = plugin.aot_impl(*descs, *attrs, outputs, 0)
+        assert kernel.decode() in entries and ptx == build.device_code().ptx.read_bytes()
+        assert isinstance(params, sources.KernelLaunchParams) and isinstance(args, sources.SymIntExprs)
+        assert len(args) == ARGS[name]
+
+
+def _dtype(name: str) -> str:
+    return {"FP32": "FLOAT", "FP16": "HALF"}.get(name, name)
+
+
+@pytest.mark.parametrize("name", sorted(ARGS))
+def test_type_combinations_expand_as_tensorrt_plugin_expands_them(sources, name):
+    ours = {tuple(_dtype(t) for t in combo) for combo in launch.io_combinations(name)}
+    theirs = set()
+    for text in launch.IO_TYPES[name]:
+        combination = sources.AutoTuneCombination(text, "LINEAR")
+        combination._generate_combinations()
+        theirs |= {tuple(t.name for t in c.types) for c in combination._get_combinations()}
+    assert ours == theirs
+
+
+def test_shared_memory_matches_the_headers():
+    """launch.py's bytes are the headers' token_select_smem_floats / scored_smem_words (through the CPU twin) on
+    random sizes; the launch keeps the attributes' order of kernels.cu."""
+    rng = np.random.default_rng()
+    for _ in range(50):
+        tokens, head_dim = int(rng.integers(1, 3000)), int(rng.integers(1, 256))
+        kv_len, keep, contextual = tokens + int(rng.integers(0, 3)), int(rng.integers(1, tokens + 1)), int(rng.integers(0, 16))
+        assert launch.token_select_bytes(kv_len, tokens, keep, head_dim, contextual) == cpu.smem_bytes(
+            "token_select", kv_len=kv_len, tokens=tokens, keep=keep, head_dim=head_dim, contextual=contextual)
+        assert launch.scored_bytes(tokens, keep) == cpu.smem_bytes("scored", tokens=tokens, rows=keep)
+    found = launch.token_select((2, 6, 1, 64), (2, 6, 257, 64), (2, 256, 384), 64, 1, 0.125, "f16", contextual=10)
+    assert found.kernel == "mmtrt_token_select_merge_f16" and found.grid == (2, 8) and found.block == (256, 1)
+    assert found.args == [6, 1, 257, 64, 1, 256, 384, 64, launch.float_bits(0.125), 10]
+    gemm = launch.int4_gemm((2, 3, 576), (9, 1536), 64, "f16", "f32")
+    assert gemm.grid == (24, 1) and gemm.args == [6, 576, 1536, 64] and gemm.kernel == "mmtrt_int4_gemm_f16_f32"

@@ -8,10 +8,12 @@ claims on real weights (dino-smollm) are measured by scripts/bench_awq.py.
   tests/quant/test_quantize.py).
 - TensorRT's form keeps its INT4 DequantizeLinear through graph_cleanup and cast_precision.
 - The TensorRT-LLM checkpoint, read with json + a hand-written safetensors parser and run as a numpy LLaMA, gives the
-  ONNX path's logits.
+  ONNX path's logits; the TensorRT form is mixed (linears kept in fp16, int8 embedding rows), so the checkpoint's
+  float modules are read the way TensorRT-LLM reads them: by its quantization config's exclude_modules.
 """
 
 import copy
+import fnmatch
 import json
 
 import numpy as np
@@ -43,7 +45,8 @@ partition: {{llm: [onnxruntime], vision: [onnxruntime]}}
 TENSORRT_RECIPE = f"""model: {{source: zoo, name: tiny-llava}}
 passes:
   - dead_layer_elimination: {{}}
-  - awq_int4: {{group_size: 64, trtllm_dtype: float16, {CALIBRATION}}}
+  - awq_int4: {{group_size: 64, trtllm_dtype: float16, float_budget_mib: 0.05, float_dtype: float16, embedding: int8,
+                {CALIBRATION}}}
   - graph_cleanup: {{}}
 partition: {{llm: [tensorrt-llm, tensorrt, onnxruntime]}}
 {ENVELOPE}"""
@@ -93,7 +96,8 @@ def _torch_logits(model, embeds):
 
 def _dequantized_linears(model: onnx.ModelProto) -> dict[str, np.ndarray]:
     """Per linear name, the float weight [N, K] the graph applies to its (pre-quant-scaled) input, and the name of
-    that input before any pre-quant Mul; read from MatMulNBits or DequantizeLinear + MatMul."""
+    that input before any pre-quant Mul; read from MatMulNBits, DequantizeLinear + MatMul, or a kept linear's fp16
+    weight cast in front of its MatMul."""
     graph = model.graph
     inits = {t.name: t for t in graph.initializer}
     producer = {o: n for n in graph.node for o in n.output}
@@ -111,6 +115,10 @@ def _dequantized_linears(model: onnx.ModelProto) -> dict[str, np.ndarray]:
             q, scales, block = unpack_int4(inits[dq.input[0]]), numpy_helper.to_array(inits[dq.input[1]]), attr(dq, "block_size")
             w = (q.astype(np.float32) * np.repeat(scales, block, axis=0)[: q.shape[0]]).T
             name, x = node.name, node.input[0]
+        elif node.op_type == "MatMul" and node.input[1].endswith(".weight_cast"):  # kept in float, stored in fp16
+            stored = producer[node.input[1]].input[0] if node.input[1] in producer else node.input[1]  # or folded
+            w = numpy_helper.to_array(inits[stored]).T.astype(np.float32)
+            name, x = node.input[1].removesuffix(".weight_cast"), node.input[0]
         else:
             continue
         mul = producer.get(x)
@@ -190,26 +198,66 @@ def test_dequantize_linear_survives_later_passes(tensorrt_bundle):
         comps[name] = Component(name, graph_io(model, "inputs"), graph_io(model, "outputs"), onnx=model,
                                 metadata={"placement": {"targeted": True, "min_segment_size": 5}})
     ir = ModelIR(comps, {}, {})
-    assert _int4_dq_count(ir.components["llm"].onnx) == LLM_LINEARS
+    quantized = LLM_LINEARS - len(report["kept_float"])
+    assert _int4_dq_count(ir.components["llm"].onnx) == quantized
     GraphCleanup(GraphCleanup.Config()).run(ir)
     changes = CastPrecision(CastPrecision.Config()).run(ir)
     assert changes["llm"]["nodes_lowered"] > 0
-    assert _int4_dq_count(ir.components["llm"].onnx) == LLM_LINEARS
+    assert _int4_dq_count(ir.components["llm"].onnx) == quantized
+
+
+def _excluded(config: dict, module: str) -> bool:
+    """TensorRT-LLM's rule (quantization/quantize.py quantize_layers): a module any exclude_modules pattern matches
+    (fnmatch) stays in the checkpoint's float dtype; without a list, its defaults (lm_head, embeddings) do."""
+    patterns = config["quantization"].get("exclude_modules") or ["*lm_head", "*vocab_embedding"]
+    return any(fnmatch.fnmatchcase(module, p) for p in patterns)
 
 
 def _numpy_llama(folder, ids):
-    """A LLaMA forward pass from the checkpoint alone, in the W4A16_AWQ layout (int8 [out/2, in] with rows 2j, 2j+1
-    in the low and high nibbles, scales [out, in/group], activations times the pre-quant scale)."""
+    """A LLaMA forward pass from the checkpoint alone: W4A16_AWQ modules in their layout (int8 [out/2, in] with rows
+    2j, 2j+1 in the low and high nibbles, scales [out, in/group], activations times the pre-quant scale), the
+    modules exclude_modules names as float [out, in]."""
     cfg = json.loads((folder / "config.json").read_text())
     t, _ = read_safetensors(folder / "rank0.safetensors")
     t = {k: v.astype(np.float64) if v.dtype != np.int8 else v for k, v in t.items()}
     group = cfg["quantization"]["group_size"]
 
     def linear(p, x):
+        if _excluded(cfg, p):
+            return x @ t[f"{p}.weight"].T
         w = unpack_int4_rows(t[f"{p}.weight"]) * np.repeat(t[f"{p}.weights_scaling_factor"], group, axis=1)
         return (x * t[f"{p}.prequant_scaling_factor"]) @ w.T
 
     return numpy_llama_logits(cfg, t, ids, linear)
+
+
+MODULES = {"q_proj": "attention.qkv", "k_proj": "attention.qkv", "v_proj": "attention.qkv", "o_proj": "attention.dense",
+           "gate_proj": "mlp.fc", "up_proj": "mlp.gate", "down_proj": "mlp.proj"}
+
+
+def test_mixed_checkpoint_names_its_float_modules_as_tensorrt_llm_reads_them(tensorrt_bundle):
+    """The linears awq_int4 kept in fp16 are float modules of the checkpoint, listed in exclude_modules beside
+    TensorRT-LLM's own defaults; q, k, v share one module, and fc goes float with gate (fuse_gate_mlp)."""
+    kept = _report(tensorrt_bundle)["llm"]["kept_float"]
+    assert kept  # the budget keeps some linears in fp16
+    folder = tensorrt_bundle / "trtllm" / "checkpoint"
+    config = json.loads((folder / "config.json").read_text())
+    tensors, dtypes = read_safetensors(folder / "rank0.safetensors")
+    excluded = config["quantization"]["exclude_modules"]
+    assert {"*lm_head", "*vocab_embedding"} <= set(excluded)
+    float_modules = {f"transformer.layers.{n.split('.')[2]}.{MODULES[n.split('.')[3]]}" for n in kept}
+    for module in list(float_modules):
+        if module.endswith(("mlp.fc", "mlp.gate")):
+            float_modules |= {module.rsplit(".", 1)[0] + ".fc", module.rsplit(".", 1)[0] + ".gate"}
+    linears = {k.removesuffix(".weight") for k in tensors if k.startswith("transformer.layers.") and
+               k.removesuffix(".weight").endswith(tuple(set(MODULES.values())))}
+    assert {m for m in linears if _excluded(config, m)} == float_modules
+    for module in linears:
+        if module in float_modules:
+            assert dtypes[f"{module}.weight"] == "F16" and f"{module}.weights_scaling_factor" not in tensors
+        else:
+            assert dtypes[f"{module}.weight"] == "I8" and f"{module}.prequant_scaling_factor" in tensors
+    assert _report(tensorrt_bundle)["trtllm_checkpoint"]["float_modules"].keys() == float_modules
 
 
 def test_trtllm_dtype_float32_is_refused_at_plan_time():
@@ -217,7 +265,26 @@ def test_trtllm_dtype_float32_is_refused_at_plan_time():
         AwqInt4Config(trtllm_dtype="float32")
 
 
-def test_trtllm_checkpoint_reproduces_onnx_logits(tensorrt_bundle, tiny, rng):
+def _dequantize_as_the_checkpoint(model: onnx.ModelProto, linears: set[str]) -> None:
+    """The INT4 linears whose TensorRT-LLM module is float (a member was kept in float) as the checkpoint holds them:
+    the dequantized weight times the pre-quant scale, rounded to float16."""
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    producer = {o: n for n in graph.node for o in n.output}
+    for node in graph.node:
+        dq = producer.get(node.input[1]) if node.op_type == "MatMul" and node.name in linears else None
+        if dq is None or dq.op_type != "DequantizeLinear":
+            continue
+        scales = numpy_helper.to_array(inits[dq.input[1]]).astype(np.float32)
+        w = unpack_int4(inits[dq.input[0]]).astype(np.float32) * np.repeat(scales, attr(dq, "block_size"), axis=0)
+        mul = producer.get(node.input[0])
+        if mul is not None and mul.op_type == "Mul" and mul.input[1] in inits:
+            w, node.input[0] = numpy_helper.to_array(inits[mul.input[1]])[:, None] * w, mul.input[0]
+        graph.initializer.append(numpy_helper.from_array(w.astype(np.float16).astype(np.float32), f"{node.name}.float"))
+        node.input[1] = f"{node.name}.float"
+
+
+def test_trtllm_checkpoint_reproduces_onnx_logits(tensorrt_bundle, tiny, rng, tmp_path):
     manifest = _manifest(tensorrt_bundle)
     folder = tensorrt_bundle / "trtllm" / "checkpoint"
     assert _report(tensorrt_bundle)["trtllm_checkpoint"]["written"] is True
@@ -226,19 +293,28 @@ def test_trtllm_checkpoint_reproduces_onnx_logits(tensorrt_bundle, tiny, rng):
     assert plan["checkpoint"] == "trtllm/checkpoint"
     assert plan["command"].startswith("trtllm-build --checkpoint_dir BUNDLE/trtllm/checkpoint")
     config = json.loads((folder / "config.json").read_text())
-    assert config["quantization"] == {"quant_algo": "W4A16_AWQ", "group_size": 64, "has_zero_point": False,
-                                      "pre_quant_scale": True}
+    assert {k: v for k, v in config["quantization"].items() if k != "exclude_modules"} == {
+        "quant_algo": "W4A16_AWQ", "group_size": 64, "has_zero_point": False, "pre_quant_scale": True}
     text = tiny[0].config.text_config
     assert (config["num_hidden_layers"], config["hidden_size"], config["intermediate_size"]) == (
         text.num_hidden_layers, text.hidden_size, text.intermediate_size)
     assert config["rotary_base"] == text.rope_parameters["rope_theta"]
 
+    # the embedding: the embed graph's rows (int8 rows times their scales) in the checkpoint's float16
+    table = read_safetensors(folder / "rank0.safetensors")[0]["transformer.vocab_embedding.weight"]
+    embed = ort.InferenceSession(str(tensorrt_bundle / "embed.onnx"), providers=["CPUExecutionProvider"])
+    rows = embed.run(None, {"input_ids": np.arange(len(table))[None]})[0][0]
+    np.testing.assert_array_equal(table, rows.astype(np.float16))
+
     ids = rng.integers(0, 256, size=13)
-    embed = ort.InferenceSession(float16_weights(tensorrt_bundle / "embed.onnx"), providers=["CPUExecutionProvider"])
-    embeds = embed.run(None, {"input_ids": ids[None]})[0]
-    llm = ort.InferenceSession(float16_weights(tensorrt_bundle / "llm.onnx"),
+    model = onnx.load(tensorrt_bundle / "llm.onnx")
+    float_units = {m for m in config["quantization"]["exclude_modules"] if m.startswith("transformer.layers.")}
+    _dequantize_as_the_checkpoint(model, {f"llm.layers.{m.split('.')[2]}.{role}" for m in float_units
+                                          for role, module in MODULES.items() if m.endswith(module)})
+    onnx.save(model, tmp_path / "llm.onnx")
+    llm = ort.InferenceSession(float16_weights(tmp_path / "llm.onnx"),
                                session_options(None, spin=False, exact_int4=True), providers=["CPUExecutionProvider"])
-    onnx_logits = llm.run(["logits"], _llm_feeds(embeds, tiny))[0][0]
+    onnx_logits = llm.run(["logits"], _llm_feeds(table[ids][None].astype(np.float32), tiny))[0][0]
     np.testing.assert_allclose(_numpy_llama(folder, ids), onnx_logits, rtol=1e-4, atol=1e-4 * np.abs(onnx_logits).max())
 
 
@@ -256,14 +332,16 @@ def test_config_rejects(config, message):
         AwqInt4Config.model_validate(config)
 
 
-def test_plan_rejects_a_checkpoint_the_model_cannot_hold(tmp_path):
+@pytest.mark.parametrize("group", [32, 256])
+def test_plan_rejects_a_group_tensorrt_llm_kernels_do_not_take(tmp_path, group):
+    """TensorRT-LLM's INT4 kernels take groups of 64 and 128 only: `always` with another group fails at plan time."""
     from mmtrt.compiler import make_plan
     from mmtrt.errors import UserError
 
     recipe = tmp_path / "recipe.yaml"
     recipe.write_text("model: {source: zoo, name: tiny-llava}\n"
-                      "passes:\n  - awq_int4: {group_size: 256, trtllm_checkpoint: always}\n")
-    with pytest.raises(UserError, match=r"passes\[0\].awq_int4: trtllm_checkpoint: always needs group_size"):
+                      f"passes:\n  - awq_int4: {{group_size: {group}, trtllm_checkpoint: always}}\n")
+    with pytest.raises(UserError, match=r"passes\[0\].awq_int4.*group_size 64 or 128"):
         make_plan(recipe)
 
 

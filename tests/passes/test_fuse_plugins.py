@@ -161,13 +161,15 @@ def test_int4_gemm_fuses_with_the_prequant_scale_and_runs_as_before():
     fused, report = fuse(model, "llm")
     assert report["fused"] == {"mmtrt::Int4GroupGemm": 1}
     node = next(n for n in fused.graph.node if n.domain == "mmtrt")
-    assert node.op_type == "Int4GroupGemm" and list(node.input) == ["x", "lin.weight", "lin.weight_scale", "pre"]
+    assert node.op_type == "Int4GroupGemm" and list(node.input) == ["x", "lin.weight.int8_pairs", "lin.weight_scale", "pre"]
     assert helper.get_attribute_value(next(a for a in node.attribute if a.name == "group_size")) == 64
     assert not any(n.op_type in ("DequantizeLinear", "MatMul", "Mul") for n in fused.graph.node)
     after = run(fused, {"x": x})[0]
     np.testing.assert_array_equal(after, before)
     weights = {t.name: t for t in fused.graph.initializer}
-    packed = np.frombuffer(weights["lin.weight"].raw_data, np.uint8)
+    packed = numpy_helper.to_array(weights["lin.weight.int8_pairs"])
+    assert packed.dtype == np.int8 and packed.shape == (K, OUT // 2)  # TensorRT takes no INT4 plugin input
+    assert "lin.weight" not in weights  # the INT4 initializer went with its DequantizeLinear
     twin = cpu.int4_gemm(x, packed, numpy_helper.to_array(weights["lin.weight_scale"]),
                          numpy_helper.to_array(weights["pre"]), 64)
     # the graph's math in float64 (ONNX Runtime's CPU fp16 MatMul itself rounds on the way): products rounded to

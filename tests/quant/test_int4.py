@@ -170,15 +170,38 @@ def test_dequantize_linear_int4(rng, n, k, group):
     w, x = _weight(rng, n, k), rng.normal(size=(3, k)).astype(np.float32)
     q, scales, _ = quantize_groups(w, group)
     nodes, inits = dequantize_linear_nodes("lin", "x", "y", q, scales, group)
-    weight, scale = inits
-    np.testing.assert_array_equal(unpack_int4(weight), q.T)
+    weight, scale = inits[:2]
+    written = unpack_int4(weight)  # whole blocks: a partial last group is padded with zero rows
+    np.testing.assert_array_equal(written[:k], q.T)
+    assert not written[k:].any() and written.shape[0] % group == 0
     np.testing.assert_array_equal(numpy_helper.to_array(scale), scales.T)
     dq = nodes[0]
     assert dq.op_type == "DequantizeLinear" and len(dq.input) == 2
     assert {a.name: a.i for a in dq.attribute} == {"axis": 0, "block_size": group}
+    assert [n.op_type for n in nodes] == ["DequantizeLinear"] + (["Pad"] if k % group else []) + ["MatMul"]
     model = _model(nodes, inits, 3, k, n)
     onnx.checker.check_model(model, full_check=True)
     # Without this entry ONNX Runtime fuses DQ + MatMul into MatMulNBits at accuracy level 4 (int8 activations).
+    got = _session(model, **{"session.qdq_matmulnbits_accuracy_level": "0"}).run(None, {"x": x})[0]
+    np.testing.assert_allclose(got, x @ dequantize_groups(q, scales, None, group).T, rtol=1e-5, atol=1e-4)
+
+
+@pytest.mark.parametrize("k,group,block", [(576, 128, 64), (320, 128, 64), (288, 128, 128), (288, 64, 64)])
+def test_a_partial_last_group_is_written_in_whole_blocks(rng, k, group, block):
+    """TensorRT's parser takes only scale dims K / block (onnx-tensorrt validateScaleDimensions): K = 576 at group
+    128 becomes nine blocks of 64 with each scale repeated, K = 288 (not a multiple of 64) zero rows and padded
+    activations; the product is the one the groups define."""
+    w, x = _weight(rng, 6, k), rng.normal(size=(2, 3, k)).astype(np.float32)
+    q, scales, _ = quantize_groups(w, group)
+    nodes, inits = dequantize_linear_nodes("lin", "x", "y", q, scales, group)
+    weight, scale = (numpy_helper.to_array(t) for t in inits[:2])
+    dq = next(n for n in nodes if n.op_type == "DequantizeLinear")
+    assert {a.name: a.i for a in dq.attribute}["block_size"] == block
+    assert weight.shape[0] % block == 0 and scale.shape[0] == weight.shape[0] // block
+    graph = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 3, k])],
+                              [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 3, 6])], inits)
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 21)], ir_version=10)
+    onnx.checker.check_model(model, full_check=True)
     got = _session(model, **{"session.qdq_matmulnbits_accuracy_level": "0"}).run(None, {"x": x})[0]
     np.testing.assert_allclose(got, x @ dequantize_groups(q, scales, None, group).T, rtol=1e-5, atol=1e-4)
 

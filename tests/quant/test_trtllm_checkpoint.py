@@ -105,3 +105,12 @@ def test_linear_tensors_rejects_what_the_layout_cannot_hold(out_features, in_fea
     q = np.zeros((out_features, in_features), np.int8)
     with pytest.raises(ValueError, match="W4A16_AWQ"):
         linear_tensors("p", q, np.ones((out_features, groups), np.float32), np.ones(in_features), "float16")
+
+
+@pytest.mark.parametrize("group", [16, 32, 256])
+def test_groups_tensorrt_llm_kernels_do_not_take_are_not_exported(group):
+    """cutlass_kernels/fpA_intB_gemm: "Only group size 64 and 128 supported for fine grained kernels"."""
+    from mmtrt.quant.trtllm_export import NotExportable, llama_checkpoint
+
+    with pytest.raises(NotExportable, match="group_size 64 or 128"):
+        llama_checkpoint(None, [], group, "float16", {})

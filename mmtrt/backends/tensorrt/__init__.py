@@ -1,4 +1,5 @@
-"""TensorRT backend: what its ONNX parser accepts, engine build plans, the engine cache and the engine runner.
+"""TensorRT backend, for TensorRT 11 and TensorRT-RTX alike (`flavors.py`): what their ONNX parser accepts, the form
+it reads, engine build plans, the build, the engine cache and the engine runner.
 
-Only `build` and `runner` import tensorrt, and only inside functions: everything else runs on any host.
+TensorRT and TensorRT-RTX are imported only inside functions: everything else runs on any host.
 """

@@ -1,22 +1,26 @@
 """The engine cache: engines live in BUNDLE/engines under a key made of everything they depend on.
 
-An engine runs only on the GPU model and TensorRT version that built it, so the key is the segment's digest
-(its ONNX and weights), the optimization profile, the GPU's compute capability and the TensorRT version.
-engines/index.json maps keys to files; it is written by `mmtrt build-engines` and is not part of the bundle's
-hash (engines are per host, the portable bundle is not).
+A TensorRT engine runs only on the GPU model and TensorRT version that built it, so the key is the segment's
+digest (its ONNX and weights), the optimization profile, the GPU's compute capability and the TensorRT version.
+A TensorRT-RTX engine runs on every GPU of the compute capabilities it was built for, with that TensorRT-RTX
+version: its key names the version and the list (`flavors.py`). engines/index.json maps keys to files; it is
+written by `mmtrt build-engines` and is not part of the bundle's hash (the portable bundle is the ONNX).
 """
 
 from __future__ import annotations
 
+import ctypes
 import hashlib
 import importlib
 import json
 import os
+import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from mmtrt.backends.tensorrt.flavors import RTX, RTX_COMPUTE_CAPABILITIES, TENSORRT, Flavor
 from mmtrt.bundle.manifest import dumps, sha256_file
 from mmtrt.errors import UserError
 
@@ -26,13 +30,39 @@ INDEX = f"{ENGINE_DIR}/index.json"
 
 @dataclass(frozen=True)
 class Target:
-    """What an engine is specific to: the GPU's compute capability ("9.0") and the TensorRT version."""
+    """What an engine is specific to: the compute capability it runs on ("9.0"; for TensorRT-RTX the list it was
+    built for, "8.0,8.6,8.9,12.0"), the TensorRT (or TensorRT-RTX) version, and which of the two built it."""
 
     compute_capability: str
     tensorrt: str
+    flavor: str = TENSORRT.name
 
     def tag(self) -> str:
-        return f"sm{self.compute_capability.replace('.', '')}-trt{self.tensorrt}"
+        ccs = "_".join(cc.replace(".", "") for cc in self.compute_capability.split(","))
+        if self.flavor == RTX.name:
+            return f"rtx{self.tensorrt}-sm{ccs}"
+        return f"sm{ccs}-trt{self.tensorrt}"
+
+
+def rtx_target(version: str) -> Target:
+    """What a TensorRT-RTX build of this version targets, on any host."""
+    return Target(",".join(RTX_COMPUTE_CAPABILITIES), version, RTX.name)
+
+
+def gpu_capability() -> str | None:
+    """The first CUDA GPU's compute capability ("9.0"), from the CUDA driver itself (libcuda's cuInit,
+    cuDeviceGet and cuDeviceGetAttribute 75/76, the major and minor numbers), or None without one; no torch."""
+    try:
+        driver = ctypes.CDLL("libcuda.so.1" if sys.platform != "win32" else "nvcuda.dll")
+    except OSError:
+        return None
+    device, major, minor = ctypes.c_int(0), ctypes.c_int(0), ctypes.c_int(0)
+    if driver.cuInit(0) != 0 or driver.cuDeviceGet(ctypes.byref(device), 0) != 0:
+        return None
+    if (driver.cuDeviceGetAttribute(ctypes.byref(major), 75, device) != 0
+            or driver.cuDeviceGetAttribute(ctypes.byref(minor), 76, device) != 0):
+        return None
+    return f"{major.value}.{minor.value}"
 
 
 def probe_gpu(module: str) -> tuple[str, str] | str:
@@ -41,18 +71,25 @@ def probe_gpu(module: str) -> tuple[str, str] | str:
         found = importlib.import_module(module)
     except Exception as exc:  # a broken install fails with more than ImportError
         return f"{module} is not importable on this host ({type(exc).__name__}: {exc})"
-    import torch
-
-    if not torch.cuda.is_available():
+    capability = gpu_capability()
+    if capability is None:
         return f"{module} {found.__version__} imports but no CUDA GPU is visible"
-    major, minor = torch.cuda.get_device_capability()
-    return f"{major}.{minor}", found.__version__
+    return capability, found.__version__
 
 
-def probe_target() -> Target | str:
-    """This host's target, or why it cannot run TensorRT engines."""
-    found = probe_gpu("tensorrt")
-    return found if isinstance(found, str) else Target(*found)
+def probe_target(flavor: Flavor = TENSORRT) -> Target | str:
+    """The target whose engines this host runs, or why it runs none of `flavor`'s. A TensorRT-RTX host runs the
+    engines built for a list holding its GPU's compute capability."""
+    found = probe_gpu(flavor.module)
+    if isinstance(found, str):
+        return found
+    capability, version = found
+    if flavor is RTX:
+        if capability not in RTX_COMPUTE_CAPABILITIES:
+            return (f"this GPU's compute capability {capability} is not among the TensorRT-RTX engines' targets "
+                    f"({', '.join(RTX_COMPUTE_CAPABILITIES)})")
+        return rtx_target(version)
+    return Target(capability, version)
 
 
 def profile_digest(profiles: list[dict[str, Any]]) -> str:

@@ -10,6 +10,8 @@ buffer with a boolean mask `key position <= query position` (which also hides th
 The graph keeps every input and output of the GroupQueryAttention form (`total_sequence_length` aside, which only
 GroupQueryAttention reads), so the runtime binds both forms alike. Placement cuts the LLM's TensorRT segments from
 this form; ONNX Runtime keeps running the GroupQueryAttention form, which attends only up to each length.
+IKVCacheUpdateLayer needs the cache's sequence axis static ("The KV cache tensor must have a static sequence length
+dimension"), so the form writes the planned capacity (one value: min = max) into the buffers' shapes.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from mmtrt.ir.rewrite import attr
 
 OPSET = 24  # TensorScatter's
 PREFIX = "trt_form"
+CAPACITY = "capacity"
 WRITTEN_BY = "com.microsoft.GroupQueryAttention"
 FORMS = {
     "onnxruntime": "com.microsoft.GroupQueryAttention over the shared buffers, written in place (llm.onnx)",
@@ -34,8 +37,9 @@ def has_gqa(model: onnx.ModelProto) -> bool:
     return any(n.op_type == "GroupQueryAttention" and n.domain == "com.microsoft" for n in model.graph.node)
 
 
-def tensorrt_form(model: onnx.ModelProto) -> onnx.ModelProto:
-    """A copy of `model` with every GroupQueryAttention in the TensorScatter + Attention form."""
+def tensorrt_form(model: onnx.ModelProto, dims: dict[str, dict[str, int]] | None = None) -> onnx.ModelProto:
+    """A copy of `model` with every GroupQueryAttention in the TensorScatter + Attention form; with the shape plan
+    `dims`, the cache buffers' capacity axis fixed at its planned value."""
     out = copy.deepcopy(model)
     graph = out.graph
     gqas = [n for n in graph.node if n.op_type == "GroupQueryAttention" and n.domain == "com.microsoft"]
@@ -52,6 +56,8 @@ def tensorrt_form(model: onnx.ModelProto) -> onnx.ModelProto:
         helper.make_tensor_value_info(f"{PREFIX}.key_positions", TensorProto.INT64, ["capacity"]),
         helper.make_tensor_value_info(shared["mask"], TensorProto.BOOL, ["batch", 1, "seq", "capacity"])])
     _drop_unread_inputs(graph)
+    if dims and dims.get(CAPACITY, {}).get("min") == dims.get(CAPACITY, {}).get("max"):
+        _fix_dim(graph, CAPACITY, dims[CAPACITY]["max"])
     out.ir_version = max(out.ir_version, 11)  # the IR that opset 24 came with
     del out.opset_import[:]
     out.opset_import.extend([helper.make_opsetid("", OPSET)] +
@@ -114,6 +120,14 @@ def _layer(gqa: onnx.NodeProto, layer: int, shared: dict) -> list[onnx.NodeProto
         _const(f"{stem}.out_shape", [0, 0, -1]),
         helper.make_node("Reshape", [f"{stem}.att_bsnh", f"{stem}.out_shape"], [out]),
     ]
+
+
+def _fix_dim(graph: onnx.GraphProto, name: str, size: int) -> None:
+    for value in [*graph.input, *graph.output, *graph.value_info]:
+        for dim in value.type.tensor_type.shape.dim:
+            if dim.dim_param == name:
+                dim.Clear()
+                dim.dim_value = size
 
 
 def _drop_unread_inputs(graph: onnx.GraphProto) -> None:

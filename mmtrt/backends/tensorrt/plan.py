@@ -1,49 +1,45 @@
 """The engine build plan the bundle carries: per TensorRT segment what `mmtrt build-engines` needs on the target.
 
-Everything here is decided at compile time, on any host: the ONNX file, the optimization profiles (one per
-phase a segment runs in: an LLM segment gets `decode`, seq = 1, and `prefill`, tuned for a typical prompt), the
-precision (already in the tensor types: TensorRT 11 networks are strongly typed, so TF32 stays off and an fp32
-tensor computes in fp32), the plugin libraries and the commands.
+Everything in the manifest is decided at compile time, on any host: the ONNX file (and the form TensorRT's parser
+reads, `parser_form.py`), the optimization profiles (one per phase a segment runs in: an LLM segment gets `decode`,
+seq = 1, and `prefill`, tuned for a typical prompt; shape-tensor inputs get value ranges), the precision (already
+in the tensor types: TensorRT 11 and TensorRT-RTX networks are strongly typed, so TF32 stays off and an fp32 tensor
+computes in fp32) and the plugins. What depends on the host (which engine file, the trtexec line) is rendered by
+`build-engines --plan` for a resolved target, so every line it prints runs as printed.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from mmtrt.backends.tensorrt.engines import ENGINE_DIR, engine_name
+from mmtrt.backends.tensorrt.engines import ENGINE_DIR, Target, engine_file, timing_cache_file
 from mmtrt.backends.tensorrt.support import TABLE_SOURCE, TENSORRT_VERSION
-
-TARGET_PLACEHOLDER = "{target}"
 
 
 def segment_entry(component: str, files: dict[str, Any], inputs: list[str], outputs: list[str],
                   profiles: list[dict] | None, unbuildable: str | None, precision: dict[str, Any]) -> dict[str, Any]:
-    entry = {
-        "id": files["id"], "component": component, "onnx": files["onnx"], "files": files["files"],
-        "sha256": files["sha256"], "inputs": inputs, "outputs": outputs, "profiles": profiles,
+    return {
+        "id": files["id"], "component": component, "onnx": files["onnx"],
+        **({"tensorrt_onnx": files["tensorrt_onnx"]} if files.get("tensorrt_onnx") else {}),
+        "files": files["files"], "sha256": files["sha256"], "inputs": inputs, "outputs": outputs, "profiles": profiles,
         "unbuildable": unbuildable, "precision": precision, "plugins": [],
         "build_command": f"mmtrt build-engines BUNDLE --segment {files['id']}",
     }
-    entry["trtexec"] = trtexec_command(entry) if profiles is not None else None
-    return entry
 
 
-def trtexec_command(entry: dict[str, Any]) -> str:
-    """The equivalent trtexec line, run in the bundle folder with {target} replaced by sm<cc>-trt<version>
-    (`Target.tag()`): it writes the engine under the name the runtime looks for, with the same profiles, in the
-    same order, and TF32 off as `build-engines` builds it."""
-    parts = ["trtexec", f"--onnx={entry['onnx']}"]
+def trtexec_command(entry: dict[str, Any], target: Target) -> str:
+    """The trtexec line that builds what `build-engines` builds for a TensorRT `target`, run in the bundle folder:
+    the parser's form of the segment, the same profiles in the same order (a shape-tensor input's values where
+    trtexec takes its shape), TF32 off, the timing cache and the engine under the names the runtime looks up."""
+    parts = ["trtexec", f"--onnx={entry.get('tensorrt_onnx', entry['onnx'])}"]
     for index, profile in enumerate(entry["profiles"]):
         parts.append(f"--profile={index}")
+        given = {**profile["shapes"], **profile.get("values", {})}
         for point in ("min", "opt", "max"):
-            shapes = ",".join(f"{name}:{'x'.join(map(str, p[point]))}" for name, p in profile["shapes"].items())
+            shapes = ",".join(f"{name}:{'x'.join(map(str, p[point]))}" for name, p in given.items())
             parts.append(f"--{point}Shapes={shapes}")
-    parts += [
-        "--noTF32",
-        f"--timingCacheFile={ENGINE_DIR}/timing-{TARGET_PLACEHOLDER}.cache",
-        f"--saveEngine={engine_name(entry, TARGET_PLACEHOLDER)}",
-        *[f"--dynamicPlugins={lib}" for lib in entry["plugins"]],
-    ]
+    parts += ["--noTF32", f"--timingCacheFile={timing_cache_file(target)}", f"--saveEngine={engine_file(entry, target)}",
+              *[f"--dynamicPlugins={lib}" for lib in entry["plugins"]]]
     return " ".join(parts)
 
 

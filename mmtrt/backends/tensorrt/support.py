@@ -219,6 +219,14 @@ def _dequantize(node, facts):
     if block and block not in DQ_BLOCK_SIZES:
         return Verdict("attribute", f"DequantizeLinear: block_size {block} is not supported (TensorRT takes "
                                     f"{' or '.join(map(str, DQ_BLOCK_SIZES))})")
+    if block:
+        axis = attr(node, "axis", 1)
+        data, scale = facts.shapes.get(node.input[0]), facts.shapes.get(node.input[1])
+        k, blocks = (data[axis], scale[axis]) if data and scale and len(data) == len(scale) else (None, None)
+        if isinstance(k, int) and isinstance(blocks, int) and (blocks <= 0 or k % blocks):
+            # onnx-tensorrt's own words (validateScaleDimensions): the block is K / scale dim, never a partial one
+            return Verdict("shape", "DequantizeLinear: The quantization axis must divide into whole blocks. Input "
+                                    f"dimension {axis % len(data)} = {k}, scale dimension = {blocks}.")
     return _zero_point(2)(node, facts)
 
 

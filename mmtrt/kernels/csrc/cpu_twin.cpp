@@ -141,9 +141,10 @@ int mmtrt_token_select_scored_cpu(int dtype, const float* scores, const void* fe
 }
 
 // Scales are in the activation type or fp32: the pairs kernels.cu instantiates.
-int mmtrt_int4_gemm_cpu(int dtype, int scale_dtype, const void* x, const uint8_t* w, const void* scales,
+int mmtrt_int4_gemm_cpu(int dtype, int scale_dtype, const void* x, const int8_t* packed, const void* scales,
                         const void* pre, int M, int K, int N, int group, void* y) {
-  if (group < 1 || M < 0) return 1;
+  if (group < 1 || M < 0 || N % 2) return 1;
+  const uint8_t* w = reinterpret_cast<const uint8_t*>(packed);
   if (scale_dtype != dtype && scale_dtype != mmtrt::kF32) return 2;
   const bool f32_scales = scale_dtype == mmtrt::kF32;
   if (dtype == mmtrt::kF32) mmtrt::int4_gemm<mmtrt::F32, mmtrt::F32>(x, w, scales, pre, M, K, N, group, y);
@@ -153,6 +154,17 @@ int mmtrt_int4_gemm_cpu(int dtype, int scale_dtype, const void* x, const uint8_t
   else if (dtype == mmtrt::kBF16) mmtrt::int4_gemm<mmtrt::BF16, mmtrt::BF16>(x, w, scales, pre, M, K, N, group, y);
   else return 2;
   return 0;
+}
+
+// Dynamic shared memory of a launch, in bytes, from the headers' own functions: what launch.py must compute.
+int mmtrt_token_select_smem_bytes(int kv_len, int tokens, int keep, int head_dim, int contextual) {
+  mmtrt::TokenSelectShape s = {1, 1, kv_len, head_dim, 0, tokens, 1, keep, 1.0f, contextual, nullptr};
+  return 4 * mmtrt::token_select_smem_floats(s);
+}
+
+int mmtrt_scored_smem_bytes(int tokens, int rows) {
+  mmtrt::ScoredShape s = {tokens, 1, rows, rows, 0.0f};
+  return 4 * mmtrt::scored_smem_words(s);
 }
 
 // Round-trips floats through a storage type: the conversions every kernel uses, for the tests.

@@ -1,8 +1,10 @@
 // Int4GroupGemm: y = (x * pre) @ dequant(W) for small batches (decode), AWQ's W4A16 layout as awq_int4 lowers it
-// for TensorRT: W int4 [K, N] (ONNX packing: element i of the row-major array in byte i / 2, the low nibble first,
-// two's complement), scales [ceil(K / group), N] in the activation type or fp32 (S), the pre-quant scale [K] multiplied
-// into the activations first. Products are rounded to the activation type where the ONNX decomposition rounds them
-// (x * pre; q * scale, computed in S and cast); the dot product accumulates in fp32.
+// for TensorRT: W int4 [K, N] held as int8 [K, N / 2] (row k's byte j holds columns 2j in the low nibble and 2j + 1 in
+// the high one, two's complement: the bytes of ONNX's INT4 packing of the row-major [K, N]; TensorRT takes INT4 only
+// as a DequantizeLinear input, so the plugin's input is INT8, as NVIDIA's INT4 GEMM plugins take it), scales
+// [ceil(K / group), N] in the activation type or fp32 (S), the pre-quant scale [K] multiplied into the activations
+// first. Products are rounded to the activation type where the ONNX decomposition rounds them (x * pre; q * scale,
+// computed in S and cast); the dot product accumulates in fp32.
 #pragma once
 #include "numeric.h"
 

@@ -193,9 +193,9 @@ __device__ void int4_gemm(const typename T::raw* x, const uint8_t* w, const type
 
 #define MMTRT_INT4_GEMM(SUFFIX, TYPE, SCALE)                                                                   \
   extern "C" __global__ void __launch_bounds__(mmtrt::kInt4Lanes * mmtrt::kInt4Slices) mmtrt_int4_gemm_##SUFFIX( \
-      const TYPE::raw* x, const uint8_t* w, const SCALE::raw* scales, const TYPE::raw* pre, int M, int K, int N, \
+      const TYPE::raw* x, const int8_t* w, const SCALE::raw* scales, const TYPE::raw* pre, int M, int K, int N,  \
       int group, TYPE::raw* y) {                                                                              \
-    mmtrt::int4_gemm<TYPE, SCALE>(x, w, scales, pre, M, K, N, group, y);                                     \
+    mmtrt::int4_gemm<TYPE, SCALE>(x, reinterpret_cast<const uint8_t*>(w), scales, pre, M, K, N, group, y);     \
   }
 
 MMTRT_TOKEN_SELECT(f32, mmtrt::F32)

@@ -1,10 +1,14 @@
-// NOT COMPILED OR RUN here: written against the TensorRT 11 headers' API (NvInfer.h), for a TensorRT host.
+// NOT COMPILED OR RUN here: written against the TensorRT 11 headers' API (NvInfer.h, NvInferRuntime.h of
+// NVIDIA/TensorRT 11.1: getProfileShape, getProfileTensorValuesV2, setOptimizationProfileAsync,
+// isShapeInferenceIO, getAliasedInputTensor), for a TensorRT host.
 #include "trt_runner.hpp"
 
 #include <NvInferVersion.h>
 
 #include <fstream>
 #include <iterator>
+#include <map>
+#include <utility>
 
 #include "mmtrt/bundle.hpp"
 
@@ -103,28 +107,83 @@ TrtRunner::~TrtRunner() {
   if (stream_) cudaStreamDestroy(stream_);
 }
 
+namespace {
+
+nvinfer1::Dims to_dims(const std::vector<int64_t>& shape) {
+  nvinfer1::Dims dims{};
+  dims.nbDims = static_cast<int32_t>(shape.size());
+  for (size_t d = 0; d < shape.size(); ++d) dims.d[d] = shape[d];
+  return dims;
+}
+
+bool within(const nvinfer1::Dims& low, const nvinfer1::Dims& high, const std::vector<int64_t>& values) {
+  if (low.nbDims != static_cast<int32_t>(values.size()) || high.nbDims != low.nbDims) return false;
+  for (size_t d = 0; d < values.size(); ++d)
+    if (values[d] < low.d[d] || values[d] > high.d[d]) return false;
+  return true;
+}
+
+}  // namespace
+
+// The first optimization profile whose ranges hold every input's shape (and a shape tensor's values), in the
+// plan's order (decode, then prefill), as the Python runner chooses: an engine built with several profiles runs
+// each call in one of them, selected on the stream before the shapes are set.
+int32_t TrtRunner::profile_for(const TensorViews& feeds) const {
+  using nvinfer1::OptProfileSelector;
+  for (int32_t p = 0; p < engine_->getNbOptimizationProfiles(); ++p) {
+    bool fits = true;
+    for (const auto& name : inputs_) {
+      Ort::ConstValue value(feeds.at(name));
+      const auto info = value.GetTensorTypeAndShapeInfo();
+      fits = within(engine_->getProfileShape(name.c_str(), p, OptProfileSelector::kMIN),
+                    engine_->getProfileShape(name.c_str(), p, OptProfileSelector::kMAX), info.GetShape());
+      if (fits && engine_->isShapeInferenceIO(name.c_str())) {
+        const int64_t* low = engine_->getProfileTensorValuesV2(name.c_str(), p, OptProfileSelector::kMIN);
+        const int64_t* high = engine_->getProfileTensorValuesV2(name.c_str(), p, OptProfileSelector::kMAX);
+        const auto* data = static_cast<const int64_t*>(value.GetTensorRawData());
+        for (size_t i = 0; fits && low && high && i < info.GetElementCount(); ++i)
+          fits = data[i] >= low[i] && data[i] <= high[i];
+      }
+      if (!fits) break;
+    }
+    if (fits) return p;
+  }
+  throw Error(ErrorKind::BadInput, "the inputs' shapes fit none of the engine's optimization profiles; recompile the "
+                                   "bundle with a wider envelope");
+}
+
 Tensors TrtRunner::run(const TensorViews& feeds) {
+  for (const auto& name : inputs_)
+    if (feeds.find(name) == feeds.end()) throw Error(ErrorKind::Runtime, "no value for the engine input " + name);
+  const int32_t profile = profile_for(feeds);
+  if (profile != context_->getOptimizationProfile() && !context_->setOptimizationProfileAsync(profile, stream_))
+    throw Error(ErrorKind::Runtime, "TensorRT cannot select optimization profile " + std::to_string(profile) + ": " +
+                                        logger().last_error);
   DeviceBuffers device;
+  std::map<std::string, std::pair<void*, std::vector<int64_t>>> input_at;
   for (const auto& name : inputs_) {
-    const auto found = feeds.find(name);
-    if (found == feeds.end()) throw Error(ErrorKind::Runtime, "no value for the engine input " + name);
-    Ort::ConstValue value(found->second);
+    Ort::ConstValue value(feeds.at(name));
     const auto info = value.GetTensorTypeAndShapeInfo();
     const std::vector<int64_t> shape = info.GetShape();
-    nvinfer1::Dims dims{};
-    dims.nbDims = static_cast<int32_t>(shape.size());
-    for (size_t d = 0; d < shape.size(); ++d) dims.d[d] = shape[d];
-    if (!context_->setInputShape(name.c_str(), dims))
+    if (!context_->setInputShape(name.c_str(), to_dims(shape)))
       throw Error(ErrorKind::BadInput, "engine input " + name + " has a shape outside its optimization profile");
+    if (engine_->isShapeInferenceIO(name.c_str())) {  // a shape tensor (logits_from) is read on the host
+      context_->setInputTensorAddress(name.c_str(), value.GetTensorRawData());
+      continue;
+    }
     const size_t bytes = info.GetElementCount() * type_info(engine_->getTensorDataType(name.c_str())).size;
     void* ptr = device.allocate(bytes);
     cuda_check(cudaMemcpyAsync(ptr, value.GetTensorRawData(), bytes, cudaMemcpyHostToDevice, stream_), "copy in");
     context_->setTensorAddress(name.c_str(), ptr);
+    input_at.emplace(name, std::make_pair(ptr, shape));
   }
   Ort::AllocatorWithDefaultOptions allocator;
   Tensors out;
   std::vector<std::pair<void*, size_t>> copies;
   for (const auto& name : outputs_) {
+    // An output the engine writes in place of an input (IKVCacheUpdateLayer: present.N.* over past.N.*) must be
+    // bound at that input's address; TensorRT reads and writes the one buffer.
+    const char* aliased = engine_->getAliasedInputTensor(name.c_str());
     const nvinfer1::Dims dims = context_->getTensorShape(name.c_str());
     std::vector<int64_t> shape(dims.d, dims.d + dims.nbDims);
     const TypeInfo type = type_info(engine_->getTensorDataType(name.c_str()));
@@ -133,7 +192,15 @@ Tensors TrtRunner::run(const TensorViews& feeds) {
       if (d < 0) throw Error(ErrorKind::Runtime, "engine output " + name + " has a data-dependent shape");
       elements *= static_cast<size_t>(d);
     }
-    void* ptr = device.allocate(elements * type.size);
+    void* ptr = nullptr;
+    if (aliased != nullptr) {
+      const auto source = input_at.find(aliased);
+      if (source == input_at.end())
+        throw Error(ErrorKind::Runtime, "engine output " + name + " aliases " + aliased + ", which is not a bound input");
+      ptr = source->second.first;
+    } else {
+      ptr = device.allocate(elements * type.size);
+    }
     context_->setTensorAddress(name.c_str(), ptr);
     out.emplace(name, Ort::Value::CreateTensor(allocator, shape.data(), shape.size(), type.onnx));
     copies.emplace_back(ptr, elements * type.size);

@@ -25,6 +25,8 @@ class TrtRunner : public Runner {
   std::vector<std::string> providers() const override { return {"TensorRT"}; }
 
  private:
+  int32_t profile_for(const TensorViews& feeds) const;
+
   std::unique_ptr<nvinfer1::IRuntime> runtime_;
   std::unique_ptr<nvinfer1::ICudaEngine> engine_;
   std::unique_ptr<nvinfer1::IExecutionContext> context_;

@@ -1,0 +1,137 @@
+"""The TensorRT-LLM worker: a process in the environment where tensorrt-llm is installed, which mmtrt speaks to over
+the worker's stdin and stdout.
+
+TensorRT-LLM cannot share mmtrt's environment or process: its releases pin TensorRT 10, numpy < 2 and an older
+torch, where mmtrt needs TensorRT 11 (or TensorRT-RTX), numpy 2 and its own torch. So the user installs it in an
+environment of its own and names that environment's Python in MMTRT_TRTLLM_PYTHON; mmtrt starts this file there as a
+script (`python trtllm_worker.py`, so it imports nothing of mmtrt, and numpy and torch only where they are needed).
+
+Protocol, both ways: a message is a 4-byte big-endian length, a JSON header of that length, then the raw bytes of
+the arrays the header lists under "arrays" ([name, dtype, shape] each, in order). The worker first sends a greeting
+({"ok": true, "tensorrt_llm": version} or {"ok": false, "error": why}), then answers each request in turn: `probe`
+(the GPU's compute capability), `load` (an engine folder: ModelRunnerCpp.from_dir), `generate` (prompts and their
+prompt tables: ModelRunnerCpp.generate), `exit`. TensorRT-LLM prints to stdout, so the protocol keeps a duplicate of
+the original stdout and the worker's own stdout goes to stderr.
+
+NOT RUN: tensorrt_llm cannot be installed where this was written; the calls follow ModelRunnerCpp as
+tensorrt_llm/runtime/model_runner_cpp.py (NVIDIA/TensorRT-LLM) defines it. The framing and the missing-import path
+are tested.
+"""
+
+import json
+import os
+import struct
+import sys
+import time
+from pathlib import Path
+
+
+def write_message(stream, header: dict, arrays: dict | None = None) -> None:
+    arrays = arrays or {}
+    header = {**header, "arrays": [[name, str(a.dtype), list(a.shape)] for name, a in arrays.items()]}
+    text = json.dumps(header).encode()
+    stream.write(struct.pack(">I", len(text)) + text)
+    for a in arrays.values():
+        stream.write(a.tobytes(order="C"))
+    stream.flush()
+
+
+def read_message(stream) -> tuple[dict, dict]:
+    """The next header and its arrays; EOFError when the other side has closed the pipe."""
+    size = _exactly(stream, 4)
+    header = json.loads(_exactly(stream, struct.unpack(">I", size)[0]))
+    arrays = {}
+    if header["arrays"]:
+        import numpy as np
+
+        for name, dtype, shape in header["arrays"]:
+            count = int(np.prod(shape, dtype=np.int64))
+            arrays[name] = np.frombuffer(_exactly(stream, count * np.dtype(dtype).itemsize), dtype).reshape(shape)
+    return header, arrays
+
+
+def _exactly(stream, n: int) -> bytes:
+    data = b""
+    while len(data) < n:
+        chunk = stream.read(n - len(data))
+        if not chunk:
+            raise EOFError("the pipe closed mid-message" if data else "the pipe closed")
+        data += chunk
+    return data
+
+
+class Worker:
+    def __init__(self):
+        self.runner = None
+
+    def probe(self, header: dict, arrays: dict) -> tuple[dict, dict]:
+        import tensorrt_llm
+        import torch
+
+        if not torch.cuda.is_available():
+            return {"ok": False, "error": f"tensorrt_llm {tensorrt_llm.__version__} imports but no CUDA GPU is visible"}, {}
+        major, minor = torch.cuda.get_device_capability()
+        return {"ok": True, "compute_capability": f"{major}.{minor}", "tensorrt_llm": tensorrt_llm.__version__}, {}
+
+    def load(self, header: dict, arrays: dict) -> tuple[dict, dict]:
+        from tensorrt_llm.runtime import ModelRunnerCpp
+
+        engine = Path(header["engine_dir"])
+        self.runner = ModelRunnerCpp.from_dir(str(engine),
+                                              max_tokens_in_paged_kv_cache=header["max_tokens_in_paged_kv_cache"])
+        # config.json as trtllm-build writes it: {"version", "pretrained_config", "build_config"}
+        config = json.loads((engine / "config.json").read_text())
+        return {"ok": True, "vocab_size": config["pretrained_config"]["vocab_size"],
+                "max_batch_size": config["build_config"]["max_batch_size"]}, {}
+
+    def generate(self, header: dict, arrays: dict) -> tuple[dict, dict]:
+        """Prompts ids_0 .. ids_{n-1} (int32, image tokens already virtual ids) with one prompt table [n, rows,
+        hidden]; the new tokens of each prompt up to its sequence length."""
+        import torch
+
+        n = header["requests"]
+        ids = [torch.from_numpy(arrays[f"ids_{i}"].astype("int32")) for i in range(n)]
+        started = time.perf_counter()
+        out = self.runner.generate(
+            ids, max_new_tokens=header["max_new_tokens"], end_id=header["end_id"], pad_id=header["pad_id"],
+            stop_words_list=None, prompt_table=torch.from_numpy(arrays["table"].copy()),
+            prompt_tasks=",".join(str(i) for i in range(n)), return_dict=True, output_sequence_lengths=True)
+        seconds = time.perf_counter() - started
+        tokens = {}
+        for i in range(n):
+            end = int(out["sequence_lengths"][i][0])
+            tokens[f"tokens_{i}"] = out["output_ids"][i][0][len(ids[i]): end].cpu().numpy().astype("int32")
+        return {"ok": True, "seconds": seconds}, tokens
+
+
+def main() -> int:
+    # run as a script, this file's folder leads sys.path, and mmtrt's own tensorrt_llm.py sits in it
+    here = Path(__file__).resolve().parent
+    sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != here]
+    protocol = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)
+    requests = sys.stdin.buffer
+    try:
+        import tensorrt_llm
+    except Exception as exc:  # a broken install fails with more than ImportError
+        write_message(protocol, {"ok": False, "error": f"tensorrt_llm is not importable in {sys.executable} "
+                                                       f"({type(exc).__name__}: {exc})"})
+        return 0
+    write_message(protocol, {"ok": True, "tensorrt_llm": tensorrt_llm.__version__, "python": sys.executable})
+    worker = Worker()
+    while True:
+        try:
+            header, arrays = read_message(requests)
+        except EOFError:
+            return 0
+        if header["op"] == "exit":
+            return 0
+        try:
+            reply = getattr(worker, header["op"])(header, arrays)
+        except Exception as exc:
+            reply = {"ok": False, "error": f"{header['op']} failed: {type(exc).__name__}: {exc}"}, {}
+        write_message(protocol, *reply)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
