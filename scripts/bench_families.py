@@ -1,109 +1,156 @@
-"""Per model family, on its tiny random checkpoint: the bundle's time to first token and decode time per token
-against PyTorch eager (transformers' `generate`), at two image sizes, and the image tokens each size takes.
+"""Per model family, on its tiny random checkpoint: the compiled bundle's time to first token and decode step
+against PyTorch eager (transformers), at two image sizes, with the image tokens each size takes.
 
-Each family is one entry of FAMILIES (a builder of the model and processor, and two image sizes); the checkpoint
-is saved, compiled with the default recipe, and both sides run the same requests side by side (A B A B, medians
-over rounds). Time to first token: wall time of a 1-token generation (preprocessing, vision, prefill, one token);
-decode: (wall time of N tokens - that) / (N - 1). One thread everywhere, OMP_WAIT_POLICY=PASSIVE, ONNX Runtime
-spinning off.
+Measured side by side in one run: each quantity alternates eager and bundle (A B A B ...) and reports medians, so
+machine noise hits both alike; both use the same thread count with spinning off (OMP_WAIT_POLICY=PASSIVE, ONNX
+Runtime allow_spinning=0). Time to first token is the whole request (preprocessing, vision, prefill, one token);
+a decode step is one token through the LLM with the cache of that request's prompt.
 
-    OMP_WAIT_POLICY=PASSIVE .venv/bin/python scripts/bench_families.py [--rounds 5] [--tokens 16] [--only qwen2_vl]
+FAMILIES is a list of entries: another family is one more `Family(...)` line.
 """
 
 from __future__ import annotations
 
 import argparse
 import os
-import statistics
 import sys
 import tempfile
-import time
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
+
+import numpy as np
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
+from transformers.cache_utils import DynamicCache  # noqa: E402
+from transformers.utils import logging as hf_logging  # noqa: E402
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from builders import random_image  # noqa: E402
-
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from benchlib import side_by_side  # noqa: E402
 from mmtrt.compiler import compile_recipe  # noqa: E402
 from mmtrt.runtime import load  # noqa: E402
+from mmtrt.zoo.tiny_anyres import build_tiny_llava_next, build_tiny_llava_onevision  # noqa: E402
+from mmtrt.zoo.tiny_llava import build_tiny_llava  # noqa: E402
 from mmtrt.zoo.tiny_qwen2_vl import build_tiny_qwen2_vl  # noqa: E402
 
-PROMPT = "Describe the picture."
-# family -> (builder of (model, processor), two (height, width) image sizes)
-FAMILIES = {
-    "qwen2_vl": (lambda: build_tiny_qwen2_vl("qwen2_vl"), [(64, 64), (112, 140)]),
-    "qwen2_5_vl": (lambda: build_tiny_qwen2_vl("qwen2_5_vl"), [(64, 64), (112, 140)]),
-}
+PROMPT = "Describe the picture in one sentence."
 
 
-def eager(model, processor, image, tokens: int) -> tuple[float, int]:
-    """Seconds of a greedy generation of `tokens` tokens with transformers, and the prompt's image tokens."""
-    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": PROMPT}]}]
-    t0 = time.perf_counter()
-    inputs = processor(images=image, text=processor.apply_chat_template(messages, add_generation_prompt=True),
-                       return_tensors="pt")
-    with torch.no_grad():
-        model.generate(**inputs, max_new_tokens=tokens, min_new_tokens=tokens, do_sample=False)
-    image_tokens = int((inputs["input_ids"] == model.config.image_token_id).sum())
-    return time.perf_counter() - t0, image_tokens
+@dataclass
+class Family:
+    name: str  # the table's row label
+    build: Callable[[], tuple]  # () -> (transformers model, processor), fixed seed
+    sizes: tuple[tuple[int, int], tuple[int, int]]  # two image sizes, (height, width)
+    passes: str = "  - dead_layer_elimination: {}\n"  # the recipe's passes (YAML list items; empty: the defaults)
 
 
-def bundle(pipe, image, tokens: int) -> tuple[float, int]:
-    t0 = time.perf_counter()
-    out = pipe.generate(image, PROMPT, max_new_tokens=tokens)
-    if len(out.token_ids) != tokens:
-        raise SystemExit(f"the bundle stopped after {len(out.token_ids)} tokens; pick another image seed")
-    return time.perf_counter() - t0, out.image_tokens
+FAMILIES = [
+    Family("llava (tiny-llava)", build_tiny_llava, ((24, 24), (480, 640))),
+    Family("llava_next", build_tiny_llava_next, ((24, 24), (480, 640))),
+    Family("llava_onevision", build_tiny_llava_onevision, ((24, 24), (480, 640))),
+    Family("qwen2_vl", lambda: build_tiny_qwen2_vl("qwen2_vl"), ((24, 24), (480, 640)), passes=""),
+    Family("qwen2_5_vl", lambda: build_tiny_qwen2_vl("qwen2_5_vl"), ((24, 24), (480, 640)), passes=""),
+]
 
 
-def measure(name: str, rounds: int, tokens: int, folder: Path) -> list[dict]:
-    build, sizes = FAMILIES[name]
-    model, processor = build()
-    model.generation_config.eos_token_id = None  # both sides generate exactly `tokens` (the bundle: its own EOS)
+def image(height: int, width: int):
+    from PIL import Image
+
+    rng = np.random.default_rng(height * 10007 + width)
+    y, x = np.mgrid[0:height, 0:width]
+    base = np.stack([x / width, y / height, (x + y) / (width + height)], -1) * 200
+    return Image.fromarray(np.clip(base + rng.normal(0, 25, (height, width, 3)), 0, 255).astype(np.uint8))
+
+
+class Eager:
+    """transformers: the processor and generate for the first token; one decode step on the prompt's cache."""
+
+    def __init__(self, model, processor, picture):
+        self.model, self.processor, self.picture = model, processor, picture
+        messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": PROMPT}]}]
+        self.text = processor.apply_chat_template(messages, add_generation_prompt=True)
+        inputs = processor(images=picture, text=self.text, return_tensors="pt")
+        self.image_tokens = int((inputs["input_ids"] == model.config.image_token_id).sum())
+        with torch.no_grad():
+            self.cache = DynamicCache(config=model.config.text_config)
+            model(**inputs, cache=self.cache, use_cache=True)
+
+    @torch.no_grad()
+    def first_token(self):
+        inputs = self.processor(images=self.picture, text=self.text, return_tensors="pt")
+        self.model.generate(**inputs, max_new_tokens=1, do_sample=False)
+
+    @torch.no_grad()
+    def decode_step(self):
+        cache = DynamicCache(config=self.model.config.text_config)
+        for i, layer in enumerate(self.cache.layers):
+            cache.update(layer.keys, layer.values, i)
+        self.model(inputs_embeds=self.model.get_input_embeddings()(torch.tensor([[42]])), cache=cache, use_cache=True)
+
+
+class Bundle:
+    def __init__(self, path: Path, picture, threads: int):
+        self.pipe, self.picture = load(path, threads=threads, spin=False), picture
+        ids, features = self.pipe.encode_image(picture, self.pipe.prompt_ids(PROMPT))
+        self.image_tokens = ids.count(self.pipe.model["image_token_id"])
+        family = self.pipe.family  # M-RoPE: the prompt's three rows of positions and its rope delta
+        positions, self.delta = family.positions(ids, self.pipe.pixel_values(picture)) if family else (None, 0)
+        _, self.cache = self.pipe.step(self.pipe.embed(np.array([ids], np.int64), features), self.pipe.empty_cache(),
+                                       positions)
+
+    def first_token(self):
+        self.pipe.generate(self.picture, PROMPT, max_new_tokens=1)
+
+    def decode_step(self):
+        self.pipe.step(self.pipe.embed(np.array([[42]], np.int64)), self.cache, delta=self.delta)
+
+
+def compile_family(family: Family, folder: Path):
+    model, processor = family.build()
     model.save_pretrained(folder / "checkpoint")
     processor.save_pretrained(folder / "checkpoint")
-    (folder / "recipe.yaml").write_text("model: {source: hf, path: checkpoint}\n")
-    pipe = load(compile_recipe(folder / "recipe.yaml", folder / "bundle"), threads=1, spin=False)
+    passes = f"passes:\n{family.passes}" if family.passes else ""
+    (folder / "recipe.yaml").write_text(f"model: {{source: hf, path: checkpoint}}\n{passes}")
+    return compile_recipe(folder / "recipe.yaml", folder / "bundle"), model, processor
+
+
+def bench(family: Family, threads: int, rounds: int) -> list[tuple]:
     rows = []
-    for size in sizes:
-        image = random_image(np.random.default_rng(0), *size)
-        times = {k: [] for k in ("eager_1", "eager_n", "bundle_1", "bundle_n")}
-        for _ in range(rounds):  # A B A B
-            for key, run, n in (("eager_1", lambda n: eager(model, processor, image, n), 1),
-                                ("bundle_1", lambda n: bundle(pipe, image, n), 1),
-                                ("eager_n", lambda n: eager(model, processor, image, n), tokens),
-                                ("bundle_n", lambda n: bundle(pipe, image, n), tokens)):
-                seconds, image_tokens = run(n)
-                times[key].append(seconds)
-        med = {k: statistics.median(v) for k, v in times.items()}
-        decode = {side: (med[f"{side}_n"] - med[f"{side}_1"]) / (tokens - 1) for side in ("eager", "bundle")}
-        rows.append({"family": name, "size": f"{size[1]}x{size[0]}", "image_tokens": image_tokens,
-                     "ttft_ms": (1e3 * med["bundle_1"], 1e3 * med["eager_1"]),
-                     "decode_ms": (1e3 * decode["bundle"], 1e3 * decode["eager"])})
+    with tempfile.TemporaryDirectory() as tmp:
+        bundle, model, processor = compile_family(family, Path(tmp))
+        for height, width in family.sizes:
+            picture = image(height, width)
+            eager, ours = Eager(model, processor, picture), Bundle(bundle, picture, threads)
+            assert eager.image_tokens == ours.image_tokens, (family.name, eager.image_tokens, ours.image_tokens)
+            times = side_by_side(eager, ours, ("first_token", "decode_step"), rounds)
+            rows.append((family.name, f"{width}x{height}", ours.image_tokens, *times["first_token"],
+                         *times["decode_step"]))
     return rows
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--rounds", type=int, default=5)
-    parser.add_argument("--tokens", type=int, default=16)
-    parser.add_argument("--only", choices=sorted(FAMILIES), action="append")
-    args = parser.parse_args()
-    torch.set_num_threads(1)
-    print("| family | image (WxH) | image tokens | TTFT bundle / eager (ms) | ratio | decode bundle / eager "
-          "(ms/token) | ratio |")
-    print("|---|---|---|---|---|---|---|")
-    for name in args.only or FAMILIES:
-        with tempfile.TemporaryDirectory() as tmp:
-            for r in measure(name, args.rounds, args.tokens, Path(tmp)):
-                (tb, te), (db, de) = r["ttft_ms"], r["decode_ms"]
-                print(f"| {r['family']} | {r['size']} | {r['image_tokens']} | {tb:.1f} / {te:.1f} | {te / tb:.1f}x "
-                      f"| {db:.2f} / {de:.2f} | {de / db:.1f}x |", flush=True)
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--rounds", type=int, default=7)
+    parser.add_argument("--family", action="append", help="only these families (row labels); default: all")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    hf_logging.disable_progress_bar()
+    chosen = [f for f in FAMILIES if not args.family or f.name in args.family]
+    print(f"threads={args.threads} (torch and ONNX Runtime), spinning off, medians of {args.rounds} alternating "
+          "rounds (each the median of 3 calls)\n")
+    print("| family | image (WxH) | image tokens | first token, eager ms | first token, bundle ms | speed-up "
+          "| decode step, eager ms | decode step, bundle ms | speed-up |")
+    print("| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    for family in chosen:
+        for name, size, tokens, ttft_e, ttft_b, dec_e, dec_b in bench(family, args.threads, args.rounds):
+            print(f"| {name} | {size} | {tokens} | {ttft_e:.2f} | {ttft_b:.2f} | {ttft_e / ttft_b:.2f}x "
+                  f"| {dec_e:.2f} | {dec_b:.2f} | {dec_e / dec_b:.2f}x |", flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -1,10 +1,12 @@
 """Tiny inputs and graphs built by hand, shared by the tests."""
 
+import copy
 import json
 import struct
 
 import numpy as np
 import onnx
+import torch
 from onnx import TensorProto, helper, numpy_helper
 from PIL import Image
 
@@ -180,3 +182,62 @@ def tiny_llm_feeds(rng) -> dict[str, np.ndarray]:
         for kind in ("key", "value"):
             feeds[f"past.{i}.{kind}"] = rng.normal(size=(1, 2, 3, 32)).astype(np.float32)
     return feeds
+
+
+def dequantized_linears(model: onnx.ModelProto) -> dict[str, np.ndarray]:
+    """Per linear name, the float weight [N, K] the graph applies to its (pre-quant-scaled) input, and the name of
+    that input before any pre-quant Mul; read from MatMulNBits, DequantizeLinear + MatMul, or a kept linear's fp16
+    weight cast in front of its MatMul."""
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    producer = {o: n for n in graph.node for o in n.output}
+    out = {}
+    for node in graph.node:
+        if node.op_type == "MatMulNBits":
+            n, k, block = attr(node, "N"), attr(node, "K"), attr(node, "block_size")
+            arrays = {key: numpy_helper.to_array(inits[name]) for key, name in zip(("B", "scales", "zero_points"), node.input[1:])}
+            q, scales, zp = unpack_matmulnbits(arrays, n, k, block)  # q signed when there are no zero points
+            q = q.astype(np.float32) - (0 if zp is None else np.repeat(zp, block, axis=1)[:, :k])
+            w = q * np.repeat(scales, block, axis=1)[:, :k]
+            name, x = node.name, node.input[0]
+        elif node.op_type == "MatMul" and producer.get(node.input[1], node).op_type == "DequantizeLinear":
+            dq = producer[node.input[1]]
+            q, scales, block = unpack_int4(inits[dq.input[0]]), numpy_helper.to_array(inits[dq.input[1]]), attr(dq, "block_size")
+            w = (q.astype(np.float32) * np.repeat(scales, block, axis=0)[: q.shape[0]]).T
+            name, x = node.name, node.input[0]
+        elif node.op_type == "MatMul" and node.input[1].endswith(".weight_cast"):  # kept in float, stored in fp16
+            stored = producer[node.input[1]].input[0] if node.input[1] in producer else node.input[1]  # or folded
+            w = numpy_helper.to_array(inits[stored]).T.astype(np.float32)
+            name, x = node.input[1].removesuffix(".weight_cast"), node.input[0]
+        else:
+            continue
+        mul = producer.get(x)
+        if mul is not None and mul.op_type == "Mul" and mul.input[1] in inits:
+            w, x = w * numpy_helper.to_array(inits[mul.input[1]])[None, :], mul.input[0]
+        out[name] = (w, x)
+    return out
+
+
+def fake_quantized(source, model: onnx.ModelProto, linears_expected: int):
+    """A copy of the PyTorch LLaVA-style `source` with every LLM linear set to the graph's dequantized weight and
+    every RMSNorm to the graph's (scale-folded) weight."""
+    ref = copy.deepcopy(source)
+    lm = ref.model.language_model
+    inits = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    producer = {o: n for n in model.graph.node for o in n.output}
+    linears = {k: v for k, v in dequantized_linears(model).items() if k.startswith("llm.")}
+    assert len(linears) == linears_expected, sorted(linears)
+    for name, (w, x) in linears.items():
+        norm = inits[producer[x].input[1]] if producer[x].op_type == "RMSNormalization" else None
+        parts = name.split(".")
+        if parts[1] == "lm_head":
+            module, norm_module = ref.lm_head, lm.norm
+        else:
+            layer = lm.layers[int(parts[2])]
+            block = layer.self_attn if parts[3] in ("q_proj", "k_proj", "v_proj", "o_proj") else layer.mlp
+            module = getattr(block, parts[3])
+            norm_module = {"q_proj": layer.input_layernorm, "gate_proj": layer.post_attention_layernorm}.get(parts[3])
+        module.weight.data = torch.from_numpy(np.ascontiguousarray(w, np.float32))
+        if norm is not None and norm_module is not None:
+            norm_module.weight.data = torch.from_numpy(norm.copy())
+    return ref

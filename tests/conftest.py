@@ -59,3 +59,56 @@ def rng():
     seed = np.random.SeedSequence().entropy
     print(f"rng seed {seed}")
     return np.random.default_rng(seed)
+
+
+ANYRES_BUILDERS = {"llava_next": "build_tiny_llava_next", "llava_onevision": "build_tiny_llava_onevision"}
+
+
+@pytest.fixture(scope="session")
+def anyres_checkpoints(tmp_path_factory):
+    """The tiny LLaVA-NeXT and LLaVA-OneVision, saved with save_pretrained: family -> folder."""
+    from mmtrt.zoo import tiny_anyres
+
+    folders = {}
+    for family, builder in ANYRES_BUILDERS.items():
+        folders[family] = tmp_path_factory.mktemp(family) / "checkpoint"
+        model, processor = getattr(tiny_anyres, builder)()
+        model.save_pretrained(folders[family])
+        processor.save_pretrained(folders[family])
+    return folders
+
+
+@pytest.fixture(scope="session")
+def anyres_compile(anyres_checkpoints, tmp_path_factory):
+    """compile(family, recipe lines after `model:`, name) -> bundle. Each family is exported once: later compiles
+    run their passes on a copy of the first one's lowered IR (lowering is deterministic), which saves the export."""
+    import copy
+
+    import mmtrt.compiler
+
+    lowered, real_lower = {}, mmtrt.compiler.lower
+
+    def lower_once(model, processor):
+        family = model.config.model_type
+        if family not in lowered:
+            lowered[family] = real_lower(model, processor)
+        return copy.deepcopy(lowered[family])
+
+    def compile_(family: str, recipe_tail: str, name: str) -> Path:
+        folder = tmp_path_factory.mktemp(name)
+        (folder / "checkpoint").symlink_to(anyres_checkpoints[family], target_is_directory=True)
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(mmtrt.compiler, "lower", lower_once)
+            return compile_to(folder, "model: {source: hf, path: checkpoint}\n" + recipe_tail, name)
+    return compile_
+
+
+@pytest.fixture(scope="session")
+def next_bundle(anyres_compile):
+    return anyres_compile("llava_next", "passes:\n  - dead_layer_elimination: {}\n", "next.bundle")
+
+
+@pytest.fixture(scope="session")
+def onevision_bundle(anyres_compile):
+    """With the static KV layout: its Qwen2 LLM has biased projections and tied embeddings."""
+    return anyres_compile("llava_onevision", "passes:\n  - kv_layout: {layout: static}\n", "onevision.bundle")

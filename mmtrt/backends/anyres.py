@@ -77,7 +77,8 @@ def tile_pixels(pixels: np.ndarray, tiling: dict[str, Any], resize: Callable, fi
     canvas = np.zeros((*target, pixels.shape[2]), np.uint8)
     canvas[top:top + fit_h, left:left + fit_w] = resized
     tile_h, tile_w = tiling["tile"]
-    tiles = [canvas[i:i + tile_h, j:j + tile_w] for i in range(0, target[0], tile_h) for j in range(0, target[1], tile_w)]
+    tiles = [canvas[i:i + tile_h, j:j + tile_w]
+             for i in range(0, target[0], tile_h) for j in range(0, target[1], tile_w)]
     base = resize(pixels, *tiling["base"])
     return np.stack([finish(t) for t in [base, *tiles]])
 

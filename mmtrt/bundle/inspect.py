@@ -29,13 +29,22 @@ def _fmt_changes(changes: dict[str, Any]) -> str:
     return ", ".join(f"{k}={json.dumps(v)}" for k, v in changes.items())
 
 
+def _image_tokens(vision: dict) -> str:
+    """A fixed count, or an any-resolution image's bound: its tiles' grid varies with the image."""
+    anyres = vision.get("anyres")
+    if anyres is None:
+        return f"{vision['image_tokens']} image tokens"
+    return (f"up to {vision['image_tokens']} image tokens (any resolution: the base and up to {anyres['max_tiles']} "
+            f"tiles, {anyres['layout']} layout)")
+
+
 def describe(bundle: str | Path) -> str:
     info = inspect_json(bundle)
     m = info["manifest"]
     model, v, t = m["model"], m["model"]["vision"], m["model"]["llm"]
     lines = [
         f"bundle {info['bundle']}  sha256 {info['bundle_sha256'][:16]}  schema {m['schema_version']}  mmtrt {m['mmtrt_version']}",
-        f"model: {v['model_type']} {v['input_size'][0]}x{v['input_size'][1]}/{v['patch_size']} -> {v['image_tokens']} image tokens; "
+        f"model: {v['model_type']} {v['input_size'][0]}x{v['input_size'][1]}/{v['patch_size']} -> {_image_tokens(v)}; "
         f"{t['model_type']} {t['num_layers']} layers, hidden {t['hidden_size']}, {t['num_heads']} heads / {t['num_kv_heads']} KV heads",
         "",
         "partitions:",

@@ -66,13 +66,13 @@ def source_reference(source, sample: Sample, max_new_tokens: int) -> tuple[list[
 def bundle_logits(pipe: Pipeline, sample: Sample, answer: list[int]) -> np.ndarray:
     """The bundle's logits at the positions that predict each token of `answer`, fed the prompt and the answer."""
     ids = pipe.prompt_ids(sample.prompt) if sample.image else text_prompt_ids(pipe, sample.prompt)
+    features = None
+    if sample.image:
+        ids, features = pipe.encode_image(open_image(sample.image).convert("RGB"), ids)
     if len(ids) + len(answer) - 1 > pipe.dims["seq"]["max"]:
         raise UserError(f"{sample.where}: the prompt and the source's {len(answer)}-token answer are "
                         f"{len(ids) + len(answer) - 1} tokens, more than the bundle's {pipe.dims['seq']['max']}; "
                         "shorten the prompt or lower evaluate.agreement.max_new_tokens")
-    features = pipe.image_features(pipe.pixel_values(open_image(sample.image).convert("RGB"))) if sample.image else None
-    if features is not None and pipe.dynamic_tokens:
-        ids = pipe.fit_image_tokens(ids, features.shape[1])
     sequence = ids + answer[:-1]
     logits, _ = pipe.step(pipe.embed(np.array([sequence], np.int64), features), pipe.empty_cache())
     return logits[0, len(ids) - 1:]

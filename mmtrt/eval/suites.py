@@ -92,11 +92,10 @@ def parity_suite(pipe: Pipeline, limit: int | None = None, source=None, **_) -> 
     max_abs = 0.0
     for img, _ in track(data, "parity images", total=len(data)):
         ref_ids, ref_logits, ref_answer = _torch_reference(model, processor, img)
-        ids = pipe.prompt_ids(digits.PROMPT)
+        ids, features = pipe.encode_image(img, pipe.prompt_ids(digits.PROMPT))
         if ids != ref_ids:
             raise UserError("the bundle tokenizes the prompt differently from the source model's processor")
-        logits, _ = pipe.step(pipe.embed(np.array([ids], np.int64), pipe.image_features(pipe.pixel_values(img))),
-                              pipe.empty_cache())
+        logits, _ = pipe.step(pipe.embed(np.array([ids], np.int64), features), pipe.empty_cache())
         ours = torch.from_numpy(logits[0]).double()
         ref = torch.from_numpy(ref_logits).double()
         agree += int((ours.argmax(-1) == ref.argmax(-1)).sum())

@@ -13,7 +13,8 @@ if TYPE_CHECKING:  # the runtime checks shapes without importing onnx, or the re
 
 # The recipe key that widens each dimension, for error messages.
 DIM_SOURCES = {
-    "height": "envelope.image", "width": "envelope.image", "num_images": "envelope.batch or envelope.image.max_tiles", "batch": "envelope.batch",
+    "height": "envelope.image", "width": "envelope.image", "batch": "envelope.batch",
+    "num_images": "envelope.batch or envelope.image.max_tiles",
     "seq": "envelope.prompt_tokens", "past": "envelope.prompt_tokens and envelope.max_new_tokens",
     "total": "envelope.prompt_tokens and envelope.max_new_tokens",
     "capacity": "envelope.prompt_tokens and envelope.max_new_tokens",

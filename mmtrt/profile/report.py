@@ -177,6 +177,10 @@ def run(bundles: list[Path], image, prompt: str, batches: list[int], contexts: l
     for b in bundles:
         if not (Path(b) / "manifest.json").is_file():
             raise UserError(f"{b} is not a bundle (no manifest.json); pass a folder written by `mmtrt compile`")
+        model = json.loads((Path(b) / "manifest.json").read_text()).get("model", {})
+        if "anyres" in model.get("vision", {}):
+            raise UserError(f"{b} holds a {model.get('architecture')} model, which tiles each image; `mmtrt profile` "
+                            "times fixed-size images only: profile it with `mmtrt run --json` timings instead")
     if out.exists() and not out.is_dir():
         raise UserError(f"{out} exists and is not a folder; pass another -o")
     results = profile_bundles([Path(b) for b in bundles], image, prompt, batches, contexts, rounds, new_tokens,

@@ -9,6 +9,7 @@ A recipe's own `calibration:` data (images with their prompts, text files) repla
 
 from __future__ import annotations
 
+import io
 import tempfile
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -21,9 +22,11 @@ import onnx
 import onnxruntime as ort
 from onnx import helper
 
+from mmtrt.backends.anyres import NEWLINE_ASSET, build_tiler, pack
 from mmtrt.backends.onnxruntime_backend import session_options
 from mmtrt.errors import UserError
 from mmtrt.eval import userdata
+from mmtrt.ir.facts import item_tokens
 from mmtrt.ir.graph import ModelIR
 from mmtrt.progress import track
 
@@ -125,7 +128,7 @@ def calibration_batches(ir: ModelIR, images: str, samples: int, text_windows: in
     shown = _shown_images(images, samples, ir.components["preprocess"].outputs[0].shape[-1])
     if shown:
         pixels, embeds = _image_sequences(ir, tokenizer, shown)
-        per_batch = max(1, BATCH_TOKENS // ir.config["vision"]["image_tokens"])
+        per_batch = max(1, BATCH_TOKENS // item_tokens(ir.config["vision"]))
         vision_feeds = [{"pixel_values": np.stack(b)} for b in _batched(pixels, per_batch)]
         sequences.append(embeds)
     if text_windows:
@@ -167,25 +170,47 @@ def _tokenizer(ir: ModelIR):
 
 
 def _image_sequences(ir: ModelIR, tokenizer, shown) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Each image with its prompt: pixel values, and LLM input embeddings with the image features in place."""
-    from mmtrt.backends.torchvision_backend import build_transform
+    """Each image with its prompt: pixel values (an any-resolution image's tiles one by one), and LLM input
+    embeddings with the image features in place."""
     from mmtrt.runtime.pipeline import open_image
     from mmtrt.runtime.prompt import format_prompt, tokenize
 
-    transform = build_transform(ir.components["preprocess"].spec)
-    facts = ir.config
-    vision, embed = session(ir.components["vision"].onnx), session(ir.components["embed"].onnx)
+    facts, encode = ir.config, _image_encoder(ir)
+    embed = session(ir.components["embed"].onnx)
     pixels, embeds = [], []
     for img, prompt in track(shown, "calibration images", total=len(shown)):
         text = format_prompt(tokenizer, facts["chat_template"], prompt, raw=False)
-        ids = np.array(tokenize(tokenizer, text, facts["image_token"], facts["vision"]["image_tokens"]), np.int64)
-        p = transform(open_image(img).convert("RGB"))[None].numpy()
-        features = vision.run(None, {"pixel_values": p})[0]
+        p, features = encode(open_image(img).convert("RGB"))
+        ids = np.array(tokenize(tokenizer, text, facts["image_token"], features.shape[0]), np.int64)
         e = embed.run(None, {"input_ids": ids[None]})[0][0]
-        e[ids == facts["image_token_id"]] = features.reshape(-1, features.shape[-1])
-        pixels.append(p[0])
+        e[ids == facts["image_token_id"]] = features
+        pixels.extend(p)
         embeds.append(e)
     return pixels, embeds
+
+
+def _image_encoder(ir: ModelIR):
+    """image -> (its vision inputs [n, 3, H, W], its tokens' features [T, D]), as the runtime computes them."""
+    spec, vision = ir.components["preprocess"].spec, session(ir.components["vision"].onnx)
+    anyres = ir.config["vision"].get("anyres")
+    if anyres is None:
+        from mmtrt.backends.torchvision_backend import build_transform
+
+        transform = build_transform(spec)
+
+        def encode(image):
+            p = transform(image)[None].numpy()
+            features = vision.run(None, {"pixel_values": p})[0]
+            return p, features.reshape(-1, features.shape[-1])
+        return encode
+    tiler, names = build_tiler(spec), [o.name for o in vision.get_outputs()]
+    newline = np.load(io.BytesIO(ir.assets[NEWLINE_ASSET])) if anyres["layout"] == "grid" else None
+
+    def encode_tiles(image):
+        p = tiler(image)
+        out = dict(zip(names, vision.run(None, {"pixel_values": p})))
+        return p, pack(out["image_features"], out.get("image_token_count"), image.height, image.width, anyres, newline)
+    return encode_tiles
 
 
 def _text_sequences(ir: ModelIR, tokenizer, windows: int, source: str) -> list[np.ndarray]:

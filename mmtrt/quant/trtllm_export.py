@@ -149,6 +149,12 @@ def _llama(ir: ModelIR, found: dict[tuple[int, str], Linear], linear, head: tupl
     producer = {out: node for node in model.graph.node for out in node.output}
     inits = {t.name: t for t in model.graph.initializer}
     cast = DTYPES[dtype]
+    biased = sorted(f"llm.layers.{layer}.{role}" for (layer, role), lin in found.items()
+                    if _adds_bias(model, lin.output, inits))
+    if biased:
+        raise NotExportable(f"the LLM's linears {', '.join(biased[:3])}{' ...' if len(biased) > 3 else ''} add a "
+                            f"bias ({facts['model_type']}); the TensorRT-LLM checkpoint is written for LLaMA's "
+                            "bias-free linears")
 
     def norm_weight(tensor: str) -> tuple[np.ndarray, float]:
         node = _through_casts(producer, tensor)
@@ -176,6 +182,12 @@ def _llama(ir: ModelIR, found: dict[tuple[int, str], Linear], linear, head: tupl
         max_position_embeddings=facts["max_position_embeddings"], rotary_base=_rotary_base(model, facts["head_dim"]),
         group_size=group_size)
     return config, tensors
+
+
+def _adds_bias(model: onnx.ModelProto, tensor: str, inits: dict[str, onnx.TensorProto]) -> bool:
+    """Whether `tensor` (a linear's output) is added to a constant, as a biased projection's is."""
+    return any(node.op_type == "Add" and tensor in node.input and any(i in inits for i in node.input if i != tensor)
+               for node in model.graph.node)
 
 
 def _through_casts(producer: dict[str, onnx.NodeProto], tensor: str) -> onnx.NodeProto | None:

@@ -189,6 +189,15 @@ class Pipeline:
             return out["image_features"]
         return out["image_features"][:, :int(out["image_token_count"][0])]
 
+    def encode_image(self, image, ids: list[int]) -> tuple[list[int], np.ndarray]:
+        """The image's features [1, count, D] and `ids` (from `prompt_ids`) with the expanded placeholder cut to
+        the image's own count where it has one (a dynamic token budget, an any-resolution image)."""
+        img = open_image(image)
+        features = self.image_features(self.pixel_values(img), (img.height, img.width))
+        if self.dynamic_tokens or self.anyres:
+            ids = self.fit_image_tokens(ids, features.shape[1])
+        return ids, features
+
     def fit_image_tokens(self, ids: list[int], count: int) -> list[int]:
         """The prompt with its expanded placeholder cut to `count` image tokens (one token id each)."""
         token = self.model["image_token_id"]

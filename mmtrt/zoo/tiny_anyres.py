@@ -69,16 +69,18 @@ def describe_tiny_llava_next(hidden: int = 64, layers: int = 2, vision_hidden: i
 
 
 def describe_tiny_llava_onevision(hidden: int = 64, layers: int = 2, vision_hidden: int = 32, vision_layers: int = 2,
-                                  feature_layer: int | list[int] = -1):
+                                  feature_layer: int | list[int] = (-2, -1)):
     """Config, generation config and processor of a tiny LLaVA-OneVision: SigLIP tower, Qwen2 LLM with tied
-    embeddings (as the 0.5B model), anyres_max pooling."""
+    embeddings (as the 0.5B model), anyres_max pooling; its projector reads the last two hidden states
+    concatenated (a vision_feature_layer list, which OneVision-style configs allow)."""
     tokenizer = byte_tokenizer(extra=[VIDEO_TOKEN])
     config = LlavaOnevisionConfig(
         vision_config=_vision(SiglipVisionConfig, vision_hidden, vision_layers),
         text_config=_text(Qwen2Config, tokenizer, hidden, layers, tie=True),
         image_token_index=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN),
         video_token_index=tokenizer.convert_tokens_to_ids(VIDEO_TOKEN), image_grid_pinpoints=ONEVISION_PINPOINTS,
-        vision_aspect_ratio=ONEVISION_MAX, vision_feature_layer=feature_layer, vision_feature_select_strategy="full",
+        vision_aspect_ratio=ONEVISION_MAX, vision_feature_select_strategy="full",
+        vision_feature_layer=feature_layer if isinstance(feature_layer, int) else list(feature_layer),
         tie_word_embeddings=True)
     image_processor = LlavaOnevisionImageProcessor(size={"height": TILE, "width": TILE},
                                                    image_grid_pinpoints=ONEVISION_PINPOINTS)
@@ -95,6 +97,10 @@ def _build(model_class, described, seed: int):
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         model = model_class(config).eval()
+        with torch.no_grad():  # transformers zeroes biases; drawn ones make a dropped bias show (Qwen2's q/k/v)
+            for module in model.modules():
+                if isinstance(module, torch.nn.Linear) and module.bias is not None:
+                    module.bias.normal_(0, 0.1)
     model.generation_config = generation
     return model, processor
 

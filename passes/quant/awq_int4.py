@@ -24,7 +24,7 @@ the bundle at trtllm/checkpoint; the manifest's `tensorrt_llm.command` builds it
 from __future__ import annotations
 
 import fnmatch
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import Field, field_validator, model_validator
 
@@ -50,6 +50,10 @@ class Calibration(PassConfig):
     text: Literal["reference", "recipe"] = Field("reference", description="Calibration text: `reference` (Python's documentation, taken from its end: the perplexity suite reads from the start) or `recipe` (the recipe's `calibration.text` files, from their start).")
     text_windows: int = Field(8, ge=0, description="512-token windows of calibration text (a recipe text shorter than one window is used whole).")
     search_tokens: int = Field(1024, ge=1, description="Tokens the module-output error of the scale search runs on (the first calibration batches that fit; statistics and own-output errors use every token).")
+
+
+# decoders whose attention projections carry biases, which the LLaMA checkpoint TensorRT-LLM is given cannot hold
+BIASED_DECODERS = frozenset({"qwen2"})
 
 
 class AwqInt4Config(PassConfig):
@@ -110,6 +114,13 @@ class AwqInt4(Pass):
     Config = AwqInt4Config
     components = ("vision", "embed", "llm")
     lossy = True
+
+    def plan_facts(self, facts: dict[str, Any]) -> dict[str, Any]:
+        if self.config.trtllm_checkpoint == "always" and facts["llm"]["model_type"] in BIASED_DECODERS:
+            raise UserError(f"trtllm_checkpoint: always writes a LLaMA checkpoint, whose linears have no bias; this "
+                            f"{facts['llm']['model_type']} LLM's q/k/v projections add one; use trtllm_checkpoint: "
+                            "auto (the LLM then runs on ONNX Runtime) or never")
+        return facts
 
     def run(self, ir: ModelIR) -> dict:
         cfg = self.config

@@ -45,6 +45,12 @@ class Recover(Pass):
     components = ("vision",)
     lossy = True  # it changes outputs, so the accuracy budgets measure it like the passes it follows
 
+    def plan_facts(self, facts: dict[str, Any]) -> dict[str, Any]:
+        if "anyres" in facts["vision"]:
+            raise UserError(f"recover distills through one fixed-size image per prompt; this {facts['architecture']} "
+                            "model tiles each image (any resolution), which it does not follow; remove recover")
+        return facts
+
     def run(self, ir: ModelIR) -> dict[str, Any]:
         cfg = self.config
         source = current_source()

@@ -10,7 +10,9 @@ With `budget: dynamic` each image keeps the fewest top-ranked tokens whose share
 clamped to [min, max]: the output is a block of `max` tokens, the kept ones first in spatial order, plus
 `image_token_count` [num_images]; a bounded shape with a count, which TensorRT segments can express. The vision
 output contract and the model facts shrink to the kept count (`max` when dynamic), so the sequence profiles, the KV
-capacity and the runtime's placeholder expansion follow; `plan_facts` gives that count at plan time.
+capacity and the runtime's placeholder expansion follow; `plan_facts` gives that count at plan time. On an
+any-resolution model (LLaVA-NeXT, OneVision) the choice is per tile, and an image takes its tiles' kept tokens
+one tile after another (base first, no grid layout, no newline), so its count is (1 + tiles) x the kept count.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from onnx import TensorProto, helper
 from pydantic import Field, model_serializer, model_validator
 
 from mmtrt.errors import UserError
+from mmtrt.ir.facts import item_tokens, with_item_tokens
 from mmtrt.ir.graph import ModelIR, graph_io
 from mmtrt.ir.rewrite import cleanup, producers
 from mmtrt.pipeline.pass_base import Pass, PassConfig
@@ -111,7 +114,7 @@ class Budget:
 
 def plan_budget(config: TokenPruneConfig, vision: dict[str, Any]) -> Budget:
     """Resolve the configuration against the model facts; refuse what cannot apply, naming the fix."""
-    tokens = vision["image_tokens"]
+    tokens = item_tokens(vision)
     cls = int(vision["select_strategy"] == "default")
     if config.method == "cls_attention" and not cls:
         raise UserError(f"method cls_attention needs a vision tower with a [CLS] token that LLaVA drops "
@@ -147,7 +150,7 @@ class TokenPrune(Pass):
 
     def plan_facts(self, facts: dict[str, Any]) -> dict[str, Any]:
         out = copy.deepcopy(facts)
-        out["vision"]["image_tokens"] = plan_budget(self.config, facts["vision"]).kept
+        out["vision"] = with_item_tokens(facts["vision"], plan_budget(self.config, facts["vision"]).kept)
         return out
 
     def run(self, ir: ModelIR) -> dict:

@@ -16,7 +16,7 @@ SHORT_SIDE_RESIZE = {"ops": [{"op": "resize", "size": [64]}, {"op": "center_crop
 @pytest.mark.parametrize("size", [(8, 8), (15, 40), (5000, 300)])
 def test_any_size_the_processor_resizes_is_taken(tiny_bundle, rng, size):
     pipe = load(tiny_bundle)
-    assert pipe.manifest["envelope"]["image"] == {"min_side": None, "max_side": None}
+    assert pipe.manifest["envelope"]["image"] == {"min_side": None, "max_side": None, "max_tiles": None}
     image = random_image(rng, size[1], size[0])
     assert pipe.pixel_values(image).shape == (1, 3, 64, 64)
     assert pipe.generate(image, "hi", max_new_tokens=1).token_ids

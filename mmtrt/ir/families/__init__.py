@@ -4,7 +4,8 @@ A family module lowers its models into the IR the rest of mmtrt reads. It provid
 
 - `MODEL_CLASS`: the name of the transformers class that loads its checkpoints (`from_pretrained`);
 - `model_facts(config, generation_config, processor, preprocess_spec)`: the facts passes, shape planning and the
-  runtimes read (see `families/llava.py`), from configs alone, so `compile --plan` builds no weights;
+  runtimes read (see `families/llava.py`; `architecture` is the model_type, which finds the family again), from
+  configs alone, so `compile --plan` builds no weights;
 - `lower(model, processor)`: the `ModelIR`, every component exported;
 - optionally `preprocess_spec(image_processor)`: the preprocessing spec, where the family's processor is not one
   `mmtrt.ir.preprocess` reads (Qwen2-VL's resize to the image's own size);

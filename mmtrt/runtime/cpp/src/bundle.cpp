@@ -45,6 +45,16 @@ std::string join(const std::vector<std::string>& parts, const std::string& sep) 
   return out;
 }
 
+// Any-resolution models (LLaVA-NeXT, LLaVA-OneVision) tile each image and lay its tiles' features out by its
+// size; this runtime runs one fixed-size image per prompt, and says so before any session loads.
+void refuse_tiled_images(const std::string& bundle, const Manifest& manifest) {
+  const auto& model = manifest.raw.at("model");
+  if (!model.at("vision").contains("anyres")) return;
+  throw Error(ErrorKind::BadBundle, bundle + " holds a " + model.at("architecture").get<std::string>() +
+                                        " model, which tiles each image at any resolution; the C++ runtime runs "
+                                        "fixed-size images only: run this bundle with the Python runtime (mmtrt run)");
+}
+
 void refuse_modified(const std::string& bundle, const Manifest& manifest) {
   const std::vector<std::string> bad = modified_artifacts(bundle, manifest);
   if (bad.empty()) return;
@@ -216,6 +226,7 @@ std::unique_ptr<Bundle::Impl> Bundle::load_impl(const std::string& path, const L
   const Manifest& m = impl->manifest;
   refuse_family(path, m);
   impl->model = std::make_unique<ModelFacts>(m.raw);
+  refuse_tiled_images(path, m);
   for (const char* dim : {"seq", "height"})
     if (!m.dims.count(dim)) throw Error(ErrorKind::BadBundle, path + "/manifest.json has no dim " + dim + "; recompile the recipe");
   if (!m.outputs.count("preprocess") || m.outputs.at("preprocess").empty())
