@@ -8,10 +8,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-import torch
 
-from builders import random_image
-from conftest import compile_to
+from builders import decided_steps, hf_greedy, random_image
+from conftest import QWEN_FAMILIES
 from cpp_harness import PROGRAM
 from mmtrt.errors import UserError
 from mmtrt.ir.graph import Component
@@ -23,35 +22,16 @@ from passes.precision.cast_precision import CastPrecision
 
 PROMPT = "What is in the picture?"
 NEW_TOKENS = 8
-NEAR_TIE = 1e-3  # as tests/runtime/test_parity.py: a step whose top-2 margin is below this may flip
 # (height, width): square, very wide, very tall, the smallest (min_pixels: 4 tokens) and the largest (max_pixels:
 # 20 tokens, 112 x 140) the tiny processors allow
 IMAGES = {"square": (64, 64), "wide": (40, 700), "tall": (700, 40), "smallest": (20, 20), "largest": (112, 140)}
 
 
-@pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl"])
-def qwen(request, tmp_path_factory):
-    model, processor = build_tiny_qwen2_vl(request.param)
-    tmp = tmp_path_factory.mktemp(request.param)
-    model.save_pretrained(tmp / "checkpoint")
-    processor.save_pretrained(tmp / "checkpoint")
-    bundle = compile_to(tmp, "model: {source: hf, path: checkpoint}\n")
+@pytest.fixture(scope="module", params=QWEN_FAMILIES)
+def qwen(request, qwen_bundle):
+    model, processor = build_tiny_qwen2_vl(request.param)  # the saved checkpoint's weights (fixed seed)
+    bundle = qwen_bundle(request.param)
     return model, processor, load(bundle, threads=1), bundle
-
-
-def reference(model, processor, image):
-    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": PROMPT}]}]
-    inputs = processor(images=image, text=processor.apply_chat_template(messages, add_generation_prompt=True),
-                       return_tensors="pt")
-    with torch.no_grad():
-        out = model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, output_scores=True,
-                             return_dict_in_generate=True)
-    margins = [float(torch.topk(s[0], 2).values.diff().abs()) for s in out.scores]
-    return inputs["input_ids"][0].tolist(), out.sequences[0, inputs["input_ids"].shape[1]:].tolist(), margins
-
-
-def decided_steps(margins):
-    return next((i for i, m in enumerate(margins) if m < NEAR_TIE), len(margins))
 
 
 @pytest.mark.parametrize("shape", list(IMAGES))
@@ -59,7 +39,7 @@ def test_greedy_tokens_equal_generate(qwen, rng, shape):
     model, processor, pipe, _ = qwen
     for _ in range(5):  # a random image whose first steps are near ties cannot tell right from wrong: draw again
         image = random_image(rng, *IMAGES[shape])
-        ids, want, margins = reference(model, processor, image)
+        ids, want, margins = hf_greedy(model, processor, image, PROMPT, NEW_TOKENS)
         decided = decided_steps(margins)
         if decided >= min(len(margins), 3):
             break
@@ -117,12 +97,12 @@ def test_fp16_vision_and_llm_stay_close(qwen, rng):
 
 @pytest.mark.skipif(not PROGRAM.is_file(), reason=f"{PROGRAM} is not built; run `make cpp`")
 def test_cpp_runtime_refuses_the_bundle_in_one_line(qwen, rng, tmp_path):
-    *_, bundle = qwen
+    model, *_, bundle = qwen
     image = tmp_path / "image.png"
     random_image(rng, 40, 60).save(image)
     proc = subprocess.run([str(PROGRAM), str(bundle), "--image", str(image), "--prompt", PROMPT], capture_output=True,
                           text=True, timeout=120)
-    family = "qwen2_vl" if "qwen2_vl" in str(bundle.parent.name) else "qwen2_5_vl"
+    family = model.config.model_type
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.splitlines() == [f"mmtrt-run: error: {bundle} holds a {family} model; the C++ runtime does not "
                                         "run Qwen2-VL (its dynamic-resolution preprocessing and M-RoPE positions are "
