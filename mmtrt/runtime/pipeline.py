@@ -224,7 +224,7 @@ class Pipeline:
         """One LLM call from the cache's length on: returns the logits of every position and the grown cache.
         Positions count on from the cache's length plus `delta` (M-RoPE's rope delta), unless given."""
         if self.stepper:
-            return self.stepper.run_all(embeds), cache
+            return self.stepper.run_all(embeds, positions, delta), cache
         past = next(iter(cache.values())).shape[2]
         batch, seq = embeds.shape[:2]
         if positions is None:
@@ -324,9 +324,9 @@ class Pipeline:
             self.prefixes.entries.get(prep.prefix_key) if prep.prefix_key else None)
         if arrays is not None:
             stepper.load_prefix(handle, arrays)
-            return stepper.prefill(handle, prep.after_prefix())
+            return stepper.prefill(handle, prep.after_prefix(), prep.positions_after_prefix(), prep.rope_delta)
         stepper.clear(handle)
-        logits = stepper.prefill(handle, prep.embeds)
+        logits = stepper.prefill(handle, prep.embeds, prep.positions, prep.rope_delta)
         if prep.prefix_key and self.prefixes.limit:
             self.prefixes.put(prep.prefix_key, stepper.save_prefix(handle, prep.prefix_len))
         return logits

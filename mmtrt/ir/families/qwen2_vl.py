@@ -24,9 +24,6 @@ PROPERTIES = frozenset({"llm.kv_cache.hf"})
 
 # Passes this family refuses at `compile --plan`, with the reason.
 REFUSED_PASSES = {
-    "kv_layout": "the static and paged runtimes (Python and C++) compute position_ids [batch, seq] from the cache "
-                 "lengths; Qwen2-VL's M-RoPE takes [3, batch, seq] with each sequence's rope delta, which they do "
-                 "not carry yet; compile without kv_layout (the growing cache runs it)",
     "awq_int4": "awq_int4 calibrates through LLaVA's forward (one image size, one row of positions) and writes "
                 "LLaMA-named TensorRT-LLM checkpoints; Qwen2's q/k/v biases and M-RoPE are not covered yet",
     "token_prune": "token_prune scores tokens on a fixed patch grid ([CLS] attention, saliency); Qwen2-VL's token "
