@@ -98,6 +98,7 @@ def _compiler_lowering_once(checkpoints: dict, tmp_path_factory):
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(mmtrt.compiler, "lower", lower_once)
             return compile_to(folder, "model: {source: hf, path: checkpoint}\n" + recipe_tail, name)
+    compile_.lowered = lowered  # family -> its lowered IR, once a compile has lowered it
     return compile_
 
 

@@ -20,9 +20,11 @@ import onnx
 import onnxruntime as ort
 import pytest
 import torch
+from onnx import numpy_helper
 from pydantic import ValidationError
 
-from builders import fake_quantized, float16_weights, numpy_llama_logits, read_safetensors, unpack_int4_rows
+from builders import (fake_quantized, float16_weights, numpy_llama_logits, read_safetensors, unpack_int4,
+                      unpack_int4_rows)
 from conftest import ROOT, compile_to
 from mmtrt.backends.onnxruntime_backend import session_options
 from mmtrt.ir.graph import Component, ModelIR, graph_io

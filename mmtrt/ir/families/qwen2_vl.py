@@ -24,8 +24,6 @@ PROPERTIES = frozenset({"llm.kv_cache.hf"})
 
 # Passes this family refuses at `compile --plan`, with the reason.
 REFUSED_PASSES = {
-    "awq_int4": "awq_int4 calibrates through LLaVA's forward (one image size, one row of positions) and writes "
-                "LLaMA-named TensorRT-LLM checkpoints; Qwen2's q/k/v biases and M-RoPE are not covered yet",
     "token_prune": "token_prune scores tokens on a fixed patch grid ([CLS] attention, saliency); Qwen2-VL's token "
                    "count and M-RoPE positions follow each image's grid, which a pruned block would have to keep",
     "channel_prune": "channel_prune's dependency groups cover the CLIP/SigLIP and LLaMA graphs; Qwen2-VL's vision "
@@ -33,9 +31,10 @@ REFUSED_PASSES = {
     "dead_layer_elimination": "Qwen2-VL's merger reads the vision tower's last layer: no layer follows the "
                               "feature layer",
 }
-TRTLLM_REFUSED = ("TensorRT-LLM runs Qwen2-VL's LLM with position_embedding_type mrope, fed per request with "
-                  "mrope_rotary_cos_sin and mrope_position_deltas (MropeParams); mmtrt's TensorRT-LLM runner and "
-                  "checkpoint writer (LLaMA names, no q/k/v bias) do not cover it yet")
+TRTLLM_REFUSED = ("TensorRT-LLM builds Qwen2-VL's LLM as QWenForCausalLM with qwen_type qwen2_vl (q/k/v biases, "
+                  "position_embedding_type mrope) and its runtime takes each request's mrope_rotary_cos_sin and "
+                  "mrope_position_deltas (MropeParams); mmtrt writes LLaMA checkpoints and its TensorRT-LLM runner "
+                  "feeds no MropeParams, so no checkpoint is written")
 
 
 def preprocess_spec(image_processor) -> dict[str, Any]:

@@ -20,9 +20,11 @@ from __future__ import annotations
 
 import onnx
 import torch
+from onnx import helper, numpy_helper
 from torch.export import Dim
 
 from mmtrt.ir.export import DecoderWithCache, _export, kv_names
+from mmtrt.ir.rewrite import attr
 
 WINDOW_INPUTS = ("window_index", "window_reverse", "window_id")
 
@@ -93,7 +95,37 @@ def export_vision(model, windowed: bool, grid: tuple[int, int]) -> onnx.ModelPro
         dims.update(window_index={0: tokens}, window_reverse={0: tokens}, window_id={0: unit * tokens})
         names += list(WINDOW_INPUTS)
     module = VisionTower(model, windowed).eval()
-    return name_patch_dim(_export(module, tuple(args), dims, names, ["image_features"]), unit)
+    return linears_as_matmul(name_patch_dim(_export(module, tuple(args), dims, names, ["image_features"]), unit))
+
+
+def linears_as_matmul(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The tower runs on 2-D rows, so the exporter writes its linears as Gemm (transB); as MatMul with the weight
+    `[K, N]` and an Add of the bias, they take the form of the LLM's, which the weight passes (awq_int4,
+    channel_prune) read and TensorRT takes alike."""
+    graph = model.graph
+    inits = {t.name: t for t in graph.initializer}
+    for position, gemm in reversed(list(enumerate(graph.node))):
+        weight = inits.get(gemm.input[1]) if gemm.op_type == "Gemm" else None
+        scaled = attr(gemm, "alpha", 1.0) != 1.0 or attr(gemm, "beta", 1.0) != 1.0
+        if weight is None or attr(gemm, "transA", 0) or scaled:
+            continue
+        if attr(gemm, "transB", 0):
+            weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight).T.copy(), weight.name))
+            stale = [v for v in graph.value_info if v.name == weight.name]  # the exporter's [N, K]
+            for value in stale:
+                graph.value_info.remove(value)
+        out = gemm.output[0]
+        nodes = [helper.make_node("MatMul", gemm.input[:2], [f"{out}.matmul" if len(gemm.input) > 2 else out],
+                                  name=f"{gemm.name}.matmul")]
+        if len(gemm.input) > 2:
+            nodes.append(helper.make_node("Add", [f"{out}.matmul", gemm.input[2]], [out], name=f"{gemm.name}.bias"))
+            shaped = next((v for v in graph.value_info if v.name == out), None)
+            if shaped is not None:  # the shape plan sizes segment boundaries from these
+                graph.value_info.append(helper.make_value_info(f"{out}.matmul", shaped.type))
+        graph.node.remove(gemm)
+        for offset, node in enumerate(nodes):
+            graph.node.insert(position + offset, node)
+    return model
 
 
 def name_patch_dim(model: onnx.ModelProto, unit: int) -> onnx.ModelProto:
