@@ -1,7 +1,9 @@
 """Qwen2-VL and Qwen2.5-VL bundles decode what transformers' `generate` decodes, for images of every shape the
 envelope allows; a batch of images of different sizes equals each alone; cast_precision's fp16 graphs stay close;
-the C++ runtime refuses the bundle in one line."""
+the C++ runtime refuses the bundle in one line; TensorRT-RTX builds their TensorRT segments."""
 
+import json
+import shutil
 import subprocess
 
 import numpy as np
@@ -12,6 +14,7 @@ import pytest
 from builders import decided_steps, hf_greedy, random_image
 from conftest import QWEN_FAMILIES
 from cpp_harness import PROGRAM
+from mmtrt.cli import main
 from mmtrt.errors import UserError
 from mmtrt.ir.graph import Component
 from mmtrt.runtime import load
@@ -114,3 +117,16 @@ def test_inspect_names_why_tensorrt_llm_has_no_checkpoint(qwen):
 
     text = describe(qwen[3])
     assert "this host: numpy" in text and "position_embedding_type mrope" in text
+
+
+def test_tensorrt_rtx_builds_the_vision_tower_and_llm_placement_gave_tensorrt(qwen, tmp_path, capsys):
+    """Placement gives TensorRT every node of the vision tower (2-D rotary; window attention's 4-D mask in 2.5) and
+    of the M-RoPE LLM; TensorRT-RTX's real parser and builder take each segment (built here, not run)."""
+    pytest.importorskip("tensorrt_rtx", reason="TensorRT-RTX is installed by `make test` (pyproject extra rtx)")
+    bundle = shutil.copytree(qwen[3], tmp_path / "b")
+    placement = load(bundle).manifest["placement"]
+    for name in ("vision", "llm"):
+        assert {n["backend"] for n in placement[name]["nodes"]} == {"tensorrt"}, name
+    assert main(["build-engines", str(bundle), "--target", "rtx", "--json"]) == 0
+    records = json.loads(capsys.readouterr().out)
+    assert [(r["segment"], r["status"]) for r in records] == [("vision.0", "built"), ("llm.0", "built")]
