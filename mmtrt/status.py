@@ -19,8 +19,8 @@ class Row:
 
 
 ROWS = (
-    Row("`mmtrt compile`: LLaVA 1.5, LLaVA-NeXT and LLaVA-OneVision lowered, {passes} passes, backend and shape "
-        "plans, the bundle", "PyTorch export to ONNX, CPU",
+    Row("`mmtrt compile`: LLaVA 1.5, LLaVA-NeXT, LLaVA-OneVision, Qwen2-VL and Qwen2.5-VL lowered, {passes} "
+        "passes, backend and shape plans, the bundle", "PyTorch export to ONNX, CPU",
         TESTED, ("tests/passes", "tests/ir", "tests/partition", "tests/bundle")),
     Row("`mmtrt run`, `mmtrt.runtime.load`: greedy decoding and sampling, streaming, chat messages, batches, KV "
         "layouts, prefix reuse", "ONNX Runtime, CPU",
@@ -31,7 +31,7 @@ ROWS = (
     Row("`mmtrt eval`, `compare`, `profile`, `inspect`, `verify`, `sign`, `nightly`", "ONNX Runtime, CPU", TESTED,
         ("tests/eval", "tests/compare", "tests/profile", "tests/bundle", "tests/bundle/test_sign.py",
          "tests/nightly")),
-    Row("C++ runtime (`mmtrt-run`, `libmmtrt`, C API): LLaVA-style bundles (any-resolution ones are refused)",
+    Row("C++ runtime (`mmtrt-run`, `libmmtrt`, C API): LLaVA 1.5-style bundles (it refuses the others)",
         "ONNX Runtime C API, CPU", TESTED + ": tokens equal the Python runtime's", ("tests/runtime/cpp",)),
     Row("`mmtrt build-engines --target rtx`: every TensorRT segment built on any host", "TensorRT-RTX 1.7",
         "builds here on the CPU with the real builder, tested; no engine has run (no GPU)",

@@ -34,6 +34,7 @@ from mmtrt.compiler import compile_recipe  # noqa: E402
 from mmtrt.runtime import load  # noqa: E402
 from mmtrt.zoo.tiny_anyres import build_tiny_llava_next, build_tiny_llava_onevision  # noqa: E402
 from mmtrt.zoo.tiny_llava import build_tiny_llava  # noqa: E402
+from mmtrt.zoo.tiny_qwen2_vl import build_tiny_qwen2_vl  # noqa: E402
 
 PROMPT = "Describe the picture in one sentence."
 
@@ -43,13 +44,15 @@ class Family:
     name: str  # the table's row label
     build: Callable[[], tuple]  # () -> (transformers model, processor), fixed seed
     sizes: tuple[tuple[int, int], tuple[int, int]]  # two image sizes, (height, width)
-    passes: str = "  - dead_layer_elimination: {}\n"  # the recipe's passes (YAML list items)
+    passes: str = "  - dead_layer_elimination: {}\n"  # the recipe's passes (YAML list items; empty: the defaults)
 
 
 FAMILIES = [
     Family("llava (tiny-llava)", build_tiny_llava, ((24, 24), (480, 640))),
     Family("llava_next", build_tiny_llava_next, ((24, 24), (480, 640))),
     Family("llava_onevision", build_tiny_llava_onevision, ((24, 24), (480, 640))),
+    Family("qwen2_vl", lambda: build_tiny_qwen2_vl("qwen2_vl"), ((24, 24), (480, 640)), passes=""),
+    Family("qwen2_5_vl", lambda: build_tiny_qwen2_vl("qwen2_5_vl"), ((24, 24), (480, 640)), passes=""),
 ]
 
 
@@ -93,20 +96,24 @@ class Bundle:
         self.pipe, self.picture = load(path, threads=threads, spin=False), picture
         ids, features = self.pipe.encode_image(picture, self.pipe.prompt_ids(PROMPT))
         self.image_tokens = ids.count(self.pipe.model["image_token_id"])
-        _, self.cache = self.pipe.step(self.pipe.embed(np.array([ids], np.int64), features), self.pipe.empty_cache())
+        family = self.pipe.family  # M-RoPE: the prompt's three rows of positions and its rope delta
+        positions, self.delta = family.positions(ids, [self.pipe.pixel_values(picture)]) if family else (None, 0)
+        _, self.cache = self.pipe.step(self.pipe.embed(np.array([ids], np.int64), features), self.pipe.empty_cache(),
+                                       positions)
 
     def first_token(self):
         self.pipe.generate(self.picture, PROMPT, max_new_tokens=1)
 
     def decode_step(self):
-        self.pipe.step(self.pipe.embed(np.array([[42]], np.int64)), self.cache)
+        self.pipe.step(self.pipe.embed(np.array([[42]], np.int64)), self.cache, delta=self.delta)
 
 
 def compile_family(family: Family, folder: Path):
     model, processor = family.build()
     model.save_pretrained(folder / "checkpoint")
     processor.save_pretrained(folder / "checkpoint")
-    (folder / "recipe.yaml").write_text(f"model: {{source: hf, path: checkpoint}}\npasses:\n{family.passes}")
+    passes = f"passes:\n{family.passes}" if family.passes else ""
+    (folder / "recipe.yaml").write_text(f"model: {{source: hf, path: checkpoint}}\n{passes}")
     return compile_recipe(folder / "recipe.yaml", folder / "bundle"), model, processor
 
 

@@ -140,6 +140,24 @@ def assert_same_up_to_near_ties(ours, ref):
     assert ours.token_ids == ref.token_ids
 
 
+def hf_greedy(model, processor, image, prompt: str, tokens: int) -> tuple[list[int], list[int], list[float]]:
+    """transformers' processor and greedy `generate` on one image and prompt (the chat template's user turn): the
+    prompt's ids, the new tokens and each step's top-2 margin."""
+    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
+    inputs = processor(images=image, text=processor.apply_chat_template(messages, add_generation_prompt=True),
+                       return_tensors="pt")
+    with torch.no_grad():
+        out = model.generate(**inputs, max_new_tokens=tokens, do_sample=False, output_scores=True,
+                             return_dict_in_generate=True)
+    margins = [float(torch.topk(s[0], 2).values.diff().abs()) for s in out.scores]
+    return inputs["input_ids"][0].tolist(), out.sequences[0, inputs["input_ids"].shape[1]:].tolist(), margins
+
+
+def decided_steps(margins: list[float]) -> int:
+    """The steps before the first near tie: what a run in another summation order must reproduce."""
+    return next((i for i, m in enumerate(margins) if m < NEAR_TIE), len(margins))
+
+
 def numpy_llama_logits(cfg: dict, t: dict, ids, linear) -> np.ndarray:
     """A TensorRT-LLM LLaMA checkpoint's forward pass (its names; GPT-NeoX rotary embedding, grouped-query causal
     attention, SwiGLU with silu(fc) * gate), `linear(prefix, x)` applying one linear in the checkpoint's layout."""

@@ -1,5 +1,6 @@
 """Session fixtures: the tiny zoo bundle and a SigLIP checkpoint the tests save themselves, compiled once."""
 
+import functools
 import os
 from pathlib import Path
 
@@ -69,25 +70,22 @@ def rng():
     return np.random.default_rng(seed)
 
 
+QWEN_FAMILIES = ("qwen2_vl", "qwen2_5_vl")
 ANYRES_BUILDERS = {"llava_next": "build_tiny_llava_next", "llava_onevision": "build_tiny_llava_onevision"}
 
 
-@pytest.fixture(scope="session")
-def anyres_checkpoints(tmp_path_factory):
-    """The tiny LLaVA-NeXT and LLaVA-OneVision, saved with save_pretrained: family -> folder."""
-    from mmtrt.zoo import tiny_anyres
-
+def _save_checkpoints(tmp_path_factory, builders: dict) -> dict:
+    """Each family's tiny model and processor saved with save_pretrained: family -> folder."""
     folders = {}
-    for family, builder in ANYRES_BUILDERS.items():
+    for family, build in builders.items():
         folders[family] = tmp_path_factory.mktemp(family) / "checkpoint"
-        model, processor = getattr(tiny_anyres, builder)()
+        model, processor = build()
         model.save_pretrained(folders[family])
         processor.save_pretrained(folders[family])
     return folders
 
 
-@pytest.fixture(scope="session")
-def anyres_compile(anyres_checkpoints, tmp_path_factory):
+def _compiler_lowering_once(checkpoints: dict, tmp_path_factory):
     """compile(family, recipe lines after `model:`, name) -> bundle. Each family is exported once: later compiles
     run their passes on a copy of the first one's lowered IR (lowering is deterministic), which saves the export."""
     import copy
@@ -104,11 +102,46 @@ def anyres_compile(anyres_checkpoints, tmp_path_factory):
 
     def compile_(family: str, recipe_tail: str, name: str) -> Path:
         folder = tmp_path_factory.mktemp(name)
-        (folder / "checkpoint").symlink_to(anyres_checkpoints[family], target_is_directory=True)
+        (folder / "checkpoint").symlink_to(checkpoints[family], target_is_directory=True)
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(mmtrt.compiler, "lower", lower_once)
             return compile_to(folder, "model: {source: hf, path: checkpoint}\n" + recipe_tail, name)
+    compile_.lowered = lowered  # family -> its lowered IR, once a compile has lowered it
     return compile_
+
+
+@pytest.fixture(scope="session")
+def anyres_checkpoints(tmp_path_factory):
+    """The tiny LLaVA-NeXT and LLaVA-OneVision, saved with save_pretrained: family -> folder."""
+    from mmtrt.zoo import tiny_anyres
+
+    return _save_checkpoints(tmp_path_factory, {f: getattr(tiny_anyres, b) for f, b in ANYRES_BUILDERS.items()})
+
+
+@pytest.fixture(scope="session")
+def anyres_compile(anyres_checkpoints, tmp_path_factory):
+    return _compiler_lowering_once(anyres_checkpoints, tmp_path_factory)
+
+
+@pytest.fixture(scope="session")
+def qwen_checkpoints(tmp_path_factory):
+    """The tiny Qwen2-VL and Qwen2.5-VL, saved with save_pretrained: family -> folder."""
+    from mmtrt.zoo.tiny_qwen2_vl import build_tiny_qwen2_vl
+
+    return _save_checkpoints(tmp_path_factory, {f: lambda f=f: build_tiny_qwen2_vl(f) for f in QWEN_FAMILIES})
+
+
+@pytest.fixture(scope="session")
+def qwen_compile(qwen_checkpoints, tmp_path_factory):
+    """As anyres_compile, for the Qwen2-VL families (each exported once per session); a recipe compiled before
+    is not compiled again."""
+    return functools.cache(_compiler_lowering_once(qwen_checkpoints, tmp_path_factory))
+
+
+@pytest.fixture(scope="session")
+def qwen_bundle(qwen_compile):
+    """family -> its bundle of the default recipe, compiled once per session."""
+    return functools.cache(lambda family: qwen_compile(family, "", f"{family}.bundle"))
 
 
 @pytest.fixture(scope="session")

@@ -23,6 +23,27 @@ needs_library = pytest.mark.skipif(SANITIZED or not (BUILD / "libmmtrt.so").is_f
                                    reason="the C API is loaded with ctypes only from an uninstrumented build")
 
 
+ERROR_PREFIX = "mmtrt-run: error: "
+
+
+def one_line_error(proc) -> str:
+    """mmtrt-run's bad-input message: exit code 2, nothing on stdout, one line on stderr."""
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert proc.stdout == ""
+    lines = proc.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(ERROR_PREFIX), proc.stderr
+    return lines[0][len(ERROR_PREFIX):]
+
+
+def python_message(call) -> str:
+    """The Python runtime's UserError message for the same input."""
+    from mmtrt.errors import UserError
+
+    with pytest.raises(UserError) as info:
+        call()
+    return str(info.value)
+
+
 def run_cpp(bundle, image, prompt, *extra, threads=1):
     args = [str(PROGRAM), str(bundle), "--image", str(image), "--prompt", prompt, "--threads", str(threads), *extra]
     return subprocess.run(args, capture_output=True, text=True, timeout=300)

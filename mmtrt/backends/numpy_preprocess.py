@@ -39,6 +39,8 @@ def ops_by_name(spec: dict[str, Any]) -> dict[str, dict[str, Any]]:
 
 
 def covers(spec: dict[str, Any]) -> bool:
+    if spec.get("family") == "qwen2_vl":  # mmtrt.runtime.qwen2_vl runs it in numpy
+        return True
     resize = ops_by_name(spec).get("resize")
     return resize is None or (resize["interpolation"] == "nearest-exact" or
                               (resize["interpolation"] in FILTERS and resize["antialias"]))

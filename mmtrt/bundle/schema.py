@@ -149,7 +149,8 @@ def _relations(m: dict[str, Any]) -> str | None:
         if any(i >= vocab for i in ids):
             return f"model.{key} {_show(ids)} lies outside the vocabulary of {vocab} (model.llm.vocab_size)"
     pre, vision = m["components"]["preprocess"]["outputs"][0]["shape"], _tensor(m, "vision", "inputs", "pixel_values")
-    if len(pre) != 4 or (vision and any(isinstance(a, int) and isinstance(b, int) and a != b
+    rank = len(vision["shape"]) if vision else 4  # [batch, 3, H, W]; a Qwen2-VL image's patches [patches, width]
+    if len(pre) != rank or (vision and any(isinstance(a, int) and isinstance(b, int) and a != b
                                         for a, b in zip(pre[1:], vision["shape"][1:]))):
         return f"components.preprocess output {_show(pre)} does not fit the vision input {_show(vision and vision['shape'])}"
     features = _tensor(m, "vision", "outputs", "image_features")

@@ -74,8 +74,15 @@ def bundle_logits(pipe: Pipeline, sample: Sample, answer: list[int]) -> np.ndarr
                         f"{len(ids) + len(answer) - 1} tokens, more than the bundle's {pipe.dims['seq']['max']}; "
                         "shorten the prompt or lower evaluate.agreement.max_new_tokens")
     sequence = ids + answer[:-1]
-    logits, _ = pipe.step(pipe.embed(np.array([sequence], np.int64), features), pipe.empty_cache())
+    positions = image_positions(pipe, sample.image, sequence) if sample.image else None
+    logits, _ = pipe.step(pipe.embed(np.array([sequence], np.int64), features), pipe.empty_cache(), positions)
     return logits[0, len(ids) - 1:]
+
+
+def image_positions(pipe: Pipeline, image, ids: list[int]) -> np.ndarray | None:
+    """The positions of `ids` where the family sets them from the image (Qwen2-VL's three M-RoPE rows), else None:
+    the bundle counts them on from 0."""
+    return pipe.family.positions(ids, [pipe.pixel_values(open_image(image).convert("RGB"))])[0] if pipe.family else None
 
 
 def text_prompt_ids(pipe: Pipeline, prompt: str) -> list[int]:

@@ -12,7 +12,7 @@ import numpy as np
 
 from mmtrt.errors import UserError
 from mmtrt.eval import digits
-from mmtrt.eval.agreement import agreement_suite
+from mmtrt.eval.agreement import agreement_suite, image_positions
 from mmtrt.eval.qa import qa_suite
 from mmtrt.progress import track
 from mmtrt.runtime.pipeline import Pipeline
@@ -95,7 +95,8 @@ def parity_suite(pipe: Pipeline, limit: int | None = None, source=None, **_) -> 
         ids, features = pipe.encode_image(img, pipe.prompt_ids(digits.PROMPT))
         if ids != ref_ids:
             raise UserError("the bundle tokenizes the prompt differently from the source model's processor")
-        logits, _ = pipe.step(pipe.embed(np.array([ids], np.int64), features), pipe.empty_cache())
+        logits, _ = pipe.step(pipe.embed(np.array([ids], np.int64), features), pipe.empty_cache(),
+                              image_positions(pipe, img, ids))
         ours = torch.from_numpy(logits[0]).double()
         ref = torch.from_numpy(ref_logits).double()
         agree += int((ours.argmax(-1) == ref.argmax(-1)).sum())

@@ -57,7 +57,8 @@ def describe_source(source: ModelSource, recipe_dir: Path) -> dict[str, Any]:
             generation = GenerationConfig.from_pretrained(folder)
         except OSError:
             generation = GenerationConfig.from_model_config(config.text_config)
-    return model_facts(config, generation, processor, spec_from_image_processor(processor.image_processor))
+    read_spec = getattr(family(config.model_type), "preprocess_spec", spec_from_image_processor)
+    return model_facts(config, generation, processor, read_spec(processor.image_processor))
 
 
 def model_facts(config, generation_config, processor, preprocess_spec: dict[str, Any]) -> dict[str, Any]:

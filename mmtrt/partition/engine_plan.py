@@ -69,6 +69,8 @@ def write_float_checkpoint(ir: ModelIR, recipe: Recipe, folder: Path) -> str | N
     cast_precision's dtype when the recipe runs it, else float16 (TensorRT-LLM's 16-bit GEMMs). None, or why not."""
     if (folder / CHECKPOINT_DIR / "config.json").is_file():
         return None
+    if ir.config["llm"].get("trtllm_refused"):  # a family whose LLM the checkpoint writer does not cover
+        return ir.config["llm"]["trtllm_refused"]
     cast = dict(recipe.pass_list()).get("cast_precision")
     dtype = FLOAT_DTYPES[(cast or {}).get("dtype", "fp16")]
     try:

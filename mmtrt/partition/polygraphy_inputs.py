@@ -78,8 +78,9 @@ def write_loaders(manifest_components: dict[str, Any], dims: dict, typical_promp
         try:
             runs = _runs(name, comp, dims, typical_prompt)
         except KeyError as exc:
-            section[name] = {"data_loader": None, "why": f"input dimension {exc.args[0]} is the runtime's "
-                             "bookkeeping (a kv_layout cache), not a size a generic loader can draw"}
+            section[name] = {"data_loader": None, "why": f"input dimension {exc.args[0]} is set by the runtime "
+                             "(a kv_layout cache's size, an image's own patch count with its grid indices), not a "
+                             "size a generic loader can draw"}
             continue
         script = f"{FOLDER}/{name}.py"
         what = "a prefill, then one decode step after it" if name == "llm" else "one"

@@ -19,6 +19,7 @@ DIM_SOURCES = {
     "total": "envelope.prompt_tokens and envelope.max_new_tokens",
     "capacity": "envelope.prompt_tokens and envelope.max_new_tokens",
     "max_blocks": "envelope.prompt_tokens and envelope.max_new_tokens", "new_tokens": "envelope.batch",
+    "tokens": "max_pixels of the checkpoint's image processor", "patches": "max_pixels of the checkpoint's image processor",
 }
 
 
@@ -49,6 +50,7 @@ def plan_dims(facts: dict[str, Any], env: Envelope) -> dict[str, dict[str, int]]
         "total": {"min": 1, "opt": opt_seq + 1, "max": capacity},
         "past + seq": {"min": 1, "opt": opt_seq + 1, "max": capacity},
     }
+    dims.update(facts["vision"].get("dims", {}))  # a family's own vision dimensions (Qwen2-VL: tokens, patches)
     if "kv_cache" in facts:  # buffers are allocated once, at the envelope's capacity
         dims.update(_cache_dims(facts["kv_cache"], capacity, batch["max"], seq_max))
     return dims

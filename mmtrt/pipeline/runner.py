@@ -33,6 +33,9 @@ def plan_passes(recipe: Recipe, properties: set[str], components: set[str],
     for i, (name, raw) in enumerate(recipe.pass_list()):
         cls = get_pass(name)
         where = f"passes[{i}].{name}"
+        refused = (facts or {}).get("refused_passes", {}).get(name)
+        if refused:
+            raise UserError(f"{where} is refused for this model: {refused}")
         try:
             config = cls.Config.model_validate(raw or {})
         except ValidationError as exc:

@@ -1,8 +1,10 @@
 """Calibration data for weight quantization, run through the IR's own graphs in ONNX Runtime.
 
 By default the LLM sees what it sees in use: digit images with the digits prompt, the image tokens' embeddings
-replaced by the vision graph's features as the runtime does, plus windows of English text. Text windows are taken
-from the end of the reference text, so the perplexity suite (which reads from the start) never sees them.
+replaced by the vision graph's features as the runtime does (a native-resolution model, Qwen2-VL, takes each digit
+at its own size, its grid's indices and M-RoPE's three rows of positions), plus windows of English text. Text
+windows are taken from the end of the reference text, so the perplexity suite (which reads from the start) never
+sees them.
 A recipe's own `calibration:` data (images with their prompts, text files) replaces either when a pass asks for
 `recipe`; the compiler loads it at plan time and makes it current with `recipe_data` while the passes run.
 """
@@ -40,6 +42,15 @@ class Batches:
 
     vision: list[dict[str, np.ndarray]]
     llm: list[dict[str, np.ndarray]]
+
+
+@dataclass
+class Sequence:
+    """One LLM input: embeddings [T, D], and M-RoPE's position rows [3, T] where an image's grid sets them (None:
+    0..T-1 on every row)."""
+
+    embeds: np.ndarray
+    positions: np.ndarray | None = None
 
 
 @dataclass(frozen=True)
@@ -125,23 +136,46 @@ def calibration_batches(ir: ModelIR, images: str, samples: int, text_windows: in
     """`images`: `digits`, `recipe` or `none`; `text`: `reference` (Python's documentation) or `recipe`."""
     tokenizer = _tokenizer(ir)
     sequences, vision_feeds = [], []
-    shown = _shown_images(images, samples, ir.components["preprocess"].outputs[0].shape[-1])
+    shown = _shown_images(images, samples, _page(ir))
     if shown:
-        pixels, embeds = _image_sequences(ir, tokenizer, shown)
-        per_batch = max(1, BATCH_TOKENS // item_tokens(ir.config["vision"]))
-        vision_feeds = [{"pixel_values": np.stack(b)} for b in _batched(pixels, per_batch)]
-        sequences.append(embeds)
+        vision_inputs, image_sequences = _image_sequences(ir, tokenizer, shown)
+        vision_feeds = _vision_batches(ir, vision_inputs)
+        sequences.append(image_sequences)
     if text_windows:
-        sequences.append(_text_sequences(ir, tokenizer, text_windows, text))
+        sequences.append([Sequence(e) for e in _text_sequences(ir, tokenizer, text_windows, text)])
     per_kind = [_batched_by_length(seqs) for seqs in sequences]
     ordered = [b for round_ in _interleave(per_kind) for b in round_]
-    return Batches(vision_feeds, [_llm_feeds(ir, np.stack(b)) for b in ordered])
+    return Batches(vision_feeds, [_llm_feeds(ir, b) for b in ordered])
 
 
 def image_embeds(ir: ModelIR, images: str, samples: int) -> list[np.ndarray]:
     """The LLM input embeddings [T, D] of each calibration image with its prompt, the IR's features in place."""
-    shown = _shown_images(images, samples, ir.components["preprocess"].outputs[0].shape[-1])
-    return _image_sequences(ir, _tokenizer(ir), shown)[1] if shown else []
+    shown = _shown_images(images, samples, _page(ir))
+    return [seq.embeds for seq in _image_sequences(ir, _tokenizer(ir), shown)[1]] if shown else []
+
+
+def _native_resolution(ir: ModelIR) -> bool:
+    """Whether the model takes each image at its own size (Qwen2-VL: patches and grid indices per image)."""
+    return ir.components["preprocess"].spec.get("family") == "qwen2_vl"
+
+
+def _page(ir: ModelIR) -> int:
+    """The side of the page a digit is drawn on: the vision input's side, or for a native-resolution model the
+    digit's own size (it is seen as it is)."""
+    if _native_resolution(ir):
+        from mmtrt.eval.digits import SIDE
+
+        return SIDE
+    return ir.components["preprocess"].outputs[0].shape[-1]
+
+
+def _vision_batches(ir: ModelIR, inputs: list) -> list[dict[str, np.ndarray]]:
+    """Pixel arrays [3, H, W] stacked up to about BATCH_TOKENS image tokens a batch; a native-resolution model's
+    feeds one image each (its graph attends over every patch it is given)."""
+    if _native_resolution(ir):
+        return inputs
+    per_batch = max(1, BATCH_TOKENS // item_tokens(ir.config["vision"]))
+    return [{"pixel_values": np.stack(b)} for b in _batched(inputs, per_batch)]
 
 
 def _shown_images(images: str, samples: int, page: int) -> list[tuple[object, str]]:
@@ -169,30 +203,48 @@ def _tokenizer(ir: ModelIR):
         return AutoTokenizer.from_pretrained(Path(tmp) / "tokenizer")
 
 
-def _image_sequences(ir: ModelIR, tokenizer, shown) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Each image with its prompt: pixel values (an any-resolution image's tiles one by one), and LLM input
-    embeddings with the image features in place."""
+def _image_sequences(ir: ModelIR, tokenizer, shown) -> tuple[list, list[Sequence]]:
+    """Each image with its prompt: its vision inputs (pixel values, an any-resolution image's tiles one by one; a
+    native-resolution image's whole feeds), and the LLM's input with the image features in place."""
     from mmtrt.runtime.pipeline import open_image
     from mmtrt.runtime.prompt import format_prompt, tokenize
 
     facts, encode = ir.config, _image_encoder(ir)
     embed = session(ir.components["embed"].onnx)
-    pixels, embeds = [], []
+    vision_inputs, sequences = [], []
     for img, prompt in track(shown, "calibration images", total=len(shown)):
         text = format_prompt(tokenizer, facts["chat_template"], prompt, raw=False)
-        p, features = encode(open_image(img).convert("RGB"))
+        inputs, features, grid = encode(open_image(img).convert("RGB"))
         ids = np.array(tokenize(tokenizer, text, facts["image_token"], features.shape[0]), np.int64)
         e = embed.run(None, {"input_ids": ids[None]})[0][0]
         e[ids == facts["image_token_id"]] = features
-        pixels.extend(p)
-        embeds.append(e)
-    return pixels, embeds
+        vision_inputs.extend(inputs)
+        sequences.append(Sequence(e, None if grid is None else _mrope(ir, ids, grid)))
+    return vision_inputs, sequences
+
+
+def _mrope(ir: ModelIR, ids: np.ndarray, grid: tuple[int, int, int]) -> np.ndarray:
+    from mmtrt.runtime.qwen2_vl import mrope_positions
+
+    return mrope_positions(ids.tolist(), ir.config["image_token_id"], [grid], ir.config["vision"]["merge_size"])[0]
 
 
 def _image_encoder(ir: ModelIR):
-    """image -> (its vision inputs [n, 3, H, W], its tokens' features [T, D]), as the runtime computes them."""
+    """image -> (its vision inputs, its tokens' features [T, D], its patch grid where M-RoPE needs it), as the
+    runtime computes them."""
     spec, vision = ir.components["preprocess"].spec, session(ir.components["vision"].onnx)
     anyres = ir.config["vision"].get("anyres")
+    if _native_resolution(ir):
+        from mmtrt.runtime.qwen2_vl import preprocess, vision_indices
+
+        v = ir.config["vision"]
+        layout = {"spatial_merge_size": v["merge_size"], "window_size": v["window_size"], "patch_size": v["patch_size"]}
+
+        def encode_native(image):
+            patches = preprocess(image, spec)
+            feeds = {"pixel_values": patches.values, **vision_indices(patches.grid, layout)}
+            return [feeds], vision.run(None, feeds)[0][0], patches.grid
+        return encode_native
     if anyres is None:
         from mmtrt.backends.torchvision_backend import build_transform
 
@@ -201,7 +253,7 @@ def _image_encoder(ir: ModelIR):
         def encode(image):
             p = transform(image)[None].numpy()
             features = vision.run(None, {"pixel_values": p})[0]
-            return p, features.reshape(-1, features.shape[-1])
+            return p, features.reshape(-1, features.shape[-1]), None
         return encode
     tiler, names = build_tiler(spec), [o.name for o in vision.get_outputs()]
     newline = np.load(io.BytesIO(ir.assets[NEWLINE_ASSET])) if anyres["layout"] == "grid" else None
@@ -209,7 +261,8 @@ def _image_encoder(ir: ModelIR):
     def encode_tiles(image):
         p = tiler(image)
         out = dict(zip(names, vision.run(None, {"pixel_values": p})))
-        return p, pack(out["image_features"], out.get("image_token_count"), image.height, image.width, anyres, newline)
+        return p, pack(out["image_features"], out.get("image_token_count"), image.height, image.width, anyres,
+                       newline), None
     return encode_tiles
 
 
@@ -238,12 +291,12 @@ def _batched(items: list[np.ndarray], size: int) -> list[list[np.ndarray]]:
     return [items[i:i + size] for i in range(0, len(items), size)]
 
 
-def _batched_by_length(seqs: list[np.ndarray]) -> list[list[np.ndarray]]:
+def _batched_by_length(seqs: list[Sequence]) -> list[list[Sequence]]:
     """Sequences of one length together (prompts differ in length), up to about BATCH_TOKENS tokens a batch,
     in the order their lengths first appear."""
-    by_length: dict[int, list[np.ndarray]] = {}
+    by_length: dict[int, list[Sequence]] = {}
     for seq in seqs:
-        by_length.setdefault(seq.shape[0], []).append(seq)
+        by_length.setdefault(seq.embeds.shape[0], []).append(seq)
     return [b for length, group in by_length.items() for b in _batched(group, max(1, BATCH_TOKENS // length))]
 
 
@@ -252,11 +305,16 @@ def _interleave(lists: list[list]) -> list[list]:
     return [[lst[i] for lst in lists if i < len(lst)] for i in range(max(map(len, lists), default=0))]
 
 
-def _llm_feeds(ir: ModelIR, embeds: np.ndarray) -> dict[str, np.ndarray]:
+def _llm_feeds(ir: ModelIR, seqs: list[Sequence]) -> dict[str, np.ndarray]:
     llm = ir.config["llm"]
+    embeds = np.stack([s.embeds for s in seqs])
     batch, seq = embeds.shape[:2]
+    positions = np.tile(np.arange(seq, dtype=np.int64), (batch, 1))
+    if len(next(s for s in ir.components["llm"].inputs if s.name == "position_ids").shape) == 3:  # M-RoPE
+        positions = np.stack([np.broadcast_to(positions[0], (3, seq)) if s.positions is None else s.positions
+                              for s in seqs], axis=1)
     feeds = {"inputs_embeds": embeds.astype(np.float32), "attention_mask": np.ones((batch, seq), np.int64),
-             "position_ids": np.tile(np.arange(seq, dtype=np.int64), (batch, 1))}
+             "position_ids": positions}
     empty = np.zeros((batch, llm["num_kv_heads"], 0, llm["head_dim"]), np.float32)
     for spec in ir.components["llm"].inputs:
         if spec.name.startswith("past."):

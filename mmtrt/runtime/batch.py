@@ -49,10 +49,15 @@ class Prepared:
     pixels: list[np.ndarray] = field(default_factory=list, repr=False)  # [1, 3, H, W] per image, until embedded
     sizes: list[tuple[int, int]] = field(default_factory=list)  # each image's (height, width)
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    positions: np.ndarray | None = None  # the prompt's position_ids when not 0..n-1 (M-RoPE: [3, 1, n])
+    rope_delta: int = 0  # what decode positions add to the cache length (M-RoPE)
 
     def after_prefix(self) -> np.ndarray:
         """The embeddings of the positions after the image prefix."""
         return self.embeds if self.prefix is not None else self.embeds[:, self.prefix_len:]
+
+    def positions_after_prefix(self) -> np.ndarray | None:
+        return None if self.positions is None else self.positions[..., self.prefix_len:]
 
 
 @dataclass(eq=False)
@@ -83,11 +88,24 @@ class Sequence:
         self.margins.append(float(logits[best] - second))
 
 
+def step_positions(lengths: np.ndarray, deltas: np.ndarray, seq: int, rows: int) -> np.ndarray:
+    """position_ids of `seq` new tokens per sequence after `lengths` held tokens: [batch, seq], or under M-RoPE
+    (`rows` 3) the same on each of three rows, each sequence shifted by its rope delta."""
+    positions = (lengths + deltas)[:, None] + np.arange(seq, dtype=np.int64)
+    return np.ascontiguousarray(np.broadcast_to(positions, (3, *positions.shape))) if rows == 3 else positions
+
+
+def position_rows(session) -> int:
+    """2 for position_ids [batch, seq], 3 for M-RoPE's [3, batch, seq]."""
+    return len(next(i for i in session.get_inputs() if i.name == "position_ids").shape)
+
+
 class StaticStepper:
     """One LLM call over rows start..start+count of the shared buffers, through IOBinding."""
 
     def __init__(self, session, cache: StaticCache):
         self.session, self.cache = session, cache
+        self.rows = position_rows(session)
         self.embed_dtype = np.float16 if session.get_inputs()[0].type == "tensor(float16)" else np.float32
         self.bound: tuple[int, int] | None = None  # the rows the binding's cache buffers cover
         self.io = session.io_binding()
@@ -96,12 +114,17 @@ class StaticStepper:
 
     def reset(self, batch: int) -> None:
         self.cache.lengths[:batch] = 0
+        self.cache.deltas[:batch] = 0
 
     def clear(self, row: int) -> None:
         self.cache.lengths[row] = 0
 
-    def prefill(self, row: int, embeds: np.ndarray) -> np.ndarray:
-        return self.run(embeds, row, 1, last_only=True)
+    def prefill(self, row: int, embeds: np.ndarray, positions: np.ndarray | None = None,
+                delta: int = 0) -> np.ndarray:
+        """The prompt's `positions` where they are not its cache indices (M-RoPE), and the rope delta its decode
+        steps add."""
+        self.cache.deltas[row] = delta
+        return self.run(embeds, row, 1, last_only=True, positions=positions)
 
     def load_prefix(self, row: int, arrays: list[np.ndarray]) -> None:
         self.cache.load_row(row, arrays)
@@ -109,11 +132,14 @@ class StaticStepper:
     def save_prefix(self, row: int, tokens: int) -> list[np.ndarray]:
         return self.cache.save_row(row, tokens)
 
-    def run_all(self, embeds: np.ndarray) -> np.ndarray:
-        """Rows 0..batch-1 from their lengths on; the logits of every position."""
-        return self.run(embeds, 0, embeds.shape[0], last_only=False)
+    def run_all(self, embeds: np.ndarray, positions: np.ndarray | None = None, delta: int = 0) -> np.ndarray:
+        """Rows 0..batch-1 from their lengths on (positions shifted by `delta` unless given); the logits of every
+        position."""
+        self.cache.deltas[:embeds.shape[0]] = delta
+        return self.run(embeds, 0, embeds.shape[0], last_only=False, positions=positions)
 
-    def run(self, embeds: np.ndarray, start: int, count: int, last_only: bool) -> np.ndarray:
+    def run(self, embeds: np.ndarray, start: int, count: int, last_only: bool,
+            positions: np.ndarray | None = None) -> np.ndarray:
         lengths = self.cache.lengths[start:start + count]
         seq = embeds.shape[1]
         if int(lengths.max()) + seq > self.cache.capacity:
@@ -123,7 +149,9 @@ class StaticStepper:
         logits = np.empty((count, 1 if last_only else seq, self.vocab), self.logits_dtype)
         io.bind_output("logits", "cpu", 0, self.logits_dtype, logits.shape, logits.ctypes.data)
         io.bind_cpu_input("inputs_embeds", np.ascontiguousarray(embeds, self.embed_dtype))
-        io.bind_cpu_input("position_ids", lengths[:, None] + np.arange(seq, dtype=np.int64))
+        if positions is None:
+            positions = step_positions(lengths, self.cache.deltas[start:start + count], seq, self.rows)
+        io.bind_cpu_input("position_ids", np.ascontiguousarray(positions, np.int64))
         io.bind_cpu_input("seqlens_k", (lengths + seq - 1).astype(np.int32))
         io.bind_cpu_input("total_sequence_length", np.array(int(lengths.max()) + seq, np.int32))
         io.bind_cpu_input("logits_from", np.array([seq - 1 if last_only else 0], np.int64))

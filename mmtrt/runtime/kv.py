@@ -4,8 +4,9 @@
 session runs on (ONNX Runtime's CUDA EP on a GPU host, host memory otherwise) and bound through IOBinding as both
 `past` and `present`, so the graph writes the new rows in place and no cache tensor is allocated or copied per
 step. A sequence owns one row; a call binds a run of consecutive rows by address. `lengths[r]` counts the tokens
-row r holds. Row copies (an out-of-order finish, an image prefix saved or loaded) go through numpy where numpy owns
-the buffers, and through ONNX Runtime on the buffers' device otherwise (row_copy.py).
+row r holds, `deltas[r]` is what its decode positions add to that (M-RoPE's rope delta). Row copies (an
+out-of-order finish, an image prefix saved or loaded) go through numpy where numpy owns the buffers, and through
+ONNX Runtime on the buffers' device otherwise (row_copy.py).
 """
 
 from __future__ import annotations
@@ -53,14 +54,13 @@ class StaticCache:
             self.values = {past: ort.OrtValue.ortvalue_from_shape_and_type(shape, self.dtype, device, 0)
                            for past, _ in self.names}
             self.ptrs = {past: v.data_ptr() for past, v in self.values.items()}
-            from mmtrt.runtime.row_copy import RowCopier  # builds its graphs with onnx: only where it is needed
-
             self.copier = RowCopier(device, self.dtype, providers, self.row_shape)
             for past in self.ptrs:  # the device's memory starts undefined; the host path's starts at zero
                 for row in range(rows):
                     self.copier.host_to_row(np.zeros((self.row_shape[0], 0, self.row_shape[2]), self.dtype),
                                             self._row(past, row))
         self.lengths = np.zeros(rows, np.int64)
+        self.deltas = np.zeros(rows, np.int64)  # each row's M-RoPE rope delta (0 otherwise)
 
     @property
     def nbytes(self) -> int:
@@ -86,6 +86,7 @@ class StaticCache:
             else:
                 self.copier.row_to_row(self._row(past, src), self._row(past, dst))
         self.lengths[dst] = tokens
+        self.deltas[dst] = self.deltas[src]
 
     def load_row(self, row: int, prefix: list[np.ndarray]) -> None:
         """Write a stored prefix (one [H_kv, n, D] array per buffer) into the start of `row`."""

@@ -18,7 +18,7 @@ import numpy as np
 import onnxruntime as ort
 
 from mmtrt.errors import UserError
-from mmtrt.runtime.batch import Prepared
+from mmtrt.runtime.batch import Prepared, position_rows, step_positions
 from mmtrt.runtime.blocks import BlockAllocator
 from mmtrt.runtime.kv import cache_dtype
 
@@ -34,6 +34,7 @@ class PagedCache:
         self.allocator = BlockAllocator(dims["pool_blocks"]["max"])
         self.tables: dict[int, list[int]] = {}
         self.lengths: dict[int, int] = {}
+        self.deltas: dict[int, int] = {}  # each sequence's M-RoPE rope delta (0 otherwise)
         self.promised: dict[int, int] = {}  # blocks each live sequence may still take, at most
 
     def blocks_for(self, tokens: int) -> int:
@@ -45,7 +46,7 @@ class PagedCache:
         return need <= self.allocator.available - sum(self.promised.values())
 
     def open(self, seq: int, worst_tokens: int) -> None:
-        self.tables[seq], self.lengths[seq] = [], 0
+        self.tables[seq], self.lengths[seq], self.deltas[seq] = [], 0, 0
         self.promised[seq] = self.blocks_for(worst_tokens)
 
     def grow(self, seq: int, tokens: int) -> None:
@@ -74,7 +75,7 @@ class PagedCache:
     def close(self, seq: int) -> None:
         for block in self.tables.pop(seq):
             self.allocator.release(block)
-        del self.lengths[seq], self.promised[seq]
+        del self.lengths[seq], self.deltas[seq], self.promised[seq]
 
     def slots(self, seq: int, start: int, count: int) -> list[int]:
         table, bt = self.tables[seq], self.block_tokens
@@ -90,6 +91,8 @@ class PagedCache:
 class PagedStepper:
     def __init__(self, session, cache: PagedCache, batch_max: int):
         self.session, self.cache, self.batch_max = session, cache, batch_max
+        self.rows = position_rows(session)
+        self.cache_positions = any(i.name == "cache_positions" for i in session.get_inputs())
         self.embed_dtype = np.float16 if session.get_inputs()[0].type == "tensor(float16)" else np.float32
 
     def reset(self, batch: int) -> None:
@@ -103,8 +106,11 @@ class PagedStepper:
     def clear(self, seq: int) -> None:
         """A sequence is opened empty."""
 
-    def prefill(self, seq: int, embeds: np.ndarray) -> np.ndarray:
-        return self.run(embeds, [seq], last_only=True)
+    def prefill(self, seq: int, embeds: np.ndarray, positions: np.ndarray | None = None,
+                delta: int = 0) -> np.ndarray:
+        """As StaticStepper.prefill: the prompt's M-RoPE `positions` and the rope delta of its decode steps."""
+        self.cache.deltas[seq] = delta
+        return self.run(embeds, [seq], last_only=True, positions=positions)
 
     def load_prefix(self, seq: int, arrays: list[np.ndarray]) -> None:
         tokens = arrays[0].shape[0]
@@ -118,12 +124,18 @@ class PagedStepper:
         slots = self.cache.slots(seq, 0, tokens)
         return [self.cache.host[past][slots] for past, _ in self.cache.names]
 
-    def run_all(self, embeds: np.ndarray) -> np.ndarray:
-        return self.run(embeds, self.direct[:embeds.shape[0]], last_only=False)
+    def run_all(self, embeds: np.ndarray, positions: np.ndarray | None = None, delta: int = 0) -> np.ndarray:
+        seqs = self.direct[:embeds.shape[0]]
+        self.cache.deltas.update(dict.fromkeys(seqs, delta))
+        return self.run(embeds, seqs, last_only=False, positions=positions)
 
-    def run(self, embeds: np.ndarray, seqs: list[int], last_only: bool) -> np.ndarray:
+    def run(self, embeds: np.ndarray, seqs: list[int], last_only: bool,
+            positions: np.ndarray | None = None) -> np.ndarray:
         cache, seq_len = self.cache, embeds.shape[1]
         lengths = np.array([cache.lengths[s] for s in seqs], np.int64)
+        if positions is None:
+            positions = step_positions(lengths, np.array([cache.deltas[s] for s in seqs], np.int64), seq_len,
+                                       self.rows)
         for s, n in zip(seqs, lengths):
             cache.grow(s, int(n) + seq_len)
         width = max(len(cache.tables[s]) for s in seqs)
@@ -131,7 +143,9 @@ class PagedStepper:
         slots = [slot for s, n in zip(seqs, lengths) for slot in cache.slots(s, int(n), seq_len)]
         io = self.session.io_binding()
         io.bind_cpu_input("inputs_embeds", np.ascontiguousarray(embeds, self.embed_dtype))
-        io.bind_cpu_input("position_ids", lengths[:, None] + np.arange(seq_len, dtype=np.int64))
+        io.bind_cpu_input("position_ids", np.ascontiguousarray(positions, np.int64))
+        if self.cache_positions:  # M-RoPE: where each new token sits in its sequence, for the causal mask
+            io.bind_cpu_input("cache_positions", lengths[:, None] + np.arange(seq_len, dtype=np.int64))
         io.bind_cpu_input("slot_mapping", np.array(slots, np.int64)[:, None])
         io.bind_cpu_input("block_table", table)
         io.bind_cpu_input("logits_from", np.array([seq_len - 1 if last_only else 0], np.int64))
@@ -157,7 +171,7 @@ def prefill_sharing(pipe, stepper: PagedStepper, holders: dict[str, list[int]], 
     owners = holders.setdefault(prep.prefix_key, [])
     if owners:
         stepper.cache.fork(owners[0], prep.index, prep.prefix_len)
-        logits = stepper.prefill(prep.index, prep.after_prefix())
+        logits = stepper.prefill(prep.index, prep.after_prefix(), prep.positions_after_prefix(), prep.rope_delta)
     else:
         logits = pipe.prefill(stepper, prep.index, prep)
     owners.append(prep.index)

@@ -33,6 +33,7 @@ from mmtrt.runtime.paged import PagedCache, PagedStepper
 from mmtrt.runtime.prefix import PrefixCache, prefix_key, prefix_length
 from mmtrt.runtime.prompt import (check_prompt, format_prompt, holds_special_tokens, tokenize,
                                  tokenize_user_text)
+from mmtrt.runtime.qwen2_vl import family_images
 from mmtrt.runtime.sampling import SamplingParams
 from mmtrt.runtime.scheduler import run_to_end
 from mmtrt.runtime.streaming import Delta
@@ -110,9 +111,11 @@ class Pipeline:
         self.specs = {name: [TensorSpec.from_json(s) for s in comp["inputs"]]
                       for name, comp in self.manifest["components"].items()}
         self.preprocess_spec = read_json(self.path / self.manifest["components"]["preprocess"]["artifact"])
+        self.family = family_images(self.manifest, self.preprocess_spec)  # images of their own size (Qwen2-VL)
         # any-resolution models: the image is tiled, and its tiles' features packed by its size
         self.anyres = self.model["vision"].get("anyres")
-        self.transform = build_tiler(self.preprocess_spec) if self.anyres else build_transform(self.preprocess_spec)
+        self.transform = (None if self.family else build_tiler(self.preprocess_spec) if self.anyres
+                          else build_transform(self.preprocess_spec))
         self.newline = np.load(self.path / NEWLINE_ASSET) if self.anyres and self.anyres["layout"] == "grid" else None
         self.kv = self.model.get("kv_cache")
         choices = engine_choices(self.path, self.manifest)
@@ -131,8 +134,8 @@ class Pipeline:
         self.prefixes = PrefixCache(prefix_cache_mib)
         self.decoding = threading.Lock()  # held by the one Scheduler driving the KV cache
         # token_prune's dynamic budget: the vision output is a padded block with a per-image count
-        self.dynamic_tokens = any(o["name"] == "image_token_count"
-                                  for o in self.manifest["components"]["vision"]["outputs"])
+        self.dynamic_tokens = self.family is not None or any(
+            o["name"] == "image_token_count" for o in self.manifest["components"]["vision"]["outputs"])
         self.trtllm = self._trtllm()
 
     def _trtllm(self):
@@ -185,6 +188,8 @@ class Pipeline:
         """The vision input: [1, 3, H, W], or an any-resolution image's base and tiles [1 + tiles, 3, H, W]."""
         img = open_image(image)
         check_image(img, self.manifest["envelope"]["image"], self.preprocess_spec)
+        if self.family:
+            return self.family.pixels(img)
         if self.anyres:
             self._check_tiles(img)
             return self.transform(img)
@@ -200,6 +205,8 @@ class Pipeline:
     def image_features(self, pixels: np.ndarray, size: tuple[int, int] | None = None) -> np.ndarray:
         """The image's tokens [1, count, D]: under a dynamic budget the first `image_token_count` of the block;
         for an any-resolution model its tiles' features packed by the image's (height, width) `size`."""
+        if self.family:
+            return self._run("vision", self.family.vision_feeds(pixels))["image_features"]
         out = self._run("vision", {"pixel_values": pixels})
         if self.anyres:
             if size is None:
@@ -247,16 +254,22 @@ class Pipeline:
         shape = (batch, llm["num_kv_heads"], 0, llm["head_dim"])
         return {s.name: np.zeros(shape, np.float32) for s in self.specs["llm"] if s.name.startswith("past.")}
 
-    def step(self, embeds: np.ndarray, cache) -> tuple[np.ndarray, Any]:
-        """One LLM call from the cache's length on: returns the logits of every position and the grown cache."""
+    def step(self, embeds: np.ndarray, cache, positions: np.ndarray | None = None,
+             delta: int = 0) -> tuple[np.ndarray, Any]:
+        """One LLM call from the cache's length on: returns the logits of every position and the grown cache.
+        Positions count on from the cache's length plus `delta` (M-RoPE's rope delta), unless given."""
         if self.stepper:
-            return self.stepper.run_all(embeds), cache
+            return self.stepper.run_all(embeds, positions, delta), cache
         past = next(iter(cache.values())).shape[2]
         batch, seq = embeds.shape[:2]
+        if positions is None:
+            spec = next(s for s in self.specs["llm"] if s.name == "position_ids")  # [3, batch, seq] under M-RoPE
+            positions = np.broadcast_to(np.arange(past, past + seq, dtype=np.int64) + delta,
+                                        spec.shape[:-2] + (batch, seq))
         feeds = {
             "inputs_embeds": embeds,
             "attention_mask": np.ones((batch, past + seq), np.int64),
-            "position_ids": np.tile(np.arange(past, past + seq, dtype=np.int64), (batch, 1)),
+            "position_ids": np.ascontiguousarray(positions),
             **cache,
         }
         out = self._run("llm", feeds)
@@ -340,6 +353,8 @@ class Pipeline:
         features = self._all_features(prep, seen) if self.variable_tokens else None
         if features is not None:
             prep.ids = self.fit_image_tokens(prep.ids, [f.shape[1] for f in features]) if features else prep.ids
+            if self.family:
+                prep.positions, prep.rope_delta = self.family.positions(prep.ids, prep.pixels)
             self._locate_prefix(prep)
             if isinstance(self.stepper, PagedStepper):
                 self.stepper.check(prep)
@@ -363,24 +378,22 @@ class Pipeline:
         """The image prefix's length and key, under a kv_layout (the KV of what precedes the last image token)."""
         n = prefix_length(prep.ids, self.model["image_token_id"]) if self.stepper and prep.pixels else 0
         prep.prefix_len = n
-        keyed = [self._keyed(p, size).ravel().view(np.uint8) for p, size in zip(prep.pixels, prep.sizes)]
-        prep.prefix_key = prefix_key(np.concatenate(keyed), prep.ids, n) if n else None
+        keyed = b"".join(self._keyed(p, size) for p, size in zip(prep.pixels, prep.sizes))
+        prep.prefix_key = prefix_key(keyed, prep.ids, n) if n else None
 
     def _all_features(self, prep: Prepared, seen: dict[str, np.ndarray] | None) -> list[np.ndarray]:
         return [self._features(p, size, seen) for p, size in zip(prep.pixels, prep.sizes)]
 
-    def _keyed(self, pixels: np.ndarray, size: tuple[int, int]) -> np.ndarray:
-        """What identifies an image's features: its pixels, and for an any-resolution model its size too (the
-        size places the tiles' padding, which the layout cuts away)."""
-        if not self.anyres:
-            return np.ascontiguousarray(pixels)
-        return np.concatenate([np.ascontiguousarray(pixels).ravel().view(np.uint8),
-                               np.asarray(size, np.int64).view(np.uint8)])
+    def _keyed(self, pixels, size: tuple[int, int]) -> bytes:
+        """What identifies an image's features: its pixels (a Qwen2-VL image's patches with its grid), and for an
+        any-resolution model its size too (the size places the tiles' padding, which the layout cuts away)."""
+        key = pixels.tobytes()
+        return key + np.asarray(size, np.int64).tobytes() if self.anyres else key
 
     def _features(self, pixels: np.ndarray, size: tuple[int, int], seen: dict[str, np.ndarray] | None) -> np.ndarray:
         if seen is None:
             return self.image_features(pixels, size)
-        digest = hashlib.sha256(np.ascontiguousarray(self._keyed(pixels, size)).tobytes()).hexdigest()
+        digest = hashlib.sha256(self._keyed(pixels, size)).hexdigest()
         if digest not in seen:
             seen[digest] = self.image_features(pixels, size)
         return seen[digest]
@@ -392,9 +405,9 @@ class Pipeline:
             self.prefixes.entries.get(prep.prefix_key) if prep.prefix_key else None)
         if arrays is not None:
             stepper.load_prefix(handle, arrays)
-            return stepper.prefill(handle, prep.after_prefix())
+            return stepper.prefill(handle, prep.after_prefix(), prep.positions_after_prefix(), prep.rope_delta)
         stepper.clear(handle)
-        logits = stepper.prefill(handle, prep.embeds)
+        logits = stepper.prefill(handle, prep.embeds, prep.positions, prep.rope_delta)
         if prep.prefix_key and self.prefixes.limit:
             self.prefixes.put(prep.prefix_key, stepper.save_prefix(handle, prep.prefix_len))
         return logits

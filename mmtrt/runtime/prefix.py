@@ -19,8 +19,9 @@ def prefix_length(ids: list[int], image_token_id: int) -> int:
     return last + 1 if last + 1 < len(ids) else 0
 
 
-def prefix_key(pixels: np.ndarray, ids: list[int], length: int) -> str:
-    h = hashlib.sha256(np.ascontiguousarray(pixels).tobytes())
+def prefix_key(image_key: bytes, ids: list[int], length: int) -> str:
+    """The key of an image prefix: its images' bytes (`Pipeline._keyed`) and the prompt's first `length` ids."""
+    h = hashlib.sha256(image_key)
     h.update(np.asarray(ids[:length], np.int64).tobytes())
     return h.hexdigest()
 

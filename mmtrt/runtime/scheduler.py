@@ -205,13 +205,14 @@ class OwnCaches:
         return True
 
     def prefill(self, seq: Sequence, _row: int) -> np.ndarray:
-        logits, seq.cache = self.pipe.step(seq.prep.embeds, self.pipe.empty_cache())
+        logits, seq.cache = self.pipe.step(seq.prep.embeds, self.pipe.empty_cache(), seq.prep.positions)
         return logits[0, -1]
 
     def decode(self, active: list[Sequence]) -> list[np.ndarray]:
         rows = []
         for seq in active:
-            logits, seq.cache = self.pipe.step(self.pipe.embed(np.array([[seq.tokens[-1]]], np.int64)), seq.cache)
+            embeds = self.pipe.embed(np.array([[seq.tokens[-1]]], np.int64))
+            logits, seq.cache = self.pipe.step(embeds, seq.cache, delta=seq.prep.rope_delta)
             rows.append(logits[0, -1])
         return rows
 

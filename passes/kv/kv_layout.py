@@ -23,8 +23,8 @@ from mmtrt.ir.graph import ModelIR
 from mmtrt.ir.rewrite import attr, cleanup, import_domain, producers
 from mmtrt.pipeline.pass_base import Pass
 from passes.kv.cache_type import adopt_reduced_cache, cache_in_fp16
-from passes.kv.paged import MAX_BLOCKS, NUM_SLOTS, SLOTS, TABLE, TOKENS, rewrite_paged
 from passes.kv.kv_layout_config import KvLayoutConfig
+from passes.kv.paged import CACHE_POSITIONS, MAX_BLOCKS, NUM_SLOTS, SLOTS, TABLE, TOKENS, rewrite_paged
 
 CAPACITY = "capacity"
 CACHE_TYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
@@ -51,7 +51,7 @@ class KvLayout(Pass):
             dtype = CACHE_TYPES[wanted]
         if dtype == "bfloat16":
             raise UserError(NO_BF16)
-        return {**facts, "kv_cache": kv_facts(self.config, dtype)}
+        return {**facts, "kv_cache": kv_facts(self.config, dtype, facts["llm"].get("rope"))}
 
     def run(self, ir: ModelIR) -> dict:
         comp = ir.components["llm"]
@@ -68,7 +68,7 @@ class KvLayout(Pass):
         _name_cache_dims(model.graph, self.config.layout, ir.config["llm"])
         comp.set_graph(model)
         dtype = next(s.dtype for s in comp.inputs if s.name.startswith("past."))
-        ir.config["kv_cache"] = kv_facts(self.config, dtype)
+        ir.config["kv_cache"] = kv_facts(self.config, dtype, ir.config["llm"].get("rope"))
         return {"llm": {**self.config.model_dump(), "attention_rewritten": layers, "logits_sliced_after": head,
                         "cache_dtype": dtype}}
 
@@ -82,8 +82,19 @@ class KvLayout(Pass):
         return len(attentions)
 
 
-def kv_facts(config: KvLayoutConfig, dtype: str) -> dict[str, Any]:
-    """What a runtime needs to drive the rewritten graph; sizes are the plan's `capacity` (and pool) dimensions."""
+def kv_facts(config: KvLayoutConfig, dtype: str, rope: str | None = None) -> dict[str, Any]:
+    """What a runtime needs to drive the rewritten graph; sizes are the plan's `capacity` (and pool) dimensions.
+    Under M-RoPE (`rope` "mrope") positions are three rows and no longer say where a token sits in the cache."""
+    facts = _layout_facts(config, dtype)
+    if rope == "mrope":
+        facts["position_ids"] = ("int64 [3, batch, seq]: M-RoPE's temporal, height and width rows (the prompt's from "
+                                 "its image grid; in decode each sequence's length plus its rope delta)")
+        if config.layout == "paged":
+            facts["cache_positions"] = f"{CACHE_POSITIONS}: int64 [batch, seq], each new token's index in its sequence"
+    return facts
+
+
+def _layout_facts(config: KvLayoutConfig, dtype: str) -> dict[str, Any]:
     if config.layout == "paged":
         return {
             "layout": "paged", "dtype": dtype, "block_tokens": config.block_tokens, "pool_blocks": config.pool_blocks,
@@ -133,6 +144,19 @@ def _rotary_3d(rotary: onnx.NodeProto, source: str, out: str, heads: int) -> onn
     return node
 
 
+def _rotated_3d(prods, bnsh: str, out: str, heads: int) -> list[onnx.NodeProto]:
+    """The rotated queries or keys as GroupQueryAttention takes them, [B, S, heads * D]: the exporter's
+    RotaryEmbedding moved onto the projection where it made them; otherwise (M-RoPE, whose sections the exporter
+    leaves as plain arithmetic) the rotated BNSH tensor transposed and reshaped."""
+    rotary = prods.get(bnsh)
+    if rotary is not None and rotary.op_type == "RotaryEmbedding":
+        return [_rotary_3d(rotary, _projection(prods, rotary.input[0]), out, heads)]
+    return [helper.make_node("Transpose", [bnsh], [f"{out}.bsnh"], perm=[0, 2, 1, 3]),
+            helper.make_node("Constant", [], [f"{out}.shape"], value=helper.make_tensor(
+                "shape", TensorProto.INT64, [3], [0, 0, -1])),
+            helper.make_node("Reshape", [f"{out}.bsnh", f"{out}.shape"], [out])]
+
+
 def rewrite_attention(graph: onnx.GraphProto, llm: dict[str, Any]) -> int:
     """Replace each layer's Concat + repeat_kv + Attention by one GroupQueryAttention on the shared buffers."""
     prods = producers(graph)
@@ -142,10 +166,8 @@ def rewrite_attention(graph: onnx.GraphProto, llm: dict[str, Any]) -> int:
             consumers.setdefault(name, []).append(node)
     attentions = _attentions(graph, llm)
     for layer, att in enumerate(attentions):
-        q_rot = _producer_through(prods, att.input[0], "RotaryEmbedding")
         concat_k = _present_concat(graph, prods, layer, "key")
         concat_v = _present_concat(graph, prods, layer, "value")
-        k_rot = _producer_through(prods, concat_k.input[1], "RotaryEmbedding")
         q3, k3 = f"kv_layout.{layer}.query", f"kv_layout.{layer}.key"
         out_t = _single(consumers, att.output[0], "Transpose")
         out = _single(consumers, out_t.output[0], "Reshape")
@@ -159,8 +181,8 @@ def rewrite_attention(graph: onnx.GraphProto, llm: dict[str, Any]) -> int:
             gqa.attribute.append(helper.make_attribute("softcap", attr(att, "softcap")))
         for old in (att, out_t, out, concat_k, concat_v):
             graph.node.remove(old)
-        graph.node.extend([_rotary_3d(q_rot, _projection(prods, q_rot.input[0]), q3, llm["num_heads"]),
-                           _rotary_3d(k_rot, _projection(prods, k_rot.input[0]), k3, llm["num_kv_heads"]), gqa])
+        graph.node.extend([*_rotated_3d(prods, att.input[0], q3, llm["num_heads"]),
+                           *_rotated_3d(prods, concat_k.input[1], k3, llm["num_kv_heads"]), gqa])
     graph.input.extend([helper.make_tensor_value_info(SEQLENS, TensorProto.INT32, ["batch"]),
                         helper.make_tensor_value_info(TOTAL, TensorProto.INT32, [])])
     return len(attentions)

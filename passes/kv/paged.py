@@ -13,7 +13,7 @@ from __future__ import annotations
 import onnx
 from onnx import TensorProto, helper
 
-SLOTS, TABLE = "slot_mapping", "block_table"
+SLOTS, TABLE, CACHE_POSITIONS = "slot_mapping", "block_table", "cache_positions"
 NUM_SLOTS, MAX_BLOCKS, TOKENS = "num_slots", "max_blocks", "new_tokens"
 
 
@@ -33,11 +33,22 @@ def rewrite_paged(graph: onnx.GraphProto, llm: dict, concats, attentions, block_
         # the Attention op groups query heads over the key heads itself: the exporter's repeat_kv goes
         att.input[1], att.input[2] = (_write_and_gather(graph, concat, flat, blocks, context) for concat in pair)
     _batch_from_embeds(graph)
-    mask = _causal_mask(graph)
+    mask = _causal_mask(graph, _query_positions(graph))
     for att in attentions:
         att.input[3] = mask
     graph.input.extend([helper.make_tensor_value_info(SLOTS, TensorProto.INT64, [TOKENS, 1]),
                         helper.make_tensor_value_info(TABLE, TensorProto.INT64, ["batch", MAX_BLOCKS])])
+
+
+def _query_positions(graph: onnx.GraphProto) -> str:
+    """Each new token's index in its sequence [batch, seq]: position_ids where they are that; M-RoPE's
+    position_ids [3, batch, seq] are rotary positions (an image's tokens share rows), so such a graph takes the
+    indices as an input of their own, CACHE_POSITIONS."""
+    positions = next(v for v in graph.input if v.name == "position_ids")
+    if len(positions.type.tensor_type.shape.dim) == 2:
+        return "position_ids"
+    graph.input.append(helper.make_tensor_value_info(CACHE_POSITIONS, TensorProto.INT64, ["batch", "seq"]))
+    return CACHE_POSITIONS
 
 
 def _write_and_gather(graph, concat: onnx.NodeProto, flat: str, blocks: str, context: str) -> str:
@@ -71,8 +82,8 @@ def _attr(node, name):
     return next((helper.get_attribute_value(a) for a in node.attribute if a.name == name), None)
 
 
-def _causal_mask(graph: onnx.GraphProto) -> str:
-    """mask[b, 0, s, t] = t <= position_ids[b, s]: a key takes part when it is at or before the query (keys beyond
+def _causal_mask(graph: onnx.GraphProto, positions: str) -> str:
+    """mask[b, 0, s, t] = t <= positions[b, s]: a key takes part when it is at or before the query (keys beyond
     a sequence's length sit after its last position, so they are masked too)."""
     graph.node.extend([
         helper.make_node("Shape", ["kv_layout.0.key.context"], ["kv_layout.context_len"], start=2, end=3),
@@ -81,7 +92,7 @@ def _causal_mask(graph: onnx.GraphProto) -> str:
         helper.make_node("Constant", [], ["kv_layout.one"], value=helper.make_tensor("o", TensorProto.INT64, [], [1])),
         helper.make_node("Range", ["kv_layout.zero", "kv_layout.context_len_scalar", "kv_layout.one"],
                          ["kv_layout.key_positions"]),
-        helper.make_node("Unsqueeze", ["position_ids", _const(graph, "kv_layout.mask_axes", [1, 3])],
+        helper.make_node("Unsqueeze", [positions, _const(graph, "kv_layout.mask_axes", [1, 3])],
                          ["kv_layout.query_positions"]),
         helper.make_node("LessOrEqual", ["kv_layout.key_positions", "kv_layout.query_positions"], ["kv_layout.mask"]),
     ])

@@ -51,6 +51,13 @@ class AwqInt4(Pass):
     lossy = True
 
     def plan_facts(self, facts: dict[str, Any]) -> dict[str, Any]:
+        if self.config.sensitivity == "fisher" and facts["llm"].get("rope") == "mrope":
+            raise UserError("awq_int4 sensitivity: fisher runs the source model on the calibration embeddings with "
+                            "one row of positions; this LLM's M-RoPE takes three rows from each image's grid; use "
+                            "sensitivity: output_error")
+        if self.config.trtllm_checkpoint == "always" and facts["llm"].get("trtllm_refused"):
+            raise UserError(f"trtllm_checkpoint: always: {facts['llm']['trtllm_refused']}; use trtllm_checkpoint: "
+                            "auto or never (the LLM runs on ONNX Runtime or TensorRT)")
         if self.config.trtllm_checkpoint == "always" and facts["llm"]["model_type"] in BIASED_DECODERS:
             raise UserError(f"trtllm_checkpoint: always writes a LLaMA checkpoint, whose linears have no bias; this "
                             f"{facts['llm']['model_type']} LLM's q/k/v projections add one; use trtllm_checkpoint: "
@@ -119,6 +126,8 @@ class AwqInt4(Pass):
         if cfg.trtllm_checkpoint == "never" or (cfg.trtllm_checkpoint == "auto" and not wanted):
             return {"written": False, "reason": "not requested (partition.llm does not list tensorrt-llm)"
                     if cfg.trtllm_checkpoint == "auto" else "trtllm_checkpoint: never"}
+        if ir.config["llm"].get("trtllm_refused"):  # a family whose LLM TensorRT-LLM's runner here cannot drive
+            return {"written": False, "reason": ir.config["llm"]["trtllm_refused"]}
         try:
             if not cfg.symmetric:
                 raise NotExportable("W4A16_AWQ is symmetric; this recipe quantizes asymmetrically")

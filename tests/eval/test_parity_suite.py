@@ -1,5 +1,6 @@
 """The parity suite on checkpoints whose chat template writes the BOS token itself (Mistral's and Gemma's do):
-its PyTorch reference must tokenize as the bundle does, and the two must agree."""
+its PyTorch reference must tokenize as the bundle does, and the two must agree; and on Qwen2-VL, whose M-RoPE
+positions the suite must feed."""
 
 import pytest
 
@@ -37,3 +38,12 @@ def test_parity_reference_adds_no_second_bos(bos_bundle):
     assert report["metrics"]["top1_agreement_pct"] == 100.0
     assert report["metrics"]["max_abs_logit_diff"] < 1e-3
     assert report["metrics"]["greedy_identical_pct"] == 100.0
+
+
+def test_parity_feeds_mrope_positions(qwen_checkpoints, qwen_bundle):
+    """Qwen2-VL's LLM takes three rows of positions from the image's grid: fed 0..T-1 instead, its logits part from
+    the source's after the image tokens."""
+    pipe = load(qwen_bundle("qwen2_vl"))
+    report = parity_suite(pipe, limit=2, source=source_model(pipe.manifest, qwen_checkpoints["qwen2_vl"]))
+    assert report["metrics"]["top1_agreement_pct"] == 100.0
+    assert report["metrics"]["max_abs_logit_diff"] < 1e-3

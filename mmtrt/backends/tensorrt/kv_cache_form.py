@@ -54,7 +54,9 @@ def tensorrt_form(model: onnx.ModelProto, dims: dict[str, dict[str, int]] | None
     # shape inference cannot size Range's output: name it, so the shape plan covers the mask
     graph.value_info.extend([
         helper.make_tensor_value_info(f"{PREFIX}.key_positions", TensorProto.INT64, ["capacity"]),
-        helper.make_tensor_value_info(shared["mask"], TensorProto.BOOL, ["batch", 1, "seq", "capacity"])])
+        helper.make_tensor_value_info(shared["mask"], TensorProto.BOOL, ["batch", 1, "seq", "capacity"]),
+        *(helper.make_tensor_value_info(f"{PREFIX}.new_offsets", TensorProto.INT64, ["seq"])
+          for n in shared["nodes"] if n.output[0] == f"{PREFIX}.new_offsets")])
     _drop_unread_inputs(graph)
     if dims and dims.get(CAPACITY, {}).get("min") == dims.get(CAPACITY, {}).get("max"):
         _fix_dim(graph, CAPACITY, dims[CAPACITY]["max"])
@@ -73,12 +75,15 @@ def _const(name: str, values: list[int]) -> onnx.NodeProto:
 
 
 def _shared(graph: onnx.GraphProto, first: onnx.NodeProto) -> dict:
-    """write_indices (each sequence's length before this call) and the mask [B, 1, seq, capacity], built once."""
+    """write_indices (each sequence's length before this call) and the mask [B, 1, seq, capacity], built once.
+    A query's index in the cache is its position; under M-RoPE (position_ids [3, batch, seq]) it is not, and the
+    indices are write_indices + 0..seq-1."""
     seqlens, past = first.input[5], first.input[3]
     p = PREFIX
+    mrope = len(next(v for v in graph.input if v.name == "position_ids").type.tensor_type.shape.dim) == 3
     nodes = [
         _const(f"{p}.one", [1]),
-        helper.make_node("Shape", ["position_ids"], [f"{p}.seq"], start=1, end=2),
+        helper.make_node("Shape", ["inputs_embeds" if mrope else "position_ids"], [f"{p}.seq"], start=1, end=2),
         helper.make_node("Cast", [seqlens], [f"{p}.seqlens64"], to=TensorProto.INT64),
         helper.make_node("Add", [f"{p}.seqlens64", f"{p}.one"], [f"{p}.total"]),
         helper.make_node("Sub", [f"{p}.total", f"{p}.seq"], [f"{p}.write_indices"]),
@@ -87,11 +92,21 @@ def _shared(graph: onnx.GraphProto, first: onnx.NodeProto) -> dict:
         helper.make_node("Constant", [], [f"{p}.zero"], value=helper.make_tensor("z", TensorProto.INT64, [], [0])),
         helper.make_node("Constant", [], [f"{p}.step"], value=helper.make_tensor("s", TensorProto.INT64, [], [1])),
         helper.make_node("Range", [f"{p}.zero", f"{p}.capacity_scalar", f"{p}.step"], [f"{p}.key_positions"]),
+        *(_cache_indices(p) if mrope else []),
         _const(f"{p}.mask_axes", [1, 3]),
-        helper.make_node("Unsqueeze", ["position_ids", f"{p}.mask_axes"], [f"{p}.query_positions"]),
+        helper.make_node("Unsqueeze", [f"{p}.cache_indices" if mrope else "position_ids", f"{p}.mask_axes"],
+                         [f"{p}.query_positions"]),
         helper.make_node("LessOrEqual", [f"{p}.key_positions", f"{p}.query_positions"], [f"{p}.mask"]),
     ]
     return {"nodes": nodes, "write": f"{p}.write_indices", "mask": f"{p}.mask"}
+
+
+def _cache_indices(p: str) -> list[onnx.NodeProto]:
+    """[batch, seq]: write_indices[b] + s, each new token's index in its sequence."""
+    return [helper.make_node("Squeeze", [f"{p}.seq"], [f"{p}.seq_scalar"]),
+            helper.make_node("Range", [f"{p}.zero", f"{p}.seq_scalar", f"{p}.step"], [f"{p}.new_offsets"]),
+            helper.make_node("Unsqueeze", [f"{p}.write_indices", f"{p}.one"], [f"{p}.write_column"]),
+            helper.make_node("Add", [f"{p}.write_column", f"{p}.new_offsets"], [f"{p}.cache_indices"])]
 
 
 def _bnsh(source: str, heads: int, name: str) -> list[onnx.NodeProto]:

@@ -7,6 +7,8 @@ A family module lowers its models into the IR the rest of mmtrt reads. It provid
   runtimes read (see `families/llava.py`; `architecture` is the model_type, which finds the family again), from
   configs alone, so `compile --plan` builds no weights;
 - `lower(model, processor)`: the `ModelIR`, every component exported;
+- optionally `preprocess_spec(image_processor)`: the preprocessing spec, where the family's processor is not one
+  `mmtrt.ir.preprocess` reads (Qwen2-VL's resize to the image's own size);
 - optionally `fit_envelope(facts, envelope)`: the facts narrowed to the recipe's envelope (any-resolution models
   bound their image tokens by `envelope.image.max_tiles`); without it, such envelope keys are refused.
 
@@ -24,6 +26,8 @@ FAMILIES = {
     "llava": "mmtrt.ir.families.llava",
     "llava_next": "mmtrt.ir.families.llava_next",
     "llava_onevision": "mmtrt.ir.families.llava_onevision",
+    "qwen2_vl": "mmtrt.ir.families.qwen2_vl",
+    "qwen2_5_vl": "mmtrt.ir.families.qwen2_vl",
 }
 
 

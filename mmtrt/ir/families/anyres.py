@@ -18,8 +18,8 @@ import numpy as np
 from mmtrt.backends.anyres import NEWLINE_ASSET, token_bound
 from mmtrt.errors import UserError
 from mmtrt.ir import export
-from mmtrt.ir.families.common import (FRONTEND_PROPERTIES, eos_token_ids, language_components, llm_facts,
-                                      lowered, tokenizer_assets)
+from mmtrt.ir.families.common import FRONTEND_PROPERTIES, language_components, lowered, tokenizer_assets
+from mmtrt.ir.families.llava import llava_style_facts
 from mmtrt.ir.graph import Component, ModelIR, TensorSpec
 from mmtrt.ir.preprocess import spec_from_image_processor
 
@@ -36,28 +36,8 @@ def anyres_facts(config, generation_config, processor, spec: dict[str, Any], max
     _check_tiles(config, tiling, spec, pinpoints)
     anyres = {"pinpoints": pinpoints, "tile": vision.image_size, "grid": grid, "max_patches": max_patches,
               "layout": "grid", "max_tiles": max(h * w for h, w in pinpoints) // vision.image_size ** 2}
-    layer = config.vision_feature_layer
-    return {
-        "architecture": config.model_type,
-        "vision": {
-            "model_type": vision.model_type,
-            "image_size": vision.image_size,
-            "input_size": list(spec["output_size"]),
-            "patch_size": vision.patch_size,
-            "num_layers": vision.num_hidden_layers,
-            "hidden_size": vision.hidden_size,
-            "feature_layer": layer if isinstance(layer, int) else list(layer),
-            "select_strategy": config.vision_feature_select_strategy,
-            "tile_tokens": grid * grid,
-            "image_tokens": token_bound(anyres, grid * grid),
-            "anyres": anyres,
-        },
-        "llm": llm_facts(config.text_config),
-        "image_token": processor.image_token,
-        "image_token_id": config.image_token_id,
-        "eos_token_ids": eos_token_ids(generation_config),
-        "chat_template": processor.chat_template,
-    }
+    return llava_style_facts(config, generation_config, processor, spec, config.model_type, tile_tokens=grid * grid,
+                             image_tokens=token_bound(anyres, grid * grid), anyres=anyres)
 
 
 def _check_tiles(config, tiling: dict[str, Any], spec: dict[str, Any], pinpoints: list[list[int]]) -> None:

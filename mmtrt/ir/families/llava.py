@@ -24,20 +24,28 @@ def expected_image_tokens(processor, spec: dict[str, Any]) -> int:
 
 def model_facts(config, generation_config, processor, preprocess_spec: dict[str, Any]) -> dict[str, Any]:
     """The numbers every later layer (passes, shape planning, runtime) needs about the model."""
+    return llava_style_facts(config, generation_config, processor, preprocess_spec, "llava",
+                             image_tokens=expected_image_tokens(processor, preprocess_spec))
+
+
+def llava_style_facts(config, generation_config, processor, spec: dict[str, Any], architecture: str,
+                      **vision_facts: Any) -> dict[str, Any]:
+    """The facts of a LLaVA-style model (a tower, its feature select, a projector, an LLM), with the family's own
+    `vision_facts` (how many tokens an image takes)."""
     vision = config.vision_config
     layer = config.vision_feature_layer
     return {
-        "architecture": "llava",
+        "architecture": architecture,
         "vision": {
             "model_type": vision.model_type,
             "image_size": vision.image_size,
-            "input_size": list(preprocess_spec["output_size"]),
+            "input_size": list(spec["output_size"]),
             "patch_size": vision.patch_size,
             "num_layers": vision.num_hidden_layers,
             "hidden_size": vision.hidden_size,
             "feature_layer": layer if isinstance(layer, int) else list(layer),
             "select_strategy": config.vision_feature_select_strategy,
-            "image_tokens": expected_image_tokens(processor, preprocess_spec),
+            **vision_facts,
         },
         "llm": llm_facts(config.text_config),
         "image_token": processor.image_token,

@@ -9,12 +9,10 @@ import pytest
 from PIL import Image
 
 from builders import random_image
-from cpp_harness import PROGRAM, CApi, needs_build, needs_library, run_cpp
-from mmtrt.errors import UserError
+from cpp_harness import PROGRAM, CApi, needs_build, needs_library, one_line_error, python_message, run_cpp
 from mmtrt.runtime import load
 
 pytestmark = needs_build
-PREFIX = "mmtrt-run: error: "
 
 
 @pytest.fixture(scope="module")
@@ -31,20 +29,6 @@ def image(rng, tmp_path):
 
 def copy_of(bundle, tmp_path):
     return shutil.copytree(bundle, tmp_path / "copy.bundle")
-
-
-def one_line_error(proc) -> str:
-    assert proc.returncode == 2, (proc.returncode, proc.stderr)
-    assert proc.stdout == ""
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith(PREFIX), proc.stderr
-    return lines[0][len(PREFIX):]
-
-
-def python_message(call) -> str:
-    with pytest.raises(UserError) as info:
-        call()
-    return str(info.value)
 
 
 def test_missing_bundle(tmp_path, image):

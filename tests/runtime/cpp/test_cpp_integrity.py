@@ -9,14 +9,12 @@ import subprocess
 import pytest
 
 from builders import random_image
-from cpp_harness import PROGRAM, SANITIZED, CApi, needs_build, run_cpp
+from cpp_harness import PROGRAM, SANITIZED, CApi, needs_build, one_line_error, python_message, run_cpp
 from mmtrt.bundle.sign import sign_bundle
 from mmtrt.cli import main
-from mmtrt.errors import UserError
 from mmtrt.runtime import load
 
 pytestmark = needs_build
-PREFIX = "mmtrt-run: error: "
 
 
 @pytest.fixture(scope="module")
@@ -42,26 +40,13 @@ def image(rng, tmp_path):
     return path
 
 
-def cpp_error(proc) -> str:
-    assert proc.returncode == 2 and proc.stdout == "", (proc.returncode, proc.stderr)
-    lines = proc.stderr.splitlines()
-    assert len(lines) == 1 and lines[0].startswith(PREFIX), proc.stderr
-    return lines[0][len(PREFIX):]
-
-
-def python_error(call) -> str:
-    with pytest.raises(UserError) as info:
-        call()
-    return str(info.value)
-
-
 def test_a_symlink_out_of_the_bundle_is_refused_as_python_refuses_it(tiny_bundle, tmp_path, image):
     bundle = shutil.copytree(tiny_bundle, tmp_path / "b")
     (bundle / "tokenizer" / "tokenizer.json").unlink()
     os.symlink(tiny_bundle / "tokenizer" / "tokenizer.json", bundle / "tokenizer" / "tokenizer.json")
-    ours = cpp_error(run_cpp(bundle, image, "hi"))
+    ours = one_line_error(run_cpp(bundle, image, "hi"))
     assert "tokenizer/tokenizer.json leads outside the bundle" in ours
-    assert ours == python_error(lambda: load(bundle))
+    assert ours == python_message(lambda: load(bundle))
 
 
 @pytest.mark.parametrize("edit", ["block_tokens", "artifact_dropped", "nul", "type", "missing"])
@@ -75,7 +60,7 @@ def test_manifest_edits_are_the_python_runtime_s_line(tiny_bundle, tiny_paged_bu
      "type": lambda m: m["dims"]["seq"].update(max="320"),
      "missing": lambda m: m["model"]["vision"].pop("image_tokens")}[edit](manifest)
     (bundle / "manifest.json").write_text(json.dumps(manifest))
-    assert cpp_error(run_cpp(bundle, image, "hi")) == python_error(lambda: load(bundle))
+    assert one_line_error(run_cpp(bundle, image, "hi")) == python_message(lambda: load(bundle))
 
 
 def test_digest_pin_and_signature(tiny_bundle, tmp_path, image, keys, capsys):
@@ -88,10 +73,10 @@ def test_digest_pin_and_signature(tiny_bundle, tmp_path, image, keys, capsys):
     assert json.loads(good.stdout)["token_ids"] == load(bundle, public_key=pub).generate(image, "hi", 3).token_ids
     assert main(["verify", str(bundle), "--public-key", str(pub)]) == 0
 
-    wrong = cpp_error(run_cpp(bundle, image, "hi", "--public-key", str(other)))
-    assert "does not verify with" in wrong and wrong == python_error(lambda: load(bundle, public_key=other))
-    pinned = cpp_error(run_cpp(bundle, image, "hi", "--expect-digest", "sha256:" + "0" * 64))
-    assert pinned == python_error(lambda: load(bundle, expect_digest="0" * 64))
+    wrong = one_line_error(run_cpp(bundle, image, "hi", "--public-key", str(other)))
+    assert "does not verify with" in wrong and wrong == python_message(lambda: load(bundle, public_key=other))
+    pinned = one_line_error(run_cpp(bundle, image, "hi", "--expect-digest", "sha256:" + "0" * 64))
+    assert pinned == python_message(lambda: load(bundle, expect_digest="0" * 64))
     if not SANITIZED:  # the C API's twin of the options
         import ctypes
 
@@ -112,13 +97,13 @@ def test_digest_pin_and_signature(tiny_bundle, tmp_path, image, keys, capsys):
     from mmtrt.bundle.manifest import sha256_file
     manifest["artifacts"]["embed.onnx.data"] = sha256_file(data)
     (bundle / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
-    ours = cpp_error(run_cpp(bundle, image, "hi", "--public-key", str(pub)))
+    ours = one_line_error(run_cpp(bundle, image, "hi", "--public-key", str(pub)))
     assert "manifest.json differs from what its signature covers" in ours
-    assert ours == python_error(lambda: load(bundle, public_key=pub))
+    assert ours == python_message(lambda: load(bundle, public_key=pub))
     assert main(["verify", str(bundle), "--public-key", str(pub)]) == 2
     assert "fails its signature check" in capsys.readouterr().err
     (bundle / "model.sig").unlink()
-    assert "is not signed (no model.sig)" in cpp_error(run_cpp(bundle, image, "hi", "--public-key", str(pub)))
+    assert "is not signed (no model.sig)" in one_line_error(run_cpp(bundle, image, "hi", "--public-key", str(pub)))
 
 
 def test_unwritable_output_bad_threads_and_endless_images(tiny_bundle, image):
@@ -127,8 +112,8 @@ def test_unwritable_output_bad_threads_and_endless_images(tiny_bundle, image):
                                "--max-new-tokens", "2", "--threads", "1"], stdout=full, stderr=subprocess.PIPE,
                               text=True, timeout=120)
     assert proc.returncode == 2 and "cannot write the output (No space left on device)" in proc.stderr
-    assert "'-3' is not an integer >= 1" in cpp_error(run_cpp(tiny_bundle, image, "hi", threads=-3))
-    message = cpp_error(run_cpp(tiny_bundle, "/dev/zero", "hi"))
+    assert "'-3' is not an integer >= 1" in one_line_error(run_cpp(tiny_bundle, image, "hi", threads=-3))
+    message = one_line_error(run_cpp(tiny_bundle, "/dev/zero", "hi"))
     assert message == "cannot read image /dev/zero (cannot identify image file); pass a PNG or JPEG file"
 
 
@@ -160,5 +145,5 @@ def test_typed_special_tokens_are_text_unless_asked(tiny_bundle, image):
     second = "and <image> too"
     ours = run_cpp(tiny_bundle, image, second, "--json", "--max-new-tokens", "2")
     assert json.loads(ours.stdout)["prompt_tokens"] == len(pipe.prompt_ids(second))
-    assert "placeholders" in cpp_error(run_cpp(tiny_bundle, image, second, "--parse-special-tokens"))
-    assert "placeholders" in python_error(lambda: parsed.prompt_ids(second))
+    assert "placeholders" in one_line_error(run_cpp(tiny_bundle, image, second, "--parse-special-tokens"))
+    assert "placeholders" in python_message(lambda: parsed.prompt_ids(second))

@@ -71,6 +71,15 @@ Ort::Value tensor(std::vector<T>& data, const std::vector<int64_t>& shape) {
   return Ort::Value::CreateTensor<T>(cpu, data.data(), data.size(), shape.data(), shape.size());
 }
 
+// Families whose preprocessing or positions this runtime does not implement: refused at load, in one line.
+void refuse_family(const std::string& path, const Manifest& m) {
+  const std::string family = m.raw.at("model").value("architecture", "llava");
+  if (family == "qwen2_vl" || family == "qwen2_5_vl")
+    throw Error(ErrorKind::BadBundle, path + " holds a " + family + " model; the C++ runtime does not run Qwen2-VL "
+                "(its dynamic-resolution preprocessing and M-RoPE positions are implemented in the Python runtime "
+                "only); run it with `mmtrt run`");
+}
+
 }  // namespace
 
 // What generate reads from the manifest, read once at load so a missing key is a load error.
@@ -287,6 +296,7 @@ std::unique_ptr<Bundle::Impl> Bundle::load_impl(const std::string& path, const L
   impl->root = absolute(path);
   refuse_modified(path, impl->manifest);
   const Manifest& m = impl->manifest;
+  refuse_family(path, m);
   impl->model = std::make_unique<ModelFacts>(m.raw);
   refuse_tiled_images(path, m);
   for (const char* dim : {"seq", "height"})

@@ -314,9 +314,10 @@ std::string relations(const json& m) {
              std::to_string(vocab) + " (model.llm.vocab_size)";
   const json& pre = m.at("components").at("preprocess").at("outputs").at(0).at("shape");
   const json* vision = tensor(m, "vision", "inputs", "pixel_values");
-  bool fits = pre.size() == 4;
+  // [batch, 3, H, W]; a Qwen2-VL image's patches [patches, width]
+  bool fits = pre.size() == (vision ? vision->at("shape").size() : 4);
   if (fits && vision)
-    for (size_t i = 1; i < 4 && i < vision->at("shape").size(); ++i)
+    for (size_t i = 1; i < pre.size(); ++i)
       if (pre[i].is_number_integer() && vision->at("shape")[i].is_number_integer() && pre[i] != vision->at("shape")[i])
         fits = false;
   if (!fits)
