@@ -31,6 +31,7 @@ PAGES = (ROOT / "docs" / "quickstart.md", ROOT / "README.md")
 RECORD = ROOT / "docs" / "results" / "quickstart-run.md"
 NOT_RUN = ("make test",)  # the whole suite: CI runs it (.ci/run)
 CSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]")
+CHECKOUT = "CHECKOUT"
 
 
 def recorded(command: str) -> bool:
@@ -72,8 +73,9 @@ def on_terminal(command: str, env: dict[str, str]) -> tuple[str, float]:
 
 
 def visible(text: str) -> str:
-    """What a terminal shows at the end: each line as its last redraw, without cursor sequences."""
-    lines = CSI.sub("", text).replace("\r\n", "\n").split("\n")
+    """What a terminal shows at the end: each line as its last redraw, without cursor sequences; the checkout's
+    folder (in a message naming the interpreter) written as CHECKOUT, so the record holds no machine's path."""
+    lines = CSI.sub("", text).replace("\r\n", "\n").replace(str(ROOT), CHECKOUT).split("\n")
     return "\n".join(line.rsplit("\r", 1)[-1].rstrip() for line in lines).strip("\n") + "\n"
 
 
@@ -104,7 +106,8 @@ def main() -> None:
     lines = ["# The quick start, as recorded", "",
              "Written by `scripts/record_quickstart.py`, which runs the commands of README.md and docs/quickstart.md "
              "that are too heavy for the test suite, on a terminal, as a person would; the docs test checks the "
-             "pages' excerpts against this record (and runs the cheap commands itself).", "",
+             "pages' excerpts against this record (and runs the cheap commands itself). The checkout's folder is "
+             "written as CHECKOUT.", "",
              f"- date: {date}", f"- commit: {commit}", f"- machine: {machine()}",
              f"- load average (1 min) {load_before:.1f} before, {load_after:.1f} after: the machine was shared, so "
              "times are upper bounds", ""]
