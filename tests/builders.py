@@ -6,6 +6,7 @@ import struct
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import torch
 from onnx import TensorProto, helper, numpy_helper
 from PIL import Image
@@ -259,3 +260,36 @@ def fake_quantized(source, model: onnx.ModelProto, linears_expected: int):
         if norm is not None and norm_module is not None:
             norm_module.weight.data = torch.from_numpy(norm.copy())
     return ref
+
+
+class StaticCacheForm:
+    """One static-cache form of an LLM graph with its own buffers, bound in place as past and present and fed as
+    mmtrt.runtime.batch.StaticStepper feeds them (one ONNX Runtime thread)."""
+
+    def __init__(self, model: onnx.ModelProto, llm: dict, capacity: int, batch: int = 1):
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = 1
+        self.session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        self.inputs, self.lengths = {i.name for i in self.session.get_inputs()}, np.zeros(batch, np.int64)
+        shape = (batch, llm["num_kv_heads"], capacity, llm["head_dim"])
+        self.cache = {f"past.{n}.{k}": np.zeros(shape, np.float32) for n in range(llm["num_layers"])
+                      for k in ("key", "value")}
+
+    def step(self, embeds: np.ndarray, positions: np.ndarray | None = None) -> np.ndarray:
+        """Logits of every new position; `positions` default to each row's cache indices."""
+        seq, io = embeds.shape[1], self.session.io_binding()
+        feeds = {"inputs_embeds": embeds,
+                 "position_ids": self.lengths[:, None] + np.arange(seq) if positions is None else positions,
+                 "seqlens_k": (self.lengths + seq - 1).astype(np.int32),
+                 "total_sequence_length": np.array(self.lengths.max() + seq, np.int32),
+                 "logits_from": np.array([0], np.int64)}
+        for name, value in feeds.items():
+            if name in self.inputs:
+                io.bind_cpu_input(name, value)
+        io.bind_output("logits")  # first: get_outputs() follows the binding order
+        for past, buffer in self.cache.items():
+            io.bind_input(past, "cpu", 0, np.float32, buffer.shape, buffer.ctypes.data)
+            io.bind_output(past.replace("past.", "present."), "cpu", 0, np.float32, buffer.shape, buffer.ctypes.data)
+        self.session.run_with_iobinding(io)
+        self.lengths += seq
+        return io.get_outputs()[0].numpy()

@@ -10,6 +10,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
+from builders import StaticCacheForm
 from mmtrt.backends.tensorrt.kv_cache_form import tensorrt_form
 from mmtrt.bundle.inspect import describe_placement
 
@@ -18,34 +19,6 @@ def session(model: onnx.ModelProto) -> ort.InferenceSession:
     options = ort.SessionOptions()
     options.intra_op_num_threads = 1
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-
-
-class Form:
-    """One form of the LLM graph with its own shared buffers, fed as mmtrt.runtime.batch.StaticStepper feeds."""
-
-    def __init__(self, model, llm, capacity, batch):
-        self.session, self.lengths = session(model), np.zeros(batch, np.int64)
-        self.inputs = {i.name for i in self.session.get_inputs()}
-        shape = (batch, llm["num_kv_heads"], capacity, llm["head_dim"])
-        self.cache = {f"past.{n}.{k}": np.zeros(shape, np.float32) for n in range(llm["num_layers"])
-                      for k in ("key", "value")}
-
-    def step(self, embeds):
-        seq, io = embeds.shape[1], self.session.io_binding()
-        feeds = {"inputs_embeds": embeds, "position_ids": self.lengths[:, None] + np.arange(seq),
-                 "seqlens_k": (self.lengths + seq - 1).astype(np.int32),
-                 "total_sequence_length": np.array(self.lengths.max() + seq, np.int32),
-                 "logits_from": np.array([0], np.int64)}
-        for name, value in feeds.items():
-            if name in self.inputs:
-                io.bind_cpu_input(name, value)
-        io.bind_output("logits")  # first: get_outputs() follows the binding order
-        for past, buffer in self.cache.items():
-            io.bind_input(past, "cpu", 0, np.float32, buffer.shape, buffer.ctypes.data)
-            io.bind_output(past.replace("past.", "present."), "cpu", 0, np.float32, buffer.shape, buffer.ctypes.data)
-        self.session.run_with_iobinding(io)
-        self.lengths += seq
-        return io.get_outputs()[0].numpy()
 
 
 @pytest.fixture(scope="module")
@@ -77,7 +50,7 @@ def grown_logits(hf_model, embeds_per_step):
 def test_the_tensorrt_form_computes_the_gqa_form_and_the_grown_cache(static, tiny_bundle, batch, steps, rng):
     model, manifest = static
     llm, capacity = manifest["model"]["llm"], manifest["dims"]["capacity"]["max"]
-    gqa, trt = Form(model, llm, capacity, batch), Form(tensorrt_form(model), llm, capacity, batch)
+    gqa, trt = StaticCacheForm(model, llm, capacity, batch), StaticCacheForm(tensorrt_form(model), llm, capacity, batch)
     hidden = model.graph.input[0].type.tensor_type.shape.dim[2].dim_value
     embeds = [rng.standard_normal((batch, seq, hidden)).astype(np.float32) for seq in steps]
     grown = grown_logits(onnx.load(tiny_bundle / "llm.onnx"), embeds)

@@ -11,7 +11,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
-from builders import decided_steps, hf_greedy, random_image
+from builders import StaticCacheForm, decided_steps, hf_greedy, random_image
 from conftest import QWEN_FAMILIES
 from mmtrt.backends.tensorrt.kv_cache_form import tensorrt_form
 from mmtrt.runtime import load
@@ -81,34 +81,6 @@ class GrowingCache:
         return out["logits"]
 
 
-class SharedBuffers:
-    """A static-cache form, its buffers bound as past and present, fed as StaticStepper feeds it."""
-
-    def __init__(self, model, llm, capacity):
-        self.session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-        self.inputs, self.length = {i.name for i in self.session.get_inputs()}, 0
-        shape = (1, llm["num_kv_heads"], capacity, llm["head_dim"])
-        self.cache = {f"past.{i}.{k}": np.zeros(shape, np.float32) for i in range(llm["num_layers"])
-                      for k in ("key", "value")}
-
-    def step(self, embeds, positions):
-        seq, io = embeds.shape[1], self.session.io_binding()
-        feeds = {"inputs_embeds": embeds, "position_ids": positions,
-                 "seqlens_k": np.array([self.length + seq - 1], np.int32),
-                 "total_sequence_length": np.array(self.length + seq, np.int32),
-                 "logits_from": np.array([0], np.int64)}
-        for name, value in feeds.items():
-            if name in self.inputs:
-                io.bind_cpu_input(name, value)
-        io.bind_output("logits")
-        for past, buffer in self.cache.items():
-            io.bind_input(past, "cpu", 0, np.float32, buffer.shape, buffer.ctypes.data)
-            io.bind_output(past.replace("past.", "present."), "cpu", 0, np.float32, buffer.shape, buffer.ctypes.data)
-        self.session.run_with_iobinding(io)
-        self.length += seq
-        return io.get_outputs()[0].numpy()
-
-
 def test_the_tensorrt_form_of_the_static_cache_takes_mrope_positions(qwen_compile, qwen_bundle, rng):
     """An image prompt (positions from its grid, three rows apart), then decode steps at length + rope delta:
     the TensorRT form (its mask from the cache indices, not from position_ids) and the GroupQueryAttention form
@@ -118,7 +90,7 @@ def test_the_tensorrt_form_of_the_static_cache_takes_mrope_positions(qwen_compil
     llm, capacity = manifest["model"]["llm"], manifest["dims"]["capacity"]["max"]
     gqa_model = onnx.load(static / "llm.onnx")
     forms = [GrowingCache(onnx.load(qwen_bundle("qwen2_vl") / "llm.onnx"), llm),
-             SharedBuffers(gqa_model, llm, capacity), SharedBuffers(tensorrt_form(gqa_model), llm, capacity)]
+             StaticCacheForm(gqa_model, llm, capacity), StaticCacheForm(tensorrt_form(gqa_model), llm, capacity)]
     image_token = manifest["model"]["image_token_id"]
     ids = [5, 6] + [image_token] * 6 + [7, 8, 9]  # a 4 x 6 patch grid: 2 x 3 image tokens
     positions, delta = mrope_positions(ids, image_token, [(1, 4, 6)], 2)
