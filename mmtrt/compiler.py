@@ -24,7 +24,7 @@ from mmtrt.partition.placement import annotate
 from mmtrt.partition.shapes import plan_dims, plan_profiles
 from mmtrt.pipeline.instruments import Dump, Timer, Verify, verify_ir
 from mmtrt.pipeline.runner import PassPlan, plan_passes, run_passes
-from mmtrt.progress import quiet_libraries, stage
+from mmtrt.progress import facts_digest, quiet_libraries, stage
 from mmtrt.quant.calibration import RecipeData, check_recipe_data, load_recipe_data, recipe_data
 from mmtrt.recipe import Recipe, load_recipe
 
@@ -58,7 +58,9 @@ def make_plan(recipe_path: str | Path) -> Plan:
     """Validate everything that can be validated without exporting: recipe, model source, passes, backends."""
     quiet_libraries()
     recipe, recipe_dir = load_recipe(recipe_path)
-    facts = fit_envelope(describe_source(recipe.model, recipe_dir), recipe.envelope)
+    source = recipe.model.model_dump_json(exclude_none=True)
+    with stage("reading the model's configs and tokenizer", key=f"describe {source}"):
+        facts = fit_envelope(describe_source(recipe.model, recipe_dir), recipe.envelope)
     passes = plan_passes(recipe, set(FRONTEND_PROPERTIES), set(COMPONENTS), facts)
     partitions = assign_backends(recipe.partition, list(COMPONENTS))
     plan_dims(passes.facts_after, recipe.envelope)
@@ -85,11 +87,10 @@ def compile_recipe(recipe_path: str | Path, out: str | Path, force: bool = False
     started = time.perf_counter()
     plan = make_plan(recipe_path)
     with writer.staging_folder(Path(out), force) as folder:
-        with stage("loading the model"):
+        with stage("loading the model", key=f"load {facts_digest(plan.facts)}"):
             model, processor = load_source(plan.recipe.model, plan.recipe_dir)
-        with stage("lowering to ONNX"):
-            ir = lower(model, processor)
-            ir.config = fit_envelope(ir.config, plan.recipe.envelope)
+        ir = lower(model, processor)
+        ir.config = fit_envelope(ir.config, plan.recipe.envelope)
         annotate(ir, plan.recipe.partition)
         verify_ir(ir)
         instruments = [Timer(), Verify()] + ([Dump(dump_dir)] if dump_dir else [])
@@ -100,7 +101,7 @@ def compile_recipe(recipe_path: str | Path, out: str | Path, force: bool = False
         with recipe_data(plan.calibration), source_model(model, processor):
             reports = run_passes(plan.passes.passes, ir, instruments)
         evaluation = evaluator.summary() if evaluator else None
-        with stage("writing the bundle"):
+        with stage("writing the bundle", key=f"write {facts_digest(plan.passes.facts_after)}"):
             manifest = stage_bundle(plan, ir, reports, folder)
         if evaluation:
             manifest["evaluation"] = evaluation

@@ -8,21 +8,25 @@ from pathlib import Path
 from typing import Any, Literal
 
 import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from mmtrt.errors import UserError
+from mmtrt.pipeline.registry import registered_configs, unknown_pass
+from mmtrt.schema_errors import validation_problems
 
 Backend = Literal["torchvision", "onnxruntime", "tensorrt", "tensorrt-llm"]
 ZOO_MODELS = ("tiny-llava", "dino-smollm", "dino-smollm-tokendrop", "dino-smollm-page")
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    """Unknown keys are errors, and types are strict: `true` is not 1, nor the text "16" a number."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
 
 class ModelSource(Strict):
     source: Literal["hf", "zoo"] = Field(description="Where the model comes from: `hf` (a saved checkpoint folder) or `zoo` (built in).")
-    path: str | None = Field(None, description="`hf` only: the folder `save_pretrained` wrote; relative paths are relative to the recipe file.")
+    path: str | None = Field(None, description="`hf` only: the folder `save_pretrained` wrote (relative paths are relative to the recipe file), or a Hugging Face Hub id such as `llava-hf/llava-1.5-7b-hf`, read from the local Hugging Face cache (mmtrt never downloads).")
     name: str | None = Field(None, description=f"`zoo` only: one of {', '.join(ZOO_MODELS)}.")
 
     @model_validator(mode="after")
@@ -126,11 +130,16 @@ class Recipe(Strict):
     budgets: Budgets = Field(Budgets(), description="Accuracy the lossy passes may spend; compile fails with exit code 2 when exceeded.")
     calibration: CalibrationData = Field(CalibrationData(), description="Your own calibration data, for passes that set `calibration: {images: recipe}` or `{text: recipe}`.")
 
-    @model_validator(mode="after")
-    def _one_key_passes(self) -> "Recipe":
-        for i, entry in enumerate(self.passes):
+    @field_validator("passes")
+    @classmethod
+    def _one_key_passes(cls, passes: list[dict[str, dict[str, Any]]]) -> list[dict[str, dict[str, Any]]]:
+        for i, entry in enumerate(passes):
             if len(entry) != 1:
-                raise ValueError(f"passes[{i}] must be a one-key mapping like `- graph_cleanup: {{}}`, got keys {sorted(entry)}")
+                raise ValueError(f"entry {i} must be a one-key mapping like `- graph_cleanup: {{}}`, got keys {sorted(entry)}")
+        return passes
+
+    @model_validator(mode="after")
+    def _suite_data(self) -> "Recipe":
         for suite in ("qa", "agreement"):
             if suite in self.eval_suites() and getattr(self.evaluate, suite).data is None:
                 raise ValueError(f"the {suite} suite needs its data: set evaluate.{suite}.data to a file")
@@ -147,28 +156,36 @@ class Recipe(Strict):
 
 
 def format_validation_error(err: ValidationError, root: type[BaseModel], where: str) -> str:
-    """One line per problem: the key, where it is, and what is allowed there."""
-    lines = []
-    for e in err.errors():
-        loc = [str(p) for p in e["loc"]]
-        path = ".".join(loc) or "(top level)"
-        if e["type"] == "extra_forbidden":
-            parent = ".".join(loc[:-1]) or "the top level"
-            allowed = ", ".join(_allowed_keys(root, e["loc"][:-1]))
-            lines.append(f"{where}: unknown key '{loc[-1]}' in {parent}; allowed keys: {allowed}")
-        else:
-            lines.append(f"{where}: {path}: {e['msg']}")
-    return "; ".join(lines)
+    """Every problem on one line, each naming its path, what is wrong and what is allowed there."""
+    return f"{where}: " + "; ".join(validation_problems(err, root))
 
 
-def _allowed_keys(root: type[BaseModel], loc: tuple) -> list[str]:
-    cls: Any = root
-    for part in loc:
-        field = cls.model_fields.get(part) if isinstance(part, str) else None
-        if field is None:
-            return list(cls.model_fields)
-        cls = field.annotation
-    return list(cls.model_fields)
+def recipe_problems(data: Any) -> list[str]:
+    """Everything wrong with a parsed recipe that can be known without the model: the schema, every pass name
+    and every pass's options, all at once (torch, onnx and the passes' own modules are not imported)."""
+    problems = []
+    try:
+        Recipe.model_validate(data)
+    except ValidationError as exc:
+        problems += validation_problems(exc, Recipe)
+    passes = data.get("passes") if isinstance(data, dict) else None
+    for i, entry in enumerate(passes if isinstance(passes, list) else []):
+        if isinstance(entry, dict) and len(entry) == 1:
+            problems += _pass_problems(i, *next(iter(entry.items())))
+    return problems
+
+
+def _pass_problems(index: int, name: Any, options: Any) -> list[str]:
+    configs = registered_configs()
+    if name not in configs:
+        return [f"passes[{index}]: {unknown_pass(str(name), configs)}"]
+    if not isinstance(options, dict):
+        return []  # the recipe schema reports it
+    try:
+        configs[name].model_validate(options)
+    except ValidationError as exc:
+        return validation_problems(exc, configs[name], f"passes[{index}].{name}")
+    return []
 
 
 def load_recipe(path: str | Path) -> tuple[Recipe, Path]:
@@ -179,10 +196,11 @@ def load_recipe(path: str | Path) -> tuple[Recipe, Path]:
     data = read_yaml(path, path.read_bytes(), "a recipe")
     if not isinstance(data, dict):
         raise UserError(f"{path}: a recipe is a mapping with at least `model:`; see docs/RECIPES.md")
-    try:
-        return Recipe.model_validate(data), path.resolve().parent
-    except ValidationError as exc:
-        raise UserError(format_validation_error(exc, Recipe, str(path))) from None
+    problems = recipe_problems(data)
+    if problems:
+        count = f"{len(problems)} problems: " if len(problems) > 1 else ""
+        raise UserError(f"{path}: {count}{'; '.join(problems)}")
+    return Recipe.model_validate(data), path.resolve().parent
 
 
 def read_yaml(path: Path, raw: bytes, what: str) -> Any:

@@ -11,9 +11,11 @@ from mmtrt.recipe import Recipe
 
 HEADER = """# Recipe reference
 
-Generated from the schema by `python -m mmtrt.recipe_docs > docs/RECIPES.md`; a test checks it is current.
-Every key is optional unless marked required. An unknown key anywhere is an error that names the key, where it
-is, and the keys allowed there. `model.path` may be relative to the recipe file.
+Generated from the schema by `make docs` (`python -m mmtrt.docgen`); a test checks it is current. Every key is
+optional unless marked required. An unknown key anywhere, or a value of the wrong type (`true` where a number
+belongs, `"16"` in quotes), is an error that names its path (`passes[0].token_prune.keep`) and what is allowed
+there; `mmtrt compile --plan` lists every such problem at once. `model.path` may be relative to the recipe file.
+Each pass has a page of its own in `docs/passes/`.
 
 Minimal recipes:
 

@@ -7,8 +7,8 @@ compiler's own `stage_bundle` (files equal to the unpruned bundle's become hard 
 onnx.load refuses them, so they are the benchmark's own) and scores the digits suite in-process; each row is
 appended to WORK/accuracy.jsonl as it finishes, and a rerun skips the rows already there. `timing` (spinning
 off) times every scored row not yet in WORK/timing.jsonl against the unpruned bundle, A B A B over a few
-held-out images, holding `--lock` for one row at a time. `table` prints the README table and the aims from both
-logs; `all` runs the three in turn. Rows run in priority order: unpruned, the `--keeps` for every criterion, then
+held-out images, holding `--lock` for one row at a time. `table` prints docs/results/token-pruning.md's table and
+the aims from both logs; `all` runs the three in turn. Rows run in priority order: unpruned, the `--keeps` for every criterion, then
 the `--masses` (budget: dynamic, min --min, max --max) in the order given. Dynamic rows give image tokens as the
 mean (min-max) kept over the digits suite.
 """

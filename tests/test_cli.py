@@ -95,7 +95,7 @@ def test_not_a_bundle(tmp_path):
 def test_plan_resolves_without_building(tmp_path, capsys):
     recipe = tmp_path / "r.yaml"
     recipe.write_text("model: {source: zoo, name: tiny-llava}\npasses:\n  - dead_layer_elimination: {}\n")
-    assert main(["compile", str(recipe), "--plan", "-o", str(tmp_path / "out")]) == 0
+    assert main(["compile", str(recipe), "--plan", "--json", "-o", str(tmp_path / "out")]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert [p["pass"] for p in plan["passes"]] == ["dead_layer_elimination"]
     assert plan["partitions"]["vision"]["planned"] == "tensorrt"

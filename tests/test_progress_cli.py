@@ -24,11 +24,11 @@ def child_env():
     return {k: v for k, v in os.environ.items() if k not in ("CI", "MMTRT_NO_PROGRESS")}
 
 
-def run_in_pty(args, cwd) -> tuple[int, str]:
+def run_in_pty(args, cwd, env=None) -> tuple[int, str]:
     """Run with stdin, stdout and stderr on a pseudo-terminal; returns the exit code and everything it drew."""
     master, slave = pty.openpty()
     fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))  # a terminal has a size
-    proc = subprocess.Popen(MMTRT + args, stdin=slave, stdout=slave, stderr=slave, cwd=cwd, env=child_env())
+    proc = subprocess.Popen(MMTRT + args, stdin=slave, stdout=slave, stderr=slave, cwd=cwd, env=env or child_env())
     os.close(slave)
     chunks = []
     while True:
@@ -76,14 +76,20 @@ def test_eval_in_a_pipe_draws_nothing(tiny_bundle, questions, tmp_path):
     assert proc.stderr == "" and proc.stdout.startswith("qa: accuracy_pct=")
 
 
-def test_compile_shows_stages_and_passes_on_a_terminal_only(tmp_path):
+def test_compile_shows_each_step_with_an_estimate_on_a_terminal_only(tmp_path):
+    """In a pipe: nothing on stderr. On a terminal: every step, each component's lowering, every pass, the time
+    each took (the run before, in a pipe, recorded them: they are this run's estimates) and what to run next."""
     recipe = str(ROOT / "recipes" / "tiny-llava.yaml")
-    code, shown = run_in_pty(["compile", recipe, "-o", str(tmp_path / "a.bundle")], tmp_path)
-    assert code == 0, shown
-    for line in ("mmtrt: loading the model ...", "mmtrt: lowering to ONNX done in",
-                 "mmtrt: pass 1/2: dead_layer_elimination ...", "mmtrt: pass 2/2: graph_cleanup done in",
-                 "mmtrt: writing the bundle ..."):
-        assert line in shown, shown
+    env = {**child_env(), "MMTRT_CACHE": str(tmp_path / "cache")}
     proc = subprocess.run(MMTRT + ["compile", recipe, "-o", str(tmp_path / "b.bundle")], capture_output=True,
-                          text=True, cwd=tmp_path, env=child_env())
+                          text=True, cwd=tmp_path, env=env)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    assert proc.stdout.splitlines()[-1].startswith(f"next: mmtrt run {tmp_path / 'b.bundle'} --image "), proc.stdout
+    code, shown = run_in_pty(["compile", recipe, "-o", str(tmp_path / "a.bundle")], tmp_path, env)
+    assert code == 0, shown
+    for line in ("mmtrt: reading the model's configs and tokenizer (about ", "mmtrt: loading the model (about ",
+                 "mmtrt: lowering vision (4 layers) to ONNX (about ", "mmtrt: lowering embed to ONNX",
+                 "mmtrt: lowering llm (4 layers) to ONNX (about ", "mmtrt: pass 1/2: dead_layer_elimination (about ",
+                 "mmtrt: pass 2/2: graph_cleanup (about ", "mmtrt: writing the bundle (about ", " done in ",
+                 f"wrote {tmp_path / 'a.bundle'}", "next: mmtrt run "):
+        assert line in shown, shown

@@ -62,7 +62,7 @@ def describe(bundle: str | Path) -> str:
     lines += ["", "profiles (min / opt / max):"]
     for comp, inputs in m["profiles"].items():
         for name, prof in inputs.items():
-            lines.append(f"  {comp}.{name:<18} {prof['min']} / {prof['opt']} / {prof['max']}")
+            lines.append(f"  {comp}.{name:<18} {' / '.join(_shape(prof[k]) for k in ('min', 'opt', 'max'))}")
     lines += ["", "passes:"] + [f"  {i + 1}. {r['pass']} {json.dumps(r['config'])}: {_fmt_changes(r['changes'])}"
                                 for i, r in enumerate(m["passes"])] or ["  (none)"]
     lines += _plugins(m)
@@ -82,6 +82,11 @@ def _engines(index: dict[str, dict[str, Any]]) -> list[str]:
 
 
 PIPELINE_ORDER = ("vision", "embed", "llm")
+
+
+def _shape(dims: list[int | None]) -> str:
+    """`[1, 3, 224, 224]`; an unbounded dimension (an image file's side) as `any`."""
+    return "[" + ", ".join("any" if d is None else str(d) for d in dims) + "]"
 
 
 def _tensor(t: dict[str, Any]) -> str:

@@ -1,6 +1,6 @@
 """Check every artifact of a bundle against the sha256 in its manifest before anything runs it.
 
-Hashing every byte costs about 1 s per 700 MB here (README, "Verified bundles"), so a file hashed once is
+Hashing every byte costs about 1 s per 700 MB here (docs/results/verify.md), so a file hashed once is
 afterwards recognised by its identity: device, inode, size, mtime and ctime, in nanoseconds. Any write through
 the file system moves mtime and ctime; mtime can be set back (`touch -r`, `os.utime`), but ctime cannot: the
 kernel sets it to now on every write and on every utime. So a changed file, even with its mtime restored, is

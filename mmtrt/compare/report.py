@@ -122,7 +122,7 @@ def format_report(report: dict[str, Any]) -> str:
             lines.append(f"{comp}: NOT COMPARED, {p['reason']}")
             continue
         lines.append(f"{comp}: A {p['runners']['a']} {p['median_ms']['a']} ms, B {p['runners']['b']} "
-                     f"{p['median_ms']['b']} ms (medians of {p['iterations']} iterations)")
+                     f"{p['median_ms']['b']} ms ({_iterations(p['iterations'])})")
         lines.append(f"  {'output':<20} {'max abs':>10} {'max rel':>10} {'mean abs':>10}  result")
         for name, o in _grouped(p["outputs"]).items():
             lines.append(f"  {name:<20} {o['max_abs']:>10.3g} {o['max_rel']:>10.3g} {o['mean_abs']:>10.3g}  "
@@ -132,6 +132,10 @@ def format_report(report: dict[str, Any]) -> str:
         lines += [f"  {d['what']:<14} {d['where']:<8} {d['a']} | {d['b']}" for d in report["differences"]]
     lines += ["", "PASSED" if report["passed"] else "FAILED"]
     return "\n".join(lines)
+
+
+def _iterations(count: int) -> str:
+    return "one iteration" if count == 1 else f"medians of {count} iterations"
 
 
 def _grouped(outputs: dict[str, dict]) -> dict[str, dict]:

@@ -17,6 +17,7 @@ from mmtrt.errors import UserError
 from mmtrt.ir.families import family
 from mmtrt.ir.families.common import COMPONENTS, FRONTEND_PROPERTIES
 from mmtrt.ir.graph import ModelIR
+from mmtrt.ir.hub_cache import checkpoint_folder
 from mmtrt.ir.preprocess import spec_from_image_processor
 from mmtrt.recipe import ModelSource
 
@@ -34,7 +35,7 @@ def load_source(source: ModelSource, recipe_dir: Path):
         return build_zoo_model(source.name)
     import transformers
 
-    folder, processor, fam = _checkpoint_processor(recipe_dir / source.path)
+    folder, processor, fam = _checkpoint_processor(checkpoint_folder(source.path, recipe_dir))
     model_class = getattr(transformers, fam.MODEL_CLASS)
     with _checkpoint_errors(f"could not load the weights in {folder}", "re-save the model with save_pretrained"):
         return model_class.from_pretrained(folder, dtype=torch.float32).eval(), processor
@@ -49,7 +50,7 @@ def describe_source(source: ModelSource, recipe_dir: Path) -> dict[str, Any]:
     else:
         from transformers import AutoConfig, GenerationConfig
 
-        folder, processor, _ = _checkpoint_processor(recipe_dir / source.path)
+        folder, processor, _ = _checkpoint_processor(checkpoint_folder(source.path, recipe_dir))
         with _checkpoint_errors(f"could not load {folder / 'config.json'}", "re-save the model with save_pretrained"):
             config = AutoConfig.from_pretrained(folder)
         try:

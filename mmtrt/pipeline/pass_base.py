@@ -4,15 +4,8 @@ from __future__ import annotations
 
 from typing import Any, ClassVar
 
-from pydantic import BaseModel, ConfigDict
-
 from mmtrt.ir.graph import ModelIR
-
-
-class PassConfig(BaseModel):
-    """Base for pass configs: unknown keys are errors, so a typo never silently takes a default."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
+from mmtrt.pipeline.pass_config import PassConfig
 
 
 class Pass:

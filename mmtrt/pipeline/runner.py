@@ -12,8 +12,9 @@ from mmtrt.ir.graph import ModelIR
 from mmtrt.pipeline.instruments import Instrument
 from mmtrt.pipeline.pass_base import Pass
 from mmtrt.pipeline.registry import get_pass
-from mmtrt.progress import stage
-from mmtrt.recipe import Recipe, format_validation_error
+from mmtrt.progress import facts_digest, stage
+from mmtrt.recipe import Recipe
+from mmtrt.schema_errors import validation_problems
 
 
 @dataclass
@@ -38,7 +39,7 @@ def plan_passes(recipe: Recipe, properties: set[str], components: set[str],
         try:
             config = cls.Config.model_validate(raw or {})
         except ValidationError as exc:
-            raise UserError(format_validation_error(exc, cls.Config, where)) from None
+            raise UserError("; ".join(validation_problems(exc, cls.Config, where))) from None
         missing = sorted(cls.requires - props)
         if missing:
             raise UserError(f"{where} requires {', '.join(missing)}, which the model or an earlier pass must provide; "
@@ -71,7 +72,8 @@ def run_passes(passes: list[Pass], ir: ModelIR, instruments: list[Instrument]) -
         before = component_stats(ir, p.components)
         for inst in instruments:
             inst.before(p, ir)
-        with stage(f"pass {i + 1}/{len(passes)}: {p.name}"):
+        key = f"pass {p.name} {p.config.model_dump_json()} {facts_digest(ir.config)}"
+        with stage(f"pass {i + 1}/{len(passes)}: {p.name}", key=key):
             changes = p.run(ir)
         ir.properties = (ir.properties - p.removes) | p.provides
         after = component_stats(ir, p.components)

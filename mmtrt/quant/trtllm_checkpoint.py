@@ -79,10 +79,8 @@ def float_linear_tensors(prefix: str, weight: np.ndarray, dtype: str) -> dict[st
     return {f"{prefix}.weight": np.asarray(weight).astype(DTYPES[dtype])}
 
 
-# The groups TensorRT-LLM's fine-grained INT4 kernels take (cutlass_kernels/fpA_intB_gemm: "Only group size 64 and 128
-# supported for fine grained kernels"), and the modules its quantize_layers leaves unquantized when a checkpoint
-# gives no exclude_modules (tensorrt_llm/quantization/quantize.py): a given list replaces them, so it restates them.
-TRTLLM_GROUPS = (64, 128)
+# The modules TensorRT-LLM's quantize_layers leaves unquantized when a checkpoint gives no exclude_modules
+# (tensorrt_llm/quantization/quantize.py): a given list replaces them, so it restates them.
 DEFAULT_EXCLUDED = ("*lm_head", "*router", "*vocab_embedding", "*position_embedding", "*block_embedding",
                     "*shared_expert_gate")
 

@@ -5,39 +5,62 @@ from __future__ import annotations
 from pathlib import Path
 
 from mmtrt.errors import UserError
+from mmtrt.terminal import show
 
 
-def add_commands(sub, positive_int, natural_int) -> None:
+def add_commands(sub, positive_int, natural_int, examples) -> None:
     p = sub.add_parser("serve", help="serve a bundle: Triton Inference Server (PyTriton) and an OpenAI-compatible "
-                       "endpoint on one continuous-batching loop")
-    p.add_argument("bundle", type=Path)
-    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default 127.0.0.1; 0.0.0.0 for all)")
-    p.add_argument("--port", type=natural_int, default=8080, help="the OpenAI endpoint's port (default 8080; 0: a free one)")
-    p.add_argument("--max-batch", type=positive_int, help="sequences decoded together (default: the bundle's batch max)")
-    p.add_argument("--max-queue", type=positive_int, default=64, help="requests waiting to be admitted into the "
-                   "batch; beyond it new ones are refused with HTTP 429 (default 64)")
-    p.add_argument("--triton-http-port", type=natural_int, default=8000, help="Triton's HTTP port (default 8000; 0: free)")
-    p.add_argument("--triton-grpc-port", type=natural_int, default=8001, help="Triton's gRPC port (default 8001; 0: free)")
-    p.add_argument("--triton-metrics-port", type=natural_int, default=8002, help="Triton's metrics port (default 8002; 0: free)")
+                       "endpoint on one continuous-batching loop",
+                       description="Serve a bundle over HTTP: an OpenAI-compatible endpoint (/v1/chat/completions, "
+                       "streaming or not) and Triton Inference Server through PyTriton (HTTP, gRPC, metrics), both fed "
+                       "by one continuous-batching loop. A full queue is refused with HTTP 429; SIGTERM drains the "
+                       "requests in flight (docs/SERVING.md).",
+                       epilog=examples("mmtrt serve out/dino-smollm.bundle",
+                                       "mmtrt serve out/dino-smollm.bundle --no-triton --port 8080 --max-batch 4",
+                                       "mmtrt serve out/dino-smollm.bundle --host 0.0.0.0 --allow-images examples"))
+    p.add_argument("bundle", type=Path, help="a bundle folder written by `mmtrt compile`")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (0.0.0.0 for all)")
+    p.add_argument("--port", type=natural_int, default=8080, help="the OpenAI endpoint's port (0: a free one)")
+    p.add_argument("--max-batch", type=positive_int, metavar="N",
+                   help="sequences decoded together (default: the bundle's batch max)")
+    p.add_argument("--max-queue", type=positive_int, default=64, metavar="N", help="requests waiting to be admitted "
+                   "into the batch; beyond it new ones are refused with HTTP 429")
+    p.add_argument("--triton-http-port", type=natural_int, default=8000, metavar="PORT",
+                   help="Triton's HTTP port (0: a free one)")
+    p.add_argument("--triton-grpc-port", type=natural_int, default=8001, metavar="PORT",
+                   help="Triton's gRPC port (0: a free one)")
+    p.add_argument("--triton-metrics-port", type=natural_int, default=8002, metavar="PORT",
+                   help="Triton's metrics port (0: a free one)")
     p.add_argument("--no-triton", action="store_true", help="serve the OpenAI endpoint only")
-    p.add_argument("--allow-images", type=Path, metavar="DIR", help="image files under DIR may be named by path; "
-                   "otherwise images come as data: URIs only")
-    p.add_argument("--threads", type=positive_int, help="ONNX Runtime intra-op threads")
+    p.add_argument("--allow-images", type=Path, metavar="DIR", help="image files under DIR may be named by path "
+                   "(default: images come as data: URIs only)")
+    p.add_argument("--threads", type=positive_int, metavar="N",
+                   help="ONNX Runtime intra-op threads (default: ONNX Runtime's choice)")
     p.add_argument("--no-spin", action="store_true", help="ONNX Runtime's threads sleep when idle instead of "
                    "spinning (hosts shared with other work)")
-    p.add_argument("--expect-digest", help="refuse the bundle unless its digest (`mmtrt inspect`) is this sha256")
-    p.add_argument("--public-key", type=Path, help="refuse the bundle unless it carries a valid signature "
-                   "(`mmtrt sign`) by this PEM public key")
+    p.add_argument("--expect-digest", metavar="SHA256", help="refuse the bundle unless its digest (`mmtrt inspect`) "
+                   "is this sha256")
+    p.add_argument("--public-key", type=Path, metavar="PEM", help="refuse the bundle unless it carries a valid "
+                   "signature (`mmtrt sign`) by this PEM public key")
     p.set_defaults(func=_serve)
 
     p = sub.add_parser("export", help="write a deployable form of a bundle: `export triton BUNDLE REPO`, a Triton "
-                       "model repository")
-    p.add_argument("format", choices=["triton"])
-    p.add_argument("bundle", type=Path)
+                       "model repository",
+                       description="Write a Triton model repository that a stock tritonserver serves: the model runs "
+                       "the serving loop in an mmtrt worker process, so the server's Python needs only numpy "
+                       "(docs/SERVING.md).",
+                       epilog=examples("mmtrt export triton out/dino-smollm.bundle model_repository",
+                                       "mmtrt export triton out/dino-smollm.bundle model_repository --max-batch 4 "
+                                       "--force"))
+    p.add_argument("format", choices=["triton"], help="the form to write: triton (a Triton model repository)")
+    p.add_argument("bundle", type=Path, help="a bundle folder written by `mmtrt compile`")
     p.add_argument("repository", type=Path, help="model repository folder (created, or added to)")
-    p.add_argument("--max-batch", type=positive_int, help="sequences decoded together (default: the bundle's batch max)")
-    p.add_argument("--max-queue", type=positive_int, default=64, help="waiting requests before refusing (default 64)")
-    p.add_argument("--allow-images", type=Path, metavar="DIR", help="image files under DIR may be named by path")
+    p.add_argument("--max-batch", type=positive_int, metavar="N",
+                   help="sequences decoded together (default: the bundle's batch max)")
+    p.add_argument("--max-queue", type=positive_int, default=64, metavar="N",
+                   help="waiting requests before new ones are refused")
+    p.add_argument("--allow-images", type=Path, metavar="DIR", help="image files under DIR may be named by path "
+                   "(default: images come as data: URIs only)")
     p.add_argument("--force", action="store_true", help="replace the model's folder if the repository has it")
     p.set_defaults(func=_export)
 
@@ -67,5 +90,5 @@ def _export(args) -> int:
     from mmtrt.serve.export import export_triton
 
     folder = export_triton(args.bundle, args.repository, args.max_batch, args.max_queue, args.allow_images, args.force)
-    print(f"wrote {folder}")
+    show(f"wrote {folder}")
     return 0

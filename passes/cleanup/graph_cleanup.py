@@ -5,15 +5,10 @@ Every other pass can leave dead subgraphs behind; this one makes them disappear 
 
 from __future__ import annotations
 
-from pydantic import Field
-
 from mmtrt.ir.graph import ModelIR
 from mmtrt.ir.rewrite import cleanup, replace_uses
-from mmtrt.pipeline.pass_base import Pass, PassConfig
-
-
-class GraphCleanupConfig(PassConfig):
-    fold_constants: bool = Field(True, description="Evaluate subgraphs whose inputs are all constants and store the results.")
+from mmtrt.pipeline.pass_base import Pass
+from passes.cleanup.graph_cleanup_config import GraphCleanupConfig
 
 
 class GraphCleanup(Pass):

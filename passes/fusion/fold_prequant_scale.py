@@ -15,22 +15,17 @@ give; it is left.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Literal
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
-from pydantic import Field
 
 from mmtrt.ir.graph import ModelIR
 from mmtrt.ir.rewrite import attr, cleanup, producers, replace_uses
-from mmtrt.pipeline.pass_base import Pass, PassConfig
+from mmtrt.pipeline.pass_base import Pass
+from passes.fusion.fold_prequant_scale_config import FoldPrequantScaleConfig
 
 NORMS = ("RMSNormalization", "SimplifiedLayerNormalization", "LayerNormalization", "SkipSimplifiedLayerNormalization")
-
-
-class FoldPrequantScaleConfig(PassConfig):
-    components: list[Literal["llm", "vision"]] = Field(["llm"], min_length=1, description="Components whose constant per-channel Muls are folded into their producers.")
 
 
 class FoldPrequantScale(Pass):

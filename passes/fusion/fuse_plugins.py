@@ -3,8 +3,9 @@
 TensorRT runs token_prune's selection as a dozen small kernels plus a data-dependent gather (three dozen with
 VisionZip's merge, about twenty for a dynamic budget, whatever the criterion), and an INT4 linear at
 decode as a dequantize into a full fp16 weight before a GEMM; one fused kernel each reads the inputs once (see the
-README's roofline). The pass places like the compiler does (mmtrt.partition.placement) and fuses only chains whose
-every node lies in a TensorRT segment, so ONNX Runtime segments keep their standard ops. A fused node carries its
+roofline estimate in docs/results/plugin-roofline.md). The pass places like the compiler does
+(mmtrt.partition.placement) and fuses only chains whose every node lies in a TensorRT segment, so ONNX Runtime
+segments keep their standard ops. A fused node carries its
 decomposition as a local function (passes/fusion/plugin_nodes.py): ONNX Runtime, and TensorRT without the plugin,
 still run it. Run it last: after token_prune, after awq_int4 with the TensorRT (DequantizeLinear) lowering and after
 cast_precision, whose casts the patterns see through.
@@ -13,24 +14,23 @@ cast_precision, whose casts the patterns see through.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Literal
 
 import numpy as np
 import onnx
 from onnx import numpy_helper
-from pydantic import Field
 
 from mmtrt.ir.graph import ModelIR
 from mmtrt.kernels import launch
 from mmtrt.kernels.catalog import PLUGINS
 from mmtrt.partition.placement import TENSORRT, node_inputs, place_component
-from mmtrt.pipeline.pass_base import Pass, PassConfig
+from mmtrt.pipeline.pass_base import Pass
 from passes.fusion.graph_view import GraphView, NoMatch, NotCandidate, check
 from passes.fusion.int4_gemm_match import Int4GemmMatch, int8_pairs, match_int4_gemm, np_type
 from passes.fusion.plugin_nodes import add_function, plugin_node
 from passes.fusion.token_select_dynamic_match import TokenSelectDynamicMatch, match_token_select_dynamic
 from passes.fusion.token_select_match import TokenSelectMatch, match_token_select
 from passes.fusion.token_select_merge_match import TokenSelectMergeMatch, match_token_select_merge
+from passes.fusion.fuse_plugins_config import FusePluginsConfig
 
 # recipe name -> (anchor op type, matcher, catalog key) per pattern it fuses; a match may name another key (a
 # selection from a score the graph computes is a TokenSelectScored)
@@ -40,12 +40,6 @@ ANCHORS = {
                      ("GatherND", match_token_select_dynamic, "token_select_dynamic")],
     "int4_gemm": [("MatMul", match_int4_gemm, "int4_gemm")],
 }
-
-
-class FusePluginsConfig(PassConfig):
-    plugins: list[Literal["token_select", "int4_gemm"]] = Field(
-        ["token_select", "int4_gemm"], min_length=1,
-        description="Plugins to fuse: `token_select` (token_prune's selection as one kernel: cls_attention scored in the kernel, with or without merge: contextual; any other criterion, and every dynamic budget, from the graph's scores) and `int4_gemm` (awq_int4's DequantizeLinear + MatMul, with AWQ's pre-quant Mul, as a W4A16 GEMV for batch 1 to 8).")
 
 
 class FusePlugins(Pass):

@@ -12,23 +12,16 @@ each consumer its original tensor.
 
 from __future__ import annotations
 
-from typing import Literal
-
 import numpy as np
 import onnx
 from onnx import helper, numpy_helper
-from pydantic import Field
 
 from mmtrt.ir.graph import ModelIR
 from mmtrt.ir.rewrite import attr, cleanup
-from mmtrt.pipeline.pass_base import Pass, PassConfig
+from mmtrt.pipeline.pass_base import Pass
+from passes.fusion.fuse_projections_config import FuseProjectionsConfig
 
 NBITS_ATTRS = ("K", "bits", "block_size", "accuracy_level")
-
-
-class FuseProjectionsConfig(PassConfig):
-    ops: list[Literal["matmulnbits", "matmul"]] = Field(["matmulnbits", "matmul"], min_length=1, description="Which linears are fused: `matmulnbits` (ONNX Runtime's INT4 linears, as awq_int4 lowers them) and `matmul` (float MatMuls with a constant weight).")
-    components: list[Literal["llm", "vision"]] = Field(["llm"], min_length=1, description="Components whose linears are fused.")
 
 
 class FuseProjections(Pass):

@@ -10,22 +10,16 @@ broadcast, which the fused op does not), and only norms over the last axis with 
 
 from __future__ import annotations
 
-from typing import Literal
-
 import onnx
 from onnx import helper
-from pydantic import Field
 
 from mmtrt.ir.graph import ModelIR
 from mmtrt.ir.rewrite import attr, cleanup, import_domain, producers
-from mmtrt.pipeline.pass_base import Pass, PassConfig
+from mmtrt.pipeline.pass_base import Pass
+from passes.fusion.fuse_skip_norm_config import FuseSkipNormConfig
 
 NORMS = {("RMSNormalization", ""), ("RMSNormalization", "ai.onnx"), ("SimplifiedLayerNormalization", ""),
          ("SimplifiedLayerNormalization", "ai.onnx")}
-
-
-class FuseSkipNormConfig(PassConfig):
-    components: list[Literal["llm", "vision"]] = Field(["llm"], min_length=1, description="Components whose residual Add + RMS norm pairs are fused.")
 
 
 class FuseSkipNorm(Pass):

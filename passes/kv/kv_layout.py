@@ -13,17 +13,17 @@ of them where perplexity or parity needs them). The manifest's `model.kv_cache` 
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 import onnx
 from onnx import TensorProto, helper
-from pydantic import Field, model_validator
 
 from mmtrt.errors import UserError
 from mmtrt.ir.graph import ModelIR
 from mmtrt.ir.rewrite import attr, cleanup, import_domain, producers
-from mmtrt.pipeline.pass_base import Pass, PassConfig
+from mmtrt.pipeline.pass_base import Pass
 from passes.kv.cache_type import adopt_reduced_cache, cache_in_fp16
+from passes.kv.kv_layout_config import KvLayoutConfig
 from passes.kv.paged import CACHE_POSITIONS, MAX_BLOCKS, NUM_SLOTS, SLOTS, TABLE, TOKENS, rewrite_paged
 
 CAPACITY = "capacity"
@@ -32,19 +32,6 @@ NO_BF16 = ("kv_layout: a bfloat16 KV cache does not run: ONNX Runtime's CPU Grou
            "kernel (1.31) and the runtimes hold float32 or float16 buffers; use cast_precision dtype fp16 "
            "(or cache_dtype fp16 on an fp32 LLM)")
 SEQLENS, TOTAL, LOGITS_FROM = "seqlens_k", "total_sequence_length", "logits_from"
-
-
-class KvLayoutConfig(PassConfig):
-    layout: Literal["static", "paged"] = Field("static", description="`static`: one buffer per layer `[batch, H_kv, capacity, D]` (capacity = prompt + image tokens + max new tokens), past and present bound to the same memory and written in place. `paged`: one pool of blocks per layer `[num_slots, H_kv, D]` and a block table per sequence (vLLM, TensorRT-LLM), so a sequence holds only the blocks it fills.")
-    block_tokens: int = Field(16, ge=1, le=1024, description="`paged` only: tokens per block, a power of two (TensorRT-LLM's XQA kernels take 64 or 128).")
-    cache_dtype: Literal["auto", "fp32", "fp16", "bf16"] = Field("auto", description="The type the cache is stored in. `auto`: the type the LLM computes keys and values in (fp16 when kv_layout follows an fp16 cast_precision, whose casts at the cache I/O go; fp32 otherwise). `fp16` on an fp32 LLM halves KV memory; the graph casts the new keys and values on the way in (static: attention itself runs in fp16; paged: the gathered context is cast back for attention). A bf16 cache (`bf16`, or `auto` after a bf16 cast_precision) is refused at plan time: ONNX Runtime's CPU GroupQueryAttention has no bfloat16 kernel.")
-    pool_blocks: int | None = Field(None, ge=1, description="`paged` only: blocks in the pool. Default: enough for the envelope's batch maximum at full capacity; fewer make requests wait for blocks.")
-
-    @model_validator(mode="after")
-    def _consistent(self) -> "KvLayoutConfig":
-        if self.block_tokens & (self.block_tokens - 1):
-            raise ValueError(f"block_tokens {self.block_tokens} is not a power of two; use 16, 32, 64 or 128")
-        return self
 
 
 class KvLayout(Pass):

@@ -12,22 +12,19 @@ output types, so the contracts between components do not change.
 from __future__ import annotations
 
 from collections import Counter
-from typing import Literal
 
 import ml_dtypes
 import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
-from pydantic import Field
 
 from mmtrt.backends.tensorrt.support import SUPPORTED, TYPED_TENSOR
 from mmtrt.ir.graph import ModelIR
 from mmtrt.partition.placement import TENSORRT, graph_facts, node_inputs, place_component
-from mmtrt.pipeline.pass_base import Pass, PassConfig
+from mmtrt.pipeline.pass_base import Pass
+from passes.precision.cast_precision_config import CastPrecisionConfig, NORMALIZATIONS
 
 LOW = {"fp16": (TensorProto.FLOAT16, np.float16), "bf16": (TensorProto.BFLOAT16, ml_dtypes.bfloat16)}
-NORMALIZATIONS = ("LayerNormalization", "RMSNormalization", "GroupNormalization", "InstanceNormalization",
-                  "BatchNormalization", "LpNormalization", "MeanVarianceNormalization")
 # Ops that only move or select data: they take the type of their data input instead of forcing one.
 MOVES = frozenset({"Reshape", "Transpose", "Squeeze", "Unsqueeze", "Flatten", "Slice", "Gather", "GatherElements",
                    "GatherND", "Concat", "Split", "Expand", "Tile", "Identity", "Pad", "DepthToSpace", "SpaceToDepth",
@@ -36,15 +33,6 @@ NEVER = frozenset({"Cast", "CastLike", "Constant", "DequantizeLinear", "Quantize
 # Inputs that stay fp32 whatever the node runs in.
 FP32_INPUTS = {"Resize": {1, 2}}
 SOFTMAX_FP32 = ("Attention",)
-
-
-class CastPrecisionConfig(PassConfig):
-    dtype: Literal["fp16", "bf16"] = Field("fp16", description="The reduced type TensorRT segments run in.")
-    keep_fp32_ops: list[str] = Field(
-        [*NORMALIZATIONS, "Softmax", "LogSoftmax", "ReduceMean", "ReduceSum", "ReduceSumSquare", "ReduceL2",
-         "ReduceLogSumExp", "CumSum", "Pow", "Sqrt"],
-        description="Op types that stay in fp32 (they accumulate over many values or normalise).")
-    keep_residual_fp32: bool = Field(True, description="Keep the residual stream in fp32: the Adds that feed, or are fed by, a normalisation's input.")
 
 
 class CastPrecision(Pass):

@@ -10,19 +10,12 @@ float projector (or exclude the projector: `exclude: [vision.linear.*]`, the nam
 from __future__ import annotations
 
 import fnmatch
-from typing import Any, Literal
-
-from pydantic import Field
+from typing import Any
 
 from mmtrt.ir.graph import ModelIR
-from mmtrt.pipeline.pass_base import Pass, PassConfig
+from mmtrt.pipeline.pass_base import Pass
 from mmtrt.quant.int8_weights import int8_weight_linears
-
-
-class Int8WeightsConfig(PassConfig):
-    components: list[Literal["vision"]] = Field(["vision"], min_length=1, description="Components whose linears are stored in INT8 (`vision` includes the projector).")
-    include: list[str] = Field(["*"], description="Glob patterns of linear names to quantize, e.g. `vision.layers.*`; names look like `vision.layers.0.fc1`, `vision.linear.18` (the pass report lists them).")
-    exclude: list[str] = Field([], description="Glob patterns of linear names to keep in float.")
+from passes.quant.int8_weights_config import Int8WeightsConfig
 
 
 class Int8Weights(Pass):

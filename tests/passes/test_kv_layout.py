@@ -107,7 +107,7 @@ def test_prefill_then_decode_in_place_equals_the_growing_cache(static_bundle, si
 def test_plan_shows_the_layout_before_export(siglip_checkpoint, capsys):
     recipe = siglip_checkpoint.parent / "plan.yaml"
     recipe.write_text(RECIPE)
-    assert main(["compile", str(recipe), "--plan"]) == 0
+    assert main(["compile", str(recipe), "--plan", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["dims_after_passes"]["capacity"]["max"] == 40 + plan["image_tokens_after_passes"] + 9
     assert "capacity" not in plan["dims_before_passes"]

@@ -259,7 +259,7 @@ def test_shape_planning_and_runtime_follow_the_kept_count(tmp_path, rng, capsys)
     recipe_text = pruned_recipe(16)
     assert "token_prune" in recipe_text
     (tmp_path / "recipe.yaml").write_text(recipe_text)
-    assert main(["compile", str(tmp_path / "recipe.yaml"), "--plan"]) == 0
+    assert main(["compile", str(tmp_path / "recipe.yaml"), "--plan", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["image_tokens_after_passes"] == 16 and plan["dims_after_passes"]["seq"]["max"] == 256 + 16
     bundle = compile_to(tmp_path, recipe_text)

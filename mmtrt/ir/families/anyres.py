@@ -18,7 +18,7 @@ import numpy as np
 from mmtrt.backends.anyres import NEWLINE_ASSET, token_bound
 from mmtrt.errors import UserError
 from mmtrt.ir import export
-from mmtrt.ir.families.common import FRONTEND_PROPERTIES, language_components, onnx_component, tokenizer_assets
+from mmtrt.ir.families.common import FRONTEND_PROPERTIES, language_components, lowered, tokenizer_assets
 from mmtrt.ir.families.llava import llava_style_facts
 from mmtrt.ir.graph import Component, ModelIR, TensorSpec
 from mmtrt.ir.preprocess import spec_from_image_processor
@@ -76,7 +76,7 @@ def lower(model, processor, max_patches: int | None) -> ModelIR:
     facts = anyres_facts(model.config, model.generation_config, processor, spec, max_patches)
     v = facts["vision"]
     size = tuple(spec["output_size"])
-    vision = onnx_component("vision", export.export_vision(model, v["feature_layer"], v["select_strategy"], size))
+    vision = lowered("vision", v, lambda: export.export_vision(model, v["feature_layer"], v["select_strategy"], size))
     if vision.outputs[0].shape[1] != v["tile_tokens"]:
         raise UserError(f"the vision tower yields {vision.outputs[0].shape[1]} tokens per tile but the any-resolution "
                         f"layout needs {v['tile_tokens']} (a {v['anyres']['grid']}x{v['anyres']['grid']} grid); "

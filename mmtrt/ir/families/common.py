@@ -3,11 +3,15 @@
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import onnx
+
 from mmtrt.ir import export
 from mmtrt.ir.graph import Component, graph_io
+from mmtrt.progress import facts_digest, stage
 
 COMPONENTS = ("preprocess", "vision", "embed", "llm")
 # what every family's lowering gives: HF's stack of all vision hidden states, the LLM's cache as HF lays it out
@@ -44,10 +48,19 @@ def onnx_component(name: str, model) -> Component:
     return Component(name, graph_io(model, "inputs"), graph_io(model, "outputs"), onnx=model)
 
 
+def lowered(name: str, sizes: dict[str, Any], export_graph: Callable[[], onnx.ModelProto]) -> Component:
+    """One component exported under a progress line that names it with its depth; the next compile of the same
+    sizes shows this one's time as its estimate."""
+    depth = f" ({sizes['num_layers']} layers)" if "num_layers" in sizes else ""
+    with stage(f"lowering {name}{depth} to ONNX", key=f"lower {name} {facts_digest(sizes)}"):
+        return onnx_component(name, export_graph())
+
+
 def language_components(model, llm: dict[str, Any]) -> dict[str, Component]:
     """The token embedding and the decoder (prefill and decode in one graph), exported."""
+    table = {"vocab_size": llm["vocab_size"], "hidden_size": llm["hidden_size"]}
     return {
-        "embed": onnx_component("embed", export.export_embedding(model)),
-        "llm": onnx_component("llm", export.export_decoder(model, llm["num_layers"], llm["num_kv_heads"],
-                                                           llm["head_dim"], llm["hidden_size"])),
+        "embed": lowered("embed", table, lambda: export.export_embedding(model)),
+        "llm": lowered("llm", llm, lambda: export.export_decoder(model, llm["num_layers"], llm["num_kv_heads"],
+                                                                 llm["head_dim"], llm["hidden_size"])),
     }

@@ -7,7 +7,7 @@ from typing import Any
 from mmtrt.errors import UserError
 from mmtrt.ir import export
 from mmtrt.ir.families.common import (FRONTEND_PROPERTIES, eos_token_ids, language_components, llm_facts,
-                                      onnx_component, tokenizer_assets)
+                                      lowered, tokenizer_assets)
 from mmtrt.ir.graph import Component, ModelIR, TensorSpec
 from mmtrt.ir.preprocess import spec_from_image_processor
 
@@ -61,7 +61,7 @@ def lower(model, processor) -> ModelIR:
     facts = model_facts(model.config, model.generation_config, processor, spec)
     v = facts["vision"]
     size = tuple(spec["output_size"])
-    vision = onnx_component("vision", export.export_vision(model, v["feature_layer"], v["select_strategy"], size))
+    vision = lowered("vision", v, lambda: export.export_vision(model, v["feature_layer"], v["select_strategy"], size))
     exported_tokens = vision.outputs[0].shape[1]
     if exported_tokens != v["image_tokens"]:
         raise UserError(f"the vision tower yields {exported_tokens} tokens per image but the processor expands "

@@ -15,7 +15,7 @@ import math
 from typing import Any
 
 from mmtrt.errors import UserError
-from mmtrt.ir.families.common import eos_token_ids, llm_facts, onnx_component, tokenizer_assets
+from mmtrt.ir.families.common import eos_token_ids, llm_facts, lowered, tokenizer_assets
 from mmtrt.ir.graph import Component, ModelIR, TensorSpec
 
 MODEL_CLASS = "AutoModelForImageTextToText"
@@ -127,10 +127,10 @@ def lower(model, processor) -> ModelIR:
             outputs=[TensorSpec("pixel_values", "float32", ("patches", cpp))],
             spec=spec,
         ),
-        "vision": onnx_component("vision", export.export_vision(model, v["window_size"] is not None, (6, 10))),
-        "embed": onnx_component("embed", export_embedding(model)),
-        "llm": onnx_component(
-            "llm", export.export_decoder(model, t["num_layers"], t["num_kv_heads"], t["head_dim"], t["hidden_size"])),
+        "vision": lowered("vision", v, lambda: export.export_vision(model, v["window_size"] is not None, (6, 10))),
+        "embed": lowered("embed", {k: t[k] for k in ("vocab_size", "hidden_size")}, lambda: export_embedding(model)),
+        "llm": lowered("llm", t, lambda: export.export_decoder(model, t["num_layers"], t["num_kv_heads"], t["head_dim"],
+                                                                t["hidden_size"])),
     }
     return ModelIR(components, facts, tokenizer_assets(processor), set(PROPERTIES))
 
