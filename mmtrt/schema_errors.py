@@ -44,7 +44,9 @@ def path_text(prefix: str, loc) -> str:
 
 
 def _is_tag(part) -> bool:
-    return isinstance(part, str) and (part in UNION_TAGS or re.fullmatch(r"[\w-]+\[.*\]", part) is not None)
+    """A union member's tag, or `[key]`: pydantic's mark that a mapping's key (not its value) is wrong."""
+    return isinstance(part, str) and (part in UNION_TAGS or part == "[key]"
+                                      or re.fullmatch(r"[\w-]+\[.*\]", part) is not None)
 
 
 def _unknown_key(root: type[BaseModel], loc: tuple, prefix: str) -> str:

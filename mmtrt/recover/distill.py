@@ -23,7 +23,7 @@ from mmtrt.ir.export import VisionWithProjector
 from mmtrt.ir.graph import ModelIR
 from mmtrt.pipeline.source import frozen
 from mmtrt.progress import track
-from mmtrt.quant.calibration import _llm_feeds, _tokenizer, run_with_outputs, session
+from mmtrt.quant.calibration import Sequence, _llm_feeds, _tokenizer, run_with_outputs, session
 
 
 @dataclass
@@ -124,7 +124,7 @@ class Student:
         return base.masked_scatter(mask[:, None], features)
 
     def _lossy_logits(self, embeds: torch.Tensor, s: Sample) -> torch.Tensor:
-        feeds = _llm_feeds(self.ir, embeds.detach().numpy()[None])
+        feeds = _llm_feeds(self.ir, [Sequence(embeds.detach().numpy())])
         return self._pick(torch.from_numpy(self.llm.run(None, feeds)[0][0])[after_image(s.ids, self.image_token_id)])
 
     def _pick(self, after: torch.Tensor) -> torch.Tensor:

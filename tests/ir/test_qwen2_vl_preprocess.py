@@ -86,8 +86,11 @@ def test_plan_bounds_tokens_by_the_processor_pixels(tmp_path, qwen):
     assert dims["seq"]["max"] == 256 + 20 and plan["image_tokens_after_passes"] == 20
 
 
+VALID_OPTIONS = {"token_prune": "{keep: 0.5}", "channel_prune": "{vision: {mlp: 0.25}}"}
+
+
 @pytest.mark.parametrize("name", sorted(REFUSED_PASSES))
 def test_plan_refuses_passes_with_the_reason(tmp_path, qwen, name):
-    with pytest.raises(UserError) as info:
-        make_plan(recipe(tmp_path, qwen, f"passes:\n  - {name}: {{}}\n"))
+    with pytest.raises(UserError) as info:  # options the recipe check takes: the refusal is the family's
+        make_plan(recipe(tmp_path, qwen, f"passes:\n  - {name}: {VALID_OPTIONS.get(name, '{}')}\n"))
     assert str(info.value) == f"passes[0].{name} is refused for this model: {REFUSED_PASSES[name]}"

@@ -26,14 +26,15 @@ def test_unknown_key_is_one_line_and_exit_2(tmp_path, capsys):
     path = write(tmp_path, GOOD + "benchmark: {round: 3}\n")
     assert main(["nightly", str(path), "-o", str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err.strip()
-    assert "\n" not in err and "unknown key 'round' in benchmark" in err and "rounds" in err
+    assert "\n" not in err and "benchmark.round: unknown key 'round' (did you mean 'rounds'?)" in err
     assert not (tmp_path / "out").exists() and not (tmp_path / "nightly").exists()
 
 
 @pytest.mark.parametrize("text, message", [
     (GOOD.replace("reference: a", "reference: z"), "reference 'z' is not one of the recipes"),
     (GOOD.replace("name: b", "name: a"), "recipe names must be unique, repeated: a"),
-    (GOOD.replace("eval", "eval") + "  - {name: d, recipe: x.yaml, eval: {bleu: 3}}\n", "recipes.3.eval.bleu"),
+    (GOOD.replace("eval", "eval") + "  - {name: d, recipe: x.yaml, eval: {bleu: 3}}\n",
+     "recipes[3].eval.bleu: Input should be 'digits', 'perplexity' or 'parity', got 'bleu'"),
     ("recipes: []\nreference: a\n", "recipes: List should have at least 1 item"),
 ])
 def test_bad_configs_name_the_problem(tmp_path, text, message):
@@ -55,7 +56,7 @@ def test_override_is_validated_as_a_recipe(tmp_path):
     assert recipe.pass_list() == [("graph_cleanup", {})]
     bad = GOOD.replace("override: {passes:", "override: {pases:")
     config, base, _ = load_config(write(tmp_path, bad))
-    with pytest.raises(UserError, match="with the override of c: unknown key 'pases'"):
+    with pytest.raises(UserError, match=r"override of c: pases: unknown key 'pases' \(did you mean 'passes'\?\)"):
         effective_recipe(config.recipes[2], base)
 
 

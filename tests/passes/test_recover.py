@@ -24,7 +24,7 @@ from mmtrt.eval import digits
 from mmtrt.ir.export import VisionWithProjector
 from mmtrt.ir.frontend import lower
 from mmtrt.pipeline.source import source_model
-from mmtrt.quant.calibration import _llm_feeds, session
+from mmtrt.quant.calibration import Sequence, _llm_feeds, session
 from mmtrt.recover import distill
 from passes.recover.recover import Recover, RecoverConfig, find_site
 from passes.vision.token_prune import TokenPrune, TokenPruneConfig
@@ -81,7 +81,7 @@ def heldout_kl(ir, llava) -> float:
         features = vision.run(None, {"pixel_values": transform(img.convert("RGB"))[None].numpy()})[0][0]
         e = embed.run(None, {"input_ids": s.ids[None]})[0][0]
         e[s.ids == token] = features
-        logits = torch.from_numpy(llm.run(None, _llm_feeds(ir, e[None]))[0][0])[-1:]
+        logits = torch.from_numpy(llm.run(None, _llm_feeds(ir, [Sequence(e)]))[0][0])[-1:]
         values.append(torch.nn.functional.kl_div(logits.log_softmax(-1), s.teacher[-1:].log_softmax(-1),
                                                  log_target=True, reduction="batchmean").item())
     return float(np.mean(values))
