@@ -112,8 +112,12 @@ def test_the_digest_is_printed_and_pinned(tiny_bundle, tmp_path, capsys, rng):
 
 
 def test_compile_prints_the_digest(tiny_bundle, tmp_path, capsys, monkeypatch):
+    from conftest import ROOT
+
     monkeypatch.setattr("mmtrt.compiler.compile_recipe", lambda recipe, out, **kw: tiny_bundle)
-    assert main(["compile", "recipe.yaml", "-o", str(tmp_path / "x")]) == 0
+    recipe = tmp_path / "recipe.yaml"  # the CLI checks the recipe before it compiles
+    recipe.write_text((ROOT / "recipes" / "tiny-llava.yaml").read_text())
+    assert main(["compile", str(recipe), "-o", str(tmp_path / "x")]) == 0
     from mmtrt.bundle.manifest import sha256_file
 
     assert f"digest sha256:{sha256_file(tiny_bundle / 'manifest.json')}" in capsys.readouterr().out
