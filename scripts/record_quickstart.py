@@ -94,14 +94,12 @@ def main() -> None:
     env["MMTRT_CACHE"] = tempfile.mkdtemp(prefix="mmtrt-record-cache-")
     commit = subprocess.run(["git", "describe", "--always", "--dirty"], cwd=ROOT, capture_output=True, text=True,
                             check=True).stdout.strip()
-    load_before = os.getloadavg()[0]
     runs = []
     for command in heavy_commands():
         print(f"$ {command}", flush=True)
         output, seconds = on_terminal(command, env)
         print(output, f"({seconds:.0f} s)", sep="", flush=True)
         runs.append((command, output, seconds))
-    load_after = os.getloadavg()[0]
     date = datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     lines = ["# The quick start, as recorded", "",
              "Written by `scripts/record_quickstart.py`, which runs the commands of README.md and docs/quickstart.md "
@@ -109,8 +107,7 @@ def main() -> None:
              "pages' excerpts against this record (and runs the cheap commands itself). The checkout's folder is "
              "written as CHECKOUT.", "",
              f"- date: {date}", f"- commit: {commit}", f"- machine: {machine()}",
-             f"- load average (1 min) {load_before:.1f} before, {load_after:.1f} after: the machine was shared, so "
-             "times are upper bounds", ""]
+             "- the machine was shared with other jobs, so times are upper bounds", ""]
     for command, output, seconds in runs:
         lines += ["```console", f"$ {command}", output.rstrip("\n"), "```", f"took {seconds:.0f} s", ""]
     RECORD.parent.mkdir(parents=True, exist_ok=True)
