@@ -1,12 +1,14 @@
-"""Overload and shutdown of a real `mmtrt serve` (one batch place, two queue places): the excess is refused at once
-with HTTP 429 (or a Triton error response), nothing admitted is lost or answered with another's tokens; SIGTERM
-refuses new requests with 503, lets the running ones finish through both endpoints, frees every block, exits 0."""
+"""Overload and shutdown of a real `mmtrt serve`. Overload (one batch place, two queue places): the excess is refused
+at once with HTTP 429, nothing admitted is lost or answered with another's tokens. SIGTERM refuses new requests with
+503, lets the running and queued ones finish through both endpoints, frees every block, exits 0."""
 
 from __future__ import annotations
 
 import json
 import signal
 import time
+import urllib.error
+import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 
 import openai
@@ -21,7 +23,7 @@ MODEL = "paged"
 
 @pytest.fixture(scope="module")
 def server(tiny_paged_bundle):
-    s = Server(tiny_paged_bundle, "--max-batch", "1", "--max-queue", "2")
+    s = Server(tiny_paged_bundle, "--max-batch", "1", "--max-queue", "2", triton=False)
     yield s
     s.close()
 
@@ -67,31 +69,55 @@ def test_overload_is_refused_at_once_and_loses_nothing(server, pipe, rng):
     assert m["mmtrt_kv_blocks_used"] == 0 and m["mmtrt_requests_refused_total"] == len(refused)
 
 
-def test_sigterm_drains_then_exits_0(server, pipe, rng):
+def wait_draining(server):
+    """Until /ready answers 503: the signal has been handled."""
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            urllib.request.urlopen(server.url.removesuffix("/v1") + "/ready", timeout=30)
+        except urllib.error.HTTPError as exc:
+            assert exc.code == 503
+            return
+        assert time.monotonic() < deadline
+        time.sleep(0.002)
+
+
+def wait_admitted(server, n):
+    """Until the loop has taken `n` requests (queued, running or finished)."""
+    deadline = time.monotonic() + 60
+    while sum(map((m := server.metrics()).get, ADMITTED)) < n:
+        assert time.monotonic() < deadline, m
+        time.sleep(0.005)
+
+
+ADMITTED = ("mmtrt_queue_length", "mmtrt_running_requests", "mmtrt_requests_finished_total")
+
+
+def test_sigterm_drains_then_exits_0(tiny_paged_bundle, pipe, rng):
+    """Twelve gRPC requests, then one OpenAI request, queue behind one another on a batch of one: the signal comes
+    while at least the last one still waits, however fast the machine."""
+    server = Server(tiny_paged_bundle, "--max-batch", "1", "--max-queue", "16")
     client = openai.OpenAI(base_url=server.url, api_key="unused", max_retries=0, timeout=120)
-    first, *over_grpc = long_bodies(rng, pipe, 3)
-
-    def wait_in_flight(n):
-        deadline = time.monotonic() + 30
-        while (m := server.metrics())["mmtrt_running_requests"] + m["mmtrt_queue_length"] < n:
-            assert time.monotonic() < deadline, m
-            time.sleep(0.005)
-
-    with ThreadPoolExecutor(2) as pool:
-        over_triton = pool.submit(triton_stream, server.grpc, MODEL, over_grpc)  # one runs, one waits (batch 1)
-        wait_in_flight(2)
-        over_openai = pool.submit(attempt, client, first)
-        wait_in_flight(3)
-        server.process.send_signal(signal.SIGTERM)
-        time.sleep(0.2)
-        status, answer = server.post("/chat/completions", json.dumps(first).encode())
-        assert status == 503 and "draining" in answer["error"]["message"]
-        assert over_openai.result()[:2] == (200, solo(pipe, first).token_ids)
-        outs = over_triton.result()
-    for b, out in zip(over_grpc, outs):
-        assert out["token_ids"] == solo(pipe, b).token_ids and out["finish_reason"] == "length"
-    assert server.process.wait(60) == 0
-    assert "mmtrt: drained and stopped" in server.rest_of_output()
+    last, *others = long_bodies(rng, pipe, 3)
+    over_grpc = others * 6
+    try:
+        with ThreadPoolExecutor(2) as pool:
+            over_triton = pool.submit(triton_stream, server.grpc, MODEL, over_grpc)
+            wait_admitted(server, len(over_grpc))
+            over_openai = pool.submit(attempt, client, last)
+            wait_admitted(server, len(over_grpc) + 1)
+            server.process.send_signal(signal.SIGTERM)
+            wait_draining(server)
+            status, answer = server.post("/chat/completions", json.dumps(last).encode())
+            assert status == 503 and "draining" in answer["error"]["message"]
+            assert over_openai.result()[:2] == (200, solo(pipe, last).token_ids)
+            outs = over_triton.result()
+        for b, out in zip(over_grpc, outs):
+            assert out["token_ids"] == solo(pipe, b).token_ids and out["finish_reason"] == "length"
+        assert server.process.wait(60) == 0
+        assert "mmtrt: drained and stopped" in server.rest_of_output()
+    finally:
+        server.close()
 
 
 @pytest.mark.parametrize("argv, words", [
