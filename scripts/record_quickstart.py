@@ -14,17 +14,16 @@ from __future__ import annotations
 import datetime
 import os
 import platform
-import pty
 import re
-import select
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path[:0] = [str(Path(__file__).resolve().parent), str(Path(__file__).resolve().parents[1] / "tests")]
 from doc_console import console_commands  # noqa: E402
+from terminal import run_on_terminal  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGES = (ROOT / "docs" / "quickstart.md", ROOT / "README.md")
@@ -48,28 +47,11 @@ def heavy_commands() -> list[str]:
 
 def on_terminal(command: str, env: dict[str, str]) -> tuple[str, float]:
     """Run `command` in a shell on a pseudo-terminal; what stays visible, and the seconds it took."""
-    master, slave = pty.openpty()
     start = time.perf_counter()
-    proc = subprocess.Popen(["bash", "-c", command], stdin=slave, stdout=slave, stderr=slave, cwd=ROOT, env=env)
-    os.close(slave)
-    chunks = []
-    while True:
-        ready, _, _ = select.select([master], [], [], 1.0)
-        if ready:
-            try:
-                data = os.read(master, 65536)
-            except OSError:
-                break
-            if not data:
-                break
-            chunks.append(data)
-        elif proc.poll() is not None:
-            break
-    os.close(master)
-    code = proc.wait()
+    code, shown = run_on_terminal(["bash", "-c", command], ROOT, env)
     if code:
-        raise SystemExit(f"`{command}` exited with {code}:\n{b''.join(chunks).decode(errors='replace')}")
-    return visible(b"".join(chunks).decode(errors="replace")), time.perf_counter() - start
+        raise SystemExit(f"`{command}` exited with {code}:\n{shown}")
+    return visible(shown), time.perf_counter() - start
 
 
 def visible(text: str) -> str:

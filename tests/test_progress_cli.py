@@ -1,21 +1,17 @@
 """Progress is drawn for a person at a terminal (driven here under a pseudo-terminal) and never under --json or
 into a pipe."""
 
-import fcntl
 import json
 import os
-import pty
-import select
-import struct
 import subprocess
 import sys
-import termios
 
 import numpy as np
 import pytest
 from PIL import Image
 
 from conftest import ROOT
+from terminal import run_on_terminal
 
 MMTRT = [sys.executable, "-m", "mmtrt.cli"]
 
@@ -25,26 +21,7 @@ def child_env():
 
 
 def run_in_pty(args, cwd, env=None) -> tuple[int, str]:
-    """Run with stdin, stdout and stderr on a pseudo-terminal; returns the exit code and everything it drew."""
-    master, slave = pty.openpty()
-    fcntl.ioctl(slave, termios.TIOCSWINSZ, struct.pack("HHHH", 40, 120, 0, 0))  # a terminal has a size
-    proc = subprocess.Popen(MMTRT + args, stdin=slave, stdout=slave, stderr=slave, cwd=cwd, env=env or child_env())
-    os.close(slave)
-    chunks = []
-    while True:
-        ready, _, _ = select.select([master], [], [], 1.0)
-        if ready:
-            try:
-                data = os.read(master, 65536)
-            except OSError:  # the child closed the terminal
-                break
-            if not data:
-                break
-            chunks.append(data)
-        elif proc.poll() is not None:
-            break
-    os.close(master)
-    return proc.wait(), b"".join(chunks).decode(errors="replace")
+    return run_on_terminal(MMTRT + args, cwd, env or child_env())
 
 
 @pytest.fixture(scope="module")
