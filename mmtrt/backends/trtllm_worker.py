@@ -14,8 +14,9 @@ prompt tables, and M-RoPE's cos/sin and deltas: ModelRunnerCpp.generate), `exit`
 so the protocol keeps a duplicate of the original stdout and the worker's own stdout goes to stderr.
 
 NOT RUN: tensorrt_llm cannot be installed where this was written; the calls follow ModelRunnerCpp as
-tensorrt_llm/runtime/model_runner_cpp.py (NVIDIA/TensorRT-LLM) defines it. The framing and the missing-import path
-are tested.
+tensorrt_llm/runtime/model_runner_cpp.py (NVIDIA/TensorRT-LLM) defines it, and MropeParams as
+tensorrt_llm/layers/attention.py does. The framing, the missing-import path and `engine_mrope` (on a checkpoint
+config) are tested.
 """
 
 import json
@@ -60,6 +61,16 @@ def _exactly(stream, n: int) -> bytes:
     return data
 
 
+def engine_mrope(pretrained: dict) -> dict | None:
+    """What the runner needs to compute an M-RoPE engine's cos/sin (mmtrt/runtime/trtllm.py: mrope_cos_sin), from
+    the checkpoint config the engine was built from (QWenConfig, qwen_type qwen2_vl); None for any other engine."""
+    if pretrained.get("position_embedding_type") != "mrope":
+        return None
+    return {"head_size": pretrained["head_size"], "rotary_base": pretrained["rotary_base"],
+            "max_position_embeddings": pretrained["max_position_embeddings"],
+            "mrope_section": pretrained["rotary_scaling"]["mrope_section"]}
+
+
 class Worker:
     def __init__(self):
         self.runner = None
@@ -82,11 +93,7 @@ class Worker:
         # config.json as trtllm-build writes it: {"version", "pretrained_config", "build_config"}
         config = json.loads((engine / "config.json").read_text())
         pretrained = config["pretrained_config"]
-        mrope = None
-        if pretrained.get("position_embedding_type") == "mrope":  # QWenConfig qwen_type qwen2_vl
-            mrope = {k: pretrained[k] for k in ("head_size", "rotary_base", "max_position_embeddings")}
-            mrope["mrope_section"] = pretrained["rotary_scaling"]["mrope_section"]
-        return {"ok": True, "vocab_size": pretrained["vocab_size"], "mrope": mrope,
+        return {"ok": True, "vocab_size": pretrained["vocab_size"], "mrope": engine_mrope(pretrained),
                 "max_batch_size": config["build_config"]["max_batch_size"]}, {}
 
     def generate(self, header: dict, arrays: dict) -> tuple[dict, dict]:

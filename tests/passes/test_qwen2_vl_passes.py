@@ -24,6 +24,7 @@ from builders import (checkpoint_linear, dequantized_linears, fake_quantized, fl
                       read_checkpoint, read_safetensors)
 from conftest import QWEN_FAMILIES
 from mmtrt.backends.onnxruntime_backend import session_options
+from mmtrt.backends.trtllm_worker import engine_mrope
 from mmtrt.compiler import make_plan
 from mmtrt.errors import UserError
 from mmtrt.eval import digits
@@ -152,24 +153,19 @@ TRTLLM_AWQ = "passes:\n  - awq_int4: {group_size: 64, calibration: {samples: 2, 
 @pytest.fixture(scope="module", params=[(f, w) for f in QWEN_FAMILIES for w in ("float", "awq")],
                 ids=lambda p: "-".join(p))
 def trtllm(request, qwen_compile, qwen_bundle):
-    """(family, the bundle) with its TensorRT-LLM checkpoint: float (the default recipe) or W4A16_AWQ."""
+    """((family, float or awq), the bundle) with its TensorRT-LLM checkpoint: float (the default recipe) or
+    W4A16_AWQ."""
     family, which = request.param
     if which == "float":
-        return family, qwen_bundle(family)
-    return family, qwen_compile(family, TRTLLM_AWQ, f"{family}-trtllm-awq.bundle")
-
-
-def engine_mrope(config: dict) -> dict:
-    """What the worker reads from the engine's pretrained_config for the runner (mmtrt/backends/trtllm_worker.py)."""
-    return {"head_size": config["head_size"], "rotary_base": config["rotary_base"],
-            "max_position_embeddings": config["max_position_embeddings"],
-            "mrope_section": config["rotary_scaling"]["mrope_section"]}
+        return request.param, qwen_bundle(family)
+    return request.param, qwen_compile(family, TRTLLM_AWQ, f"{family}-trtllm-awq.bundle")
 
 
 def test_trtllm_checkpoint_reproduces_onnx_logits_under_mrope(trtllm, rng):
     """A prompt with an image's tokens (a 4 x 6 patch grid) at random text ids around them; the numpy decoder gets
-    the checkpoint's embedding rows and the runner's cos/sin, ONNX Runtime the same rows and position_ids."""
-    family, bundle = trtllm
+    the checkpoint's embedding rows and the cos/sin the runner computes from what the worker reads of the engine's
+config (the checkpoint's), ONNX Runtime the same rows and position_ids."""
+    _, bundle = trtllm
     manifest = json.loads((bundle / "manifest.json").read_text())
     assert manifest["tensorrt_llm"]["checkpoint"] == "trtllm/checkpoint"
     assert manifest["tensorrt_llm"]["checkpoint_missing"] is None
@@ -185,8 +181,8 @@ def test_trtllm_checkpoint_reproduces_onnx_logits_under_mrope(trtllm, rng):
              "attention_mask": np.ones((1, len(ids)), np.int64), "position_ids": positions[:, None],
              **{f"past.{i}.{kind}": np.zeros((1, llm["num_kv_heads"], 0, llm["head_dim"]), np.float32)
                 for i in range(llm["num_layers"]) for kind in ("key", "value")}}
-    session = ort.InferenceSession(float16_weights(bundle / "llm.onnx"), session_options(None, spin=False, exact_int4=True),
-                                   providers=["CPUExecutionProvider"])
+    options = session_options(None, spin=False, exact_int4=True)
+    session = ort.InferenceSession(float16_weights(bundle / "llm.onnx"), options, providers=["CPUExecutionProvider"])
     want = session.run(["logits"], feeds)[0][0]
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
@@ -222,7 +218,8 @@ def declared_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
         shapes |= {f"{p}.input_layernorm.weight": (h,), f"{p}.post_layernorm.weight": (h,),
                    f"{p}.attention.qkv.weight": (qkv, h), f"{p}.attention.qkv.bias": (qkv,),
                    f"{p}.attention.dense.weight": (h, cfg["num_attention_heads"] * cfg["head_size"]),
-                   f"{p}.mlp.fc.weight": (inter, h), f"{p}.mlp.gate.weight": (inter, h), f"{p}.mlp.proj.weight": (h, inter)}
+                   f"{p}.mlp.fc.weight": (inter, h), f"{p}.mlp.gate.weight": (inter, h),
+                   f"{p}.mlp.proj.weight": (h, inter)}
     return shapes
 
 
@@ -234,7 +231,7 @@ def w4a16_shapes(shapes: dict, group: int) -> dict[str, tuple[int, ...]]:
     for name, shape in shapes.items():
         module = name.removesuffix(".weight")
         if name.startswith("transformer.layers.") and name.endswith(".weight") and len(shape) == 2:
-            (n, k) = shape
+            n, k = shape
             out |= {name: (n // 2, k), f"{module}.weights_scaling_factor": (n, k // group),
                     f"{module}.prequant_scaling_factor": (k,)}
         else:
@@ -243,7 +240,7 @@ def w4a16_shapes(shapes: dict, group: int) -> dict[str, tuple[int, ...]]:
 
 
 def test_trtllm_checkpoint_is_what_tensorrt_llm_qwen_declares(trtllm):
-    family, bundle = trtllm
+    (family, which), bundle = trtllm
     folder = bundle / "trtllm" / "checkpoint"
     cfg = json.loads((folder / "config.json").read_text())
     model, _ = build_tiny_qwen2_vl(family)
@@ -252,8 +249,10 @@ def test_trtllm_checkpoint_is_what_tensorrt_llm_qwen_declares(trtllm):
     assert np.float32(cfg["norm_epsilon"]) == np.float32(model.config.text_config.rms_norm_eps)
     tensors, dtypes = read_safetensors(folder / "rank0.safetensors")
     shapes = declared_shapes(cfg)
-    if cfg["quantization"]["quant_algo"] == "W4A16_AWQ":
-        assert cfg["quantization"]["group_size"] == 64 and "exclude_modules" not in cfg["quantization"]
+    if which == "awq":
+        assert report(bundle, "awq_int4")["changes"]["trtllm_checkpoint"]["written"] is True
+        assert cfg["quantization"] == {"quant_algo": "W4A16_AWQ", "group_size": 64, "has_zero_point": False,
+                                       "pre_quant_scale": True}  # every linear quantized: no exclude_modules
         shapes = w4a16_shapes(shapes, 64)
         assert {dtypes[n] for n in tensors if n.endswith(".weight") and len(shapes[n]) == 2
                 and n.startswith("transformer.layers.")} == {"I8"}
