@@ -155,11 +155,7 @@ def _llama(ir: ModelIR, found: dict[tuple[int, str], Linear], linear, head: tupl
     cast = DTYPES[dtype]
     biases = {key: b for key, lin in found.items() if (b := _bias(lin.output, model, producer, inits)) is not None}
     mrope = facts.get("rope") == "mrope"
-    if biases.keys() != ({(i, r) for i in range(facts["num_layers"]) for r in QKV} if mrope else set()):
-        biased = sorted(f"llm.layers.{layer}.{role}" for layer, role in biases)
-        raise NotExportable(f"the LLM's linears {', '.join(biased[:3]) or '(none)'}{' ...' if len(biased) > 3 else ''} "
-                            f"add a bias ({facts['model_type']}); TensorRT-LLM's checkpoint is written for LLaMA's "
-                            "bias-free linears and for Qwen2-VL's q/k/v biases")
+    _check_biases(set(biases), facts, mrope)
 
     def norm_weight(tensor: str) -> tuple[np.ndarray, float]:
         node = _through_casts(producer, tensor)
@@ -191,6 +187,19 @@ def _llama(ir: ModelIR, found: dict[tuple[int, str], Linear], linear, head: tupl
     if mrope:
         config = qwen2_vl_config(config, facts["mrope_section"], facts.get("tie_word_embeddings", False))
     return config, tensors
+
+
+def _check_biases(biased: set[tuple[int, str]], facts: dict, mrope: bool) -> None:
+    """LLaMA's linears have no bias; Qwen2-VL's (QWenConfig attn_bias, dense_bias=False, mlp_bias False) have one on
+    q, k and v of every layer and nowhere else."""
+    names = sorted(f"llm.layers.{layer}.{role}" for layer, role in biased)
+    listed = f"{', '.join(names[:3])}{' ...' if len(names) > 3 else ''}"
+    if not mrope and biased:
+        raise NotExportable(f"the LLM's linears {listed} add a bias ({facts['model_type']}); TensorRT-LLM's "
+                            "checkpoint is written for LLaMA's bias-free linears and for Qwen2-VL's q/k/v biases")
+    if mrope and biased != {(i, r) for i in range(facts["num_layers"]) for r in QKV}:
+        raise NotExportable(f"the M-RoPE LLM's biased linears are [{listed}]; TensorRT-LLM's Qwen2-VL checkpoint "
+                            "has a bias on q, k and v of every layer and nowhere else")
 
 
 def _bias(tensor: str, model: onnx.ModelProto, producer: dict[str, onnx.NodeProto],

@@ -283,3 +283,19 @@ def test_runner_mrope_cos_sin_equals_transformers_rotary_embedding(family, rng):
                                                          torch.from_numpy(positions[:, None]))
     for i, want in enumerate((cos[0].numpy(), sin[0].numpy())):
         np.testing.assert_allclose(np.concatenate([table[: len(ids), :, i]] * 2, -1), want, rtol=0, atol=1e-6)
+
+
+def test_an_mrope_llm_without_a_bias_on_every_q_k_v_gets_no_checkpoint(qwen_compile, qwen_bundle):
+    """TensorRT-LLM's Qwen2-VL checkpoint has attn_bias on every layer's q, k and v: an LLM missing one is refused."""
+    from mmtrt.quant.trtllm_export import NotExportable, float_checkpoint
+
+    qwen_bundle("qwen2_vl")  # lowers the family once
+    ir = copy.deepcopy(qwen_compile.lowered["qwen2_vl"])
+    graph = ir.components["llm"].onnx.graph
+    add = next(n for n in graph.node if n.op_type == "Add" and "layers.1.self_attn.k_proj.bias" in n.input[1])
+    for node in graph.node:
+        node.input[:] = [add.input[0] if i == add.output[0] else i for i in node.input]
+    graph.node.remove(add)
+    with pytest.raises(NotExportable, match=r"biased linears are \[llm.layers.0.k_proj, llm.layers.0.q_proj, "
+                                            r"llm.layers.0.v_proj ...\]; TensorRT-LLM's Qwen2-VL checkpoint"):
+        float_checkpoint(ir, "float16")
