@@ -1,6 +1,7 @@
 """Tiny inputs and graphs built by hand, shared by the tests."""
 
 import copy
+import fnmatch
 import json
 import struct
 
@@ -159,17 +160,51 @@ def decided_steps(margins: list[float]) -> int:
     return next((i for i, m in enumerate(margins) if m < NEAR_TIE), len(margins))
 
 
-def numpy_llama_logits(cfg: dict, t: dict, ids, linear) -> np.ndarray:
-    """A TensorRT-LLM LLaMA checkpoint's forward pass (its names; GPT-NeoX rotary embedding, grouped-query causal
-    attention, SwiGLU with silu(fc) * gate), `linear(prefix, x)` applying one linear in the checkpoint's layout."""
+def excluded_module(config: dict, module: str) -> bool:
+    """TensorRT-LLM's rule (quantization/quantize.py quantize_layers): a module any exclude_modules pattern matches
+    (fnmatch) stays in the checkpoint's float dtype; without a list, its defaults (lm_head, embeddings) do."""
+    patterns = config["quantization"].get("exclude_modules") or ["*lm_head", "*vocab_embedding"]
+    return any(fnmatch.fnmatchcase(module, p) for p in patterns)
+
+
+def read_checkpoint(folder):
+    """A TensorRT-LLM checkpoint's config.json and rank0.safetensors, its float tensors as float64."""
+    cfg = json.loads((folder / "config.json").read_text())
+    t, _ = read_safetensors(folder / "rank0.safetensors")
+    return cfg, {k: v.astype(np.float64) if v.dtype != np.int8 else v for k, v in t.items()}
+
+
+def checkpoint_linear(cfg: dict, t: dict):
+    """`linear(prefix, x)` in the checkpoint's layout: a float module's weight [out, in]; a W4A16_AWQ module's int8
+    [out/2, in] with rows 2j, 2j+1 in the low and high nibbles, scales [out, in/group], activations times the
+    pre-quant scale."""
+    quantized = cfg["quantization"]["quant_algo"] == "W4A16_AWQ"
+
+    def linear(p, x):
+        if not quantized or excluded_module(cfg, p):
+            return x @ t[f"{p}.weight"].T
+        group = cfg["quantization"]["group_size"]
+        w = unpack_int4_rows(t[f"{p}.weight"]) * np.repeat(t[f"{p}.weights_scaling_factor"], group, axis=1)
+        return (x * t[f"{p}.prequant_scaling_factor"]) @ w.T
+
+    return linear
+
+
+def numpy_llama_logits(cfg: dict, t: dict, ids, linear, cos_sin=None) -> np.ndarray:
+    """A TensorRT-LLM LLaMA or QWen checkpoint's forward pass (its names; GPT-NeoX rotary embedding, grouped-query
+    causal attention, SwiGLU with silu(fc) * gate, attention.qkv's bias where the checkpoint has one), `linear(prefix,
+    x)` applying one linear in the checkpoint's layout. The rotary angles are positions 0..n-1 times rotary_base's
+    frequencies, or the (cos, sin) pair per token and frequency `cos_sin` [n, d/2, 2] an M-RoPE runner passes."""
     heads, kv, d, eps = cfg["num_attention_heads"], cfg["num_key_value_heads"], cfg["head_size"], cfg["norm_epsilon"]
 
     def rms(x, w):
         return x / np.sqrt(np.mean(x * x, -1, keepdims=True) + eps) * w
 
     seq = len(ids)
-    angles = np.arange(seq)[:, None] * cfg["rotary_base"] ** (-np.arange(0, d, 2) / d)[None]
-    cos, sin = np.cos(np.concatenate([angles] * 2, -1)), np.sin(np.concatenate([angles] * 2, -1))
+    if cos_sin is None:
+        angles = np.arange(seq)[:, None] * cfg["rotary_base"] ** (-np.arange(0, d, 2) / d)[None]
+        cos_sin = np.stack([np.cos(angles), np.sin(angles)], -1)
+    cos, sin = (np.concatenate([cos_sin[..., i]] * 2, -1) for i in (0, 1))
 
     def rope(x):  # GPT-NeoX halves, [heads, seq, d]
         return x * cos + np.concatenate([-x[..., d // 2:], x[..., : d // 2]], -1) * sin
@@ -178,7 +213,8 @@ def numpy_llama_logits(cfg: dict, t: dict, ids, linear) -> np.ndarray:
     causal = np.triu(np.full((seq, seq), -np.inf), 1)
     for i in range(cfg["num_hidden_layers"]):
         p = f"transformer.layers.{i}"
-        qkv = linear(f"{p}.attention.qkv", rms(x, t[f"{p}.input_layernorm.weight"]))
+        qkv = linear(f"{p}.attention.qkv", rms(x, t[f"{p}.input_layernorm.weight"])) + t.get(
+            f"{p}.attention.qkv.bias", 0.0)
         q = rope(qkv[:, : heads * d].reshape(seq, heads, d).transpose(1, 0, 2))
         k = rope(qkv[:, heads * d: (heads + kv) * d].reshape(seq, kv, d).transpose(1, 0, 2))
         v = qkv[:, (heads + kv) * d:].reshape(seq, kv, d).transpose(1, 0, 2)

@@ -10,12 +10,13 @@ Protocol, both ways: a message is a 4-byte big-endian length, a JSON header of t
 the arrays the header lists under "arrays" ([name, dtype, shape] each, in order). The worker first sends a greeting
 ({"ok": true, "tensorrt_llm": version} or {"ok": false, "error": why}), then answers each request in turn: `probe`
 (the GPU's compute capability), `load` (an engine folder: ModelRunnerCpp.from_dir), `generate` (prompts and their
-prompt tables: ModelRunnerCpp.generate), `exit`. TensorRT-LLM prints to stdout, so the protocol keeps a duplicate of
-the original stdout and the worker's own stdout goes to stderr.
+prompt tables, and M-RoPE's cos/sin and deltas: ModelRunnerCpp.generate), `exit`. TensorRT-LLM prints to stdout,
+so the protocol keeps a duplicate of the original stdout and the worker's own stdout goes to stderr.
 
 NOT RUN: tensorrt_llm cannot be installed where this was written; the calls follow ModelRunnerCpp as
-tensorrt_llm/runtime/model_runner_cpp.py (NVIDIA/TensorRT-LLM) defines it. The framing and the missing-import path
-are tested.
+tensorrt_llm/runtime/model_runner_cpp.py (NVIDIA/TensorRT-LLM) defines it, and MropeParams as
+tensorrt_llm/layers/attention.py does. The framing, the missing-import path and `engine_mrope` (on a checkpoint
+config) are tested.
 """
 
 import json
@@ -60,6 +61,16 @@ def _exactly(stream, n: int) -> bytes:
     return data
 
 
+def engine_mrope(pretrained: dict) -> dict | None:
+    """What the runner needs to compute an M-RoPE engine's cos/sin (mmtrt/runtime/trtllm.py: mrope_cos_sin), from
+    the checkpoint config the engine was built from (QWenConfig, qwen_type qwen2_vl); None for any other engine."""
+    if pretrained.get("position_embedding_type") != "mrope":
+        return None
+    return {"head_size": pretrained["head_size"], "rotary_base": pretrained["rotary_base"],
+            "max_position_embeddings": pretrained["max_position_embeddings"],
+            "mrope_section": pretrained["rotary_scaling"]["mrope_section"]}
+
+
 class Worker:
     def __init__(self):
         self.runner = None
@@ -81,21 +92,31 @@ class Worker:
                                               max_tokens_in_paged_kv_cache=header["max_tokens_in_paged_kv_cache"])
         # config.json as trtllm-build writes it: {"version", "pretrained_config", "build_config"}
         config = json.loads((engine / "config.json").read_text())
-        return {"ok": True, "vocab_size": config["pretrained_config"]["vocab_size"],
+        pretrained = config["pretrained_config"]
+        return {"ok": True, "vocab_size": pretrained["vocab_size"], "mrope": engine_mrope(pretrained),
                 "max_batch_size": config["build_config"]["max_batch_size"]}, {}
 
     def generate(self, header: dict, arrays: dict) -> tuple[dict, dict]:
         """Prompts ids_0 .. ids_{n-1} (int32, image tokens already virtual ids) with one prompt table [n, rows,
-        hidden]; the new tokens of each prompt up to its sequence length."""
+        hidden], and for an M-RoPE engine each prompt's rotary cos/sin [n, max_positions * head_size] and rope delta
+        [n, 1] (MropeParams, which ModelRunnerCpp hands each request as an executor MropeConfig); the new tokens of
+        each prompt up to its sequence length."""
         import torch
 
         n = header["requests"]
         ids = [torch.from_numpy(arrays[f"ids_{i}"].astype("int32")) for i in range(n)]
+        mrope = None
+        if "mrope_cos_sin" in arrays:
+            from tensorrt_llm.layers import MropeParams
+
+            mrope = MropeParams(mrope_rotary_cos_sin=torch.from_numpy(arrays["mrope_cos_sin"].copy()),
+                                mrope_position_deltas=torch.from_numpy(arrays["mrope_deltas"].copy()))
         started = time.perf_counter()
         out = self.runner.generate(
             ids, max_new_tokens=header["max_new_tokens"], end_id=header["end_id"], pad_id=header["pad_id"],
             stop_words_list=None, prompt_table=torch.from_numpy(arrays["table"].copy()),
-            prompt_tasks=",".join(str(i) for i in range(n)), return_dict=True, output_sequence_lengths=True)
+            prompt_tasks=",".join(str(i) for i in range(n)), mrope_params=mrope, return_dict=True,
+            output_sequence_lengths=True)
         seconds = time.perf_counter() - started
         tokens = {}
         for i in range(n):

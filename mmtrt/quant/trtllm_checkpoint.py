@@ -1,4 +1,5 @@
-"""TensorRT-LLM checkpoints (`config.json` + `rank0.safetensors`) of a LLaMA, with W4A16_AWQ or float linears.
+"""TensorRT-LLM checkpoints (`config.json` + `rank0.safetensors`) of a LLaMA, with W4A16_AWQ or float linears, and
+of Qwen2-VL's LLM (the same tensors plus q/k/v biases, and QWenConfig's M-RoPE fields: `qwen2_vl_config`).
 
 A float linear `<p>` is `<p>.weight` [out, in] in the checkpoint dtype (docs/source/architecture/checkpoint.md:
 linear weights always follow the (out_feature, in_feature) shape), with `quantization.quant_algo` null.
@@ -121,6 +122,23 @@ def trtllm_config(*, dtype: str, vocab_size: int, hidden_size: int, num_hidden_l
         "mapping": {"world_size": 1, "tp_size": 1, "pp_size": 1},
         "quantization": quantization,
     }
+
+
+def qwen2_vl_config(llama: dict, mrope_section: list[int], tie_word_embeddings: bool) -> dict:
+    """config.json of Qwen2-VL's (and Qwen2.5-VL's) LLM from the LLaMA one of the same sizes, as
+    QWenConfig.from_hugging_face makes it for qwen_type `qwen2_vl` (tensorrt_llm/models/qwen/config.py):
+    position_embedding_type `mrope`, rotary_embedding_dim the head size, rotary_scaling the model's M-RoPE sections
+    with type `mrope`, attn_bias (Attention(bias=attn_bias), dense_bias=False in models/qwen/model.py) and no
+    mlp_bias. MODEL_MAP (tensorrt_llm/models/__init__.py) builds `Qwen2VLForConditionalGeneration` as
+    QWenForCausalLM; Qwen2.5-VL's decoder is the same Qwen2 decoder with the same sectioned M-RoPE, and TensorRT-LLM
+    has no other architecture name for it. lm_head is always written, so `tie_word_embeddings` only records the
+    source model's setting."""
+    if sum(mrope_section) * 2 != llama["head_size"]:
+        raise ValueError(f"M-RoPE sections {mrope_section} do not cover half the head size {llama['head_size']}")
+    return {**llama, "architecture": "Qwen2VLForConditionalGeneration", "qwen_type": "qwen2_vl",
+            "position_embedding_type": "mrope", "rotary_embedding_dim": llama["head_size"],
+            "rotary_scaling": {"type": "mrope", "mrope_section": list(mrope_section)},
+            "attn_bias": True, "mlp_bias": False, "tie_word_embeddings": tie_word_embeddings}
 
 
 def write_checkpoint(folder: str | Path, config: dict, tensors: dict[str, np.ndarray]) -> Path:

@@ -1,4 +1,6 @@
 """The LLM of an IR as a TensorRT-LLM LLaMA checkpoint: W4A16_AWQ linears when quantized, float ones otherwise.
+An M-RoPE LLM (Qwen2-VL's) is the same checkpoint with its q/k/v biases as `attention.qkv.bias` and QWenConfig's
+qwen_type `qwen2_vl` (trtllm_checkpoint.qwen2_vl_config).
 
 The checkpoint holds what the ONNX graph computes: the same INT4 weights and scales, the normalisation weights
 with AWQ's scales folded in, a pre-quant scale of ones where a norm or a linear absorbed the scale, the embedding
@@ -32,10 +34,11 @@ from mmtrt.quant.int4 import dequantize_groups
 from mmtrt.quant.linears import Linear, find_linears
 from mmtrt.quant.quantize import QuantizedLinear
 from mmtrt.quant.trtllm_checkpoint import (DEFAULT_EXCLUDED, DTYPES, float_linear_tensors, linear_tensors, llama_name,
-                                           trtllm_config, write_checkpoint)
+                                           qwen2_vl_config, trtllm_config, write_checkpoint)
 
 LOGITS_FROM = "logits_from"  # the LLM input of a kv_layout bundle: the first position whose logits are returned
 LAYER_ROLES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
+QKV = ("q_proj", "k_proj", "v_proj")  # one TensorRT-LLM module, attention.qkv
 HF_MODULE = {"q_proj": "self_attn.q_proj", "o_proj": "self_attn.o_proj", "gate_proj": "mlp.gate_proj",
              "up_proj": "mlp.up_proj", "down_proj": "mlp.down_proj"}
 
@@ -76,7 +79,7 @@ def llama_checkpoint(ir: ModelIR, quantized: list[QuantizedLinear], group_size: 
     why |= {key: f"input width {ql.linear.k} is not a whole number of {group_size}-groups"
             for key, ql in found.items() if ql.linear.k % group_size}
     for layer in range(ir.config["llm"]["num_layers"]):
-        for unit in (("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj")):
+        for unit in (QKV, ("gate_proj", "up_proj")):
             reasons = [why[(layer, role)] for role in unit if (layer, role) in why]
             why |= {(layer, role): why.get((layer, role), f"shares its module with a float one ({reasons[0]})")
                     for role in unit if reasons}
@@ -150,12 +153,9 @@ def _llama(ir: ModelIR, found: dict[tuple[int, str], Linear], linear, head: tupl
     producer = {out: node for node in model.graph.node for out in node.output}
     inits = {t.name: t for t in model.graph.initializer}
     cast = DTYPES[dtype]
-    biased = sorted(f"llm.layers.{layer}.{role}" for (layer, role), lin in found.items()
-                    if _adds_bias(model, lin.output, inits))
-    if biased:
-        raise NotExportable(f"the LLM's linears {', '.join(biased[:3])}{' ...' if len(biased) > 3 else ''} add a "
-                            f"bias ({facts['model_type']}); the TensorRT-LLM checkpoint is written for LLaMA's "
-                            "bias-free linears")
+    biases = {key: b for key, lin in found.items() if (b := _bias(lin.output, model, producer, inits)) is not None}
+    mrope = facts.get("rope") == "mrope"
+    _check_biases(set(biases), facts, mrope)
 
     def norm_weight(tensor: str) -> tuple[np.ndarray, float]:
         node = _through_casts(producer, tensor)
@@ -168,7 +168,9 @@ def _llama(ir: ModelIR, found: dict[tuple[int, str], Linear], linear, head: tupl
         tensors[llama_name(f"model.layers.{i}.input_layernorm.weight")], eps = norm_weight(found[(i, "q_proj")].input)
         tensors[llama_name(f"model.layers.{i}.post_attention_layernorm.weight")], _ = norm_weight(
             found[(i, "gate_proj")].input)
-        tensors |= linear(_prefix(i, "q_proj"), [(i, r) for r in ("q_proj", "k_proj", "v_proj")])
+        tensors |= linear(_prefix(i, "q_proj"), [(i, r) for r in QKV])
+        if mrope:
+            tensors[f"{_prefix(i, 'q_proj')}.bias"] = np.concatenate([biases[(i, r)] for r in QKV]).astype(cast)
         for role in ("o_proj", "gate_proj", "up_proj", "down_proj"):
             tensors |= linear(_prefix(i, role), [(i, role)])
     logits = _through_casts(producer, "logits")
@@ -182,13 +184,35 @@ def _llama(ir: ModelIR, found: dict[tuple[int, str], Linear], linear, head: tupl
         intermediate_size=found[(0, "gate_proj")].n, norm_epsilon=float(eps),
         max_position_embeddings=facts["max_position_embeddings"], rotary_base=_rotary_base(model, facts["head_dim"]),
         group_size=group_size)
+    if mrope:
+        config = qwen2_vl_config(config, facts["mrope_section"], facts.get("tie_word_embeddings", False))
     return config, tensors
 
 
-def _adds_bias(model: onnx.ModelProto, tensor: str, inits: dict[str, onnx.TensorProto]) -> bool:
-    """Whether `tensor` (a linear's output) is added to a constant, as a biased projection's is."""
-    return any(node.op_type == "Add" and tensor in node.input and any(i in inits for i in node.input if i != tensor)
-               for node in model.graph.node)
+def _check_biases(biased: set[tuple[int, str]], facts: dict, mrope: bool) -> None:
+    """LLaMA's linears have no bias; Qwen2-VL's (QWenConfig attn_bias, dense_bias=False, mlp_bias False) have one on
+    q, k and v of every layer and nowhere else."""
+    names = sorted(f"llm.layers.{layer}.{role}" for layer, role in biased)
+    listed = f"{', '.join(names[:3])}{' ...' if len(names) > 3 else ''}"
+    if not mrope and biased:
+        raise NotExportable(f"the LLM's linears {listed} add a bias ({facts['model_type']}); TensorRT-LLM's "
+                            "checkpoint is written for LLaMA's bias-free linears and for Qwen2-VL's q/k/v biases")
+    if mrope and biased != {(i, r) for i in range(facts["num_layers"]) for r in QKV}:
+        raise NotExportable(f"the M-RoPE LLM's biased linears are [{listed}]; TensorRT-LLM's Qwen2-VL checkpoint "
+                            "has a bias on q, k and v of every layer and nowhere else")
+
+
+def _bias(tensor: str, model: onnx.ModelProto, producer: dict[str, onnx.NodeProto],
+          inits: dict[str, onnx.TensorProto]) -> np.ndarray | None:
+    """The constant `tensor` (a linear's output) is added to, as a biased projection's is (looking through Casts)."""
+    for node in model.graph.node:
+        if node.op_type == "Add" and tensor in node.input:
+            name = next((i for i in node.input if i != tensor), tensor)
+            while name in producer and producer[name].op_type == "Cast":
+                name = producer[name].input[0]
+            if name in inits:
+                return numpy_helper.to_array(inits[name]).astype(np.float32)
+    return None
 
 
 def _through_casts(producer: dict[str, onnx.NodeProto], tensor: str) -> onnx.NodeProto | None:

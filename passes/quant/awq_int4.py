@@ -126,7 +126,7 @@ class AwqInt4(Pass):
         if cfg.trtllm_checkpoint == "never" or (cfg.trtllm_checkpoint == "auto" and not wanted):
             return {"written": False, "reason": "not requested (partition.llm does not list tensorrt-llm)"
                     if cfg.trtllm_checkpoint == "auto" else "trtllm_checkpoint: never"}
-        if ir.config["llm"].get("trtllm_refused"):  # a family whose LLM TensorRT-LLM's runner here cannot drive
+        if ir.config["llm"].get("trtllm_refused"):  # a model whose LLM the checkpoint cannot express
             return {"written": False, "reason": ir.config["llm"]["trtllm_refused"]}
         try:
             if not cfg.symmetric:

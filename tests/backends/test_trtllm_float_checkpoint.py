@@ -12,16 +12,14 @@ import onnx
 import onnxruntime as ort
 from onnx import numpy_helper
 
-from builders import float16_weights, numpy_llama_logits, read_safetensors
+from builders import checkpoint_linear, float16_weights, numpy_llama_logits, read_checkpoint, read_safetensors
 from conftest import compile_to
 
 
 def numpy_llama(folder, ids):
-    cfg = json.loads((folder / "config.json").read_text())
+    cfg, t = read_checkpoint(folder)
     assert cfg["quantization"]["quant_algo"] is None
-    t, _ = read_safetensors(folder / "rank0.safetensors")
-    t = {k: v.astype(np.float64) for k, v in t.items()}
-    return numpy_llama_logits(cfg, t, ids, lambda p, x: x @ t[f"{p}.weight"].T)
+    return numpy_llama_logits(cfg, t, ids, checkpoint_linear(cfg, t))
 
 
 def llm_feeds(bundle, embeds):

@@ -12,7 +12,6 @@ claims on real weights (dino-smollm) are measured by scripts/bench_awq.py.
   float modules are read the way TensorRT-LLM reads them: by its quantization config's exclude_modules.
 """
 
-import fnmatch
 import json
 
 import numpy as np
@@ -23,8 +22,8 @@ import torch
 from onnx import numpy_helper
 from pydantic import ValidationError
 
-from builders import (fake_quantized, float16_weights, numpy_llama_logits, read_safetensors, unpack_int4,
-                      unpack_int4_rows)
+from builders import (checkpoint_linear, excluded_module, fake_quantized, float16_weights, numpy_llama_logits,
+                      read_checkpoint, read_safetensors, unpack_int4)
 from conftest import ROOT, compile_to
 from mmtrt.backends.onnxruntime_backend import session_options
 from mmtrt.ir.graph import Component, ModelIR, graph_io
@@ -146,29 +145,11 @@ def test_dequantize_linear_survives_later_passes(tensorrt_bundle):
     assert _int4_dq_count(ir.components["llm"].onnx) == quantized
 
 
-def _excluded(config: dict, module: str) -> bool:
-    """TensorRT-LLM's rule (quantization/quantize.py quantize_layers): a module any exclude_modules pattern matches
-    (fnmatch) stays in the checkpoint's float dtype; without a list, its defaults (lm_head, embeddings) do."""
-    patterns = config["quantization"].get("exclude_modules") or ["*lm_head", "*vocab_embedding"]
-    return any(fnmatch.fnmatchcase(module, p) for p in patterns)
-
-
 def _numpy_llama(folder, ids):
-    """A LLaMA forward pass from the checkpoint alone: W4A16_AWQ modules in their layout (int8 [out/2, in] with rows
-    2j, 2j+1 in the low and high nibbles, scales [out, in/group], activations times the pre-quant scale), the
-    modules exclude_modules names as float [out, in]."""
-    cfg = json.loads((folder / "config.json").read_text())
-    t, _ = read_safetensors(folder / "rank0.safetensors")
-    t = {k: v.astype(np.float64) if v.dtype != np.int8 else v for k, v in t.items()}
-    group = cfg["quantization"]["group_size"]
-
-    def linear(p, x):
-        if _excluded(cfg, p):
-            return x @ t[f"{p}.weight"].T
-        w = unpack_int4_rows(t[f"{p}.weight"]) * np.repeat(t[f"{p}.weights_scaling_factor"], group, axis=1)
-        return (x * t[f"{p}.prequant_scaling_factor"]) @ w.T
-
-    return numpy_llama_logits(cfg, t, ids, linear)
+    """A LLaMA forward pass from the checkpoint alone: W4A16_AWQ modules in their layout, the modules
+    exclude_modules names as float [out, in] (builders.checkpoint_linear)."""
+    cfg, t = read_checkpoint(folder)
+    return numpy_llama_logits(cfg, t, ids, checkpoint_linear(cfg, t))
 
 
 MODULES = {"q_proj": "attention.qkv", "k_proj": "attention.qkv", "v_proj": "attention.qkv", "o_proj": "attention.dense",
@@ -191,7 +172,7 @@ def test_mixed_checkpoint_names_its_float_modules_as_tensorrt_llm_reads_them(ten
             float_modules |= {module.rsplit(".", 1)[0] + ".fc", module.rsplit(".", 1)[0] + ".gate"}
     linears = {k.removesuffix(".weight") for k in tensors if k.startswith("transformer.layers.") and
                k.removesuffix(".weight").endswith(tuple(set(MODULES.values())))}
-    assert {m for m in linears if _excluded(config, m)} == float_modules
+    assert {m for m in linears if excluded_module(config, m)} == float_modules
     for module in linears:
         if module in float_modules:
             assert dtypes[f"{module}.weight"] == "F16" and f"{module}.weights_scaling_factor" not in tensors

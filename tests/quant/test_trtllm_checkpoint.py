@@ -8,7 +8,7 @@ import pytest
 
 from builders import read_safetensors, unpack_int4_rows
 from mmtrt.quant.int4 import dequantize_groups, quantize_groups
-from mmtrt.quant.trtllm_checkpoint import linear_tensors, llama_name, trtllm_config, write_checkpoint
+from mmtrt.quant.trtllm_checkpoint import linear_tensors, llama_name, qwen2_vl_config, trtllm_config, write_checkpoint
 
 
 def _rounded(a, dtype):
@@ -66,6 +66,20 @@ def test_config_keys():
     json.dumps(config)
     with pytest.raises(ValueError, match="float16 or bfloat16"):
         trtllm_config(**{**kwargs_of(config), "dtype": "float32"})
+
+
+def test_qwen2_vl_config_keeps_the_sizes_and_needs_sections_covering_half_the_head():
+    """Qwen2-VL-7B's decoder: head 128, M-RoPE sections [16, 24, 24] (64 frequencies)."""
+    llama = trtllm_config(dtype="bfloat16", vocab_size=152064, hidden_size=3584, num_hidden_layers=28,
+                          num_attention_heads=28, num_key_value_heads=4, head_size=128, intermediate_size=18944,
+                          norm_epsilon=1e-6, max_position_embeddings=32768, rotary_base=1000000.0, group_size=None)
+    config = qwen2_vl_config(llama, [16, 24, 24], False)
+    renamed = {"architecture": "Qwen2VLForConditionalGeneration", "position_embedding_type": "mrope"}
+    assert {k: v for k, v in config.items() if k in llama} == {**llama, **renamed}
+    assert config["rotary_scaling"] == {"type": "mrope", "mrope_section": [16, 24, 24]}
+    assert (config["qwen_type"], config["rotary_embedding_dim"], config["attn_bias"]) == ("qwen2_vl", 128, True)
+    with pytest.raises(ValueError, match=r"sections \[16, 24, 16\] do not cover half the head size 128"):
+        qwen2_vl_config(llama, [16, 24, 16], False)
 
 
 def kwargs_of(config):

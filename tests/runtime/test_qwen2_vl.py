@@ -1,6 +1,7 @@
 """Qwen2-VL and Qwen2.5-VL bundles decode what transformers' `generate` decodes, for images of every shape the
 envelope allows; a batch of images of different sizes equals each alone; cast_precision's fp16 graphs stay close;
-the C++ runtime refuses the bundle in one line; TensorRT-RTX builds their TensorRT segments."""
+the C++ runtime refuses the bundle in one line; inspect shows the TensorRT-LLM build; TensorRT-RTX builds their
+TensorRT segments."""
 
 import json
 import shutil
@@ -112,11 +113,16 @@ def test_cpp_runtime_refuses_the_bundle_in_one_line(qwen, rng, tmp_path):
                                         "implemented in the Python runtime only); run it with `mmtrt run`"]
 
 
-def test_inspect_names_why_tensorrt_llm_has_no_checkpoint(qwen):
-    from mmtrt.bundle.inspect import describe
+def test_inspect_shows_the_tensorrt_llm_checkpoint_and_its_build_command(qwen):
+    """The bundle holds the LLM's TensorRT-LLM checkpoint (its content is tested in test_qwen2_vl_passes.py): the
+    LLM's line names only what this host lacks, and the placement shows the build command without a missing-checkpoint
+    line."""
+    from mmtrt.bundle.inspect import describe, describe_placement
 
-    text = describe(qwen[3])
-    assert "this host: numpy" in text and "position_embedding_type mrope" in text
+    text, placement = describe(qwen[3]), describe_placement(qwen[3])
+    assert "this host: numpy" in text and "no TensorRT-LLM checkpoint" not in text
+    assert "tensorrt-llm (llm): trtllm-build --checkpoint_dir BUNDLE/trtllm/checkpoint" in placement
+    assert "no TensorRT-LLM checkpoint" not in placement
 
 
 def test_tensorrt_rtx_builds_the_vision_tower_and_llm_placement_gave_tensorrt(qwen, tmp_path, capsys):

@@ -31,10 +31,18 @@ REFUSED_PASSES = {
     "dead_layer_elimination": "Qwen2-VL's merger reads the vision tower's last layer: no layer follows the "
                               "feature layer",
 }
-TRTLLM_REFUSED = ("TensorRT-LLM builds Qwen2-VL's LLM as QWenForCausalLM with qwen_type qwen2_vl (q/k/v biases, "
-                  "position_embedding_type mrope) and its runtime takes each request's mrope_rotary_cos_sin and "
-                  "mrope_position_deltas (MropeParams); mmtrt writes LLaMA checkpoints and its TensorRT-LLM runner "
-                  "feeds no MropeParams, so no checkpoint is written")
+# TensorRT-LLM's M-RoPE (the mrope_rotary_cos_sin its runner computes, tensorrt_llm/runtime/multimodal_model_runner.py)
+# takes unscaled frequencies: create_sinusoidal_positions_for_attention_plugin with RotaryScalingType.mrope
+TRTLLM_ROPE_TYPES = ("default", "mrope")
+
+
+def trtllm_refused(text) -> str | None:
+    """Why no TensorRT-LLM checkpoint is written for this decoder, or None (the checkpoint is qwen_type qwen2_vl)."""
+    rope_type = text.rope_parameters.get("rope_type", "default")
+    if rope_type in TRTLLM_ROPE_TYPES:
+        return None
+    return (f"the LLM's M-RoPE is scaled (rope_type {rope_type}); TensorRT-LLM's Qwen2-VL path computes "
+            "mrope_rotary_cos_sin from unscaled frequencies, so no checkpoint is written")
 
 
 def preprocess_spec(image_processor) -> dict[str, Any]:
@@ -101,7 +109,8 @@ def model_facts(config, generation_config, processor, spec: dict[str, Any]) -> d
             **llm_facts(text),
             "rope": "mrope",
             "mrope_section": list(text.rope_parameters["mrope_section"]),
-            "trtllm_refused": TRTLLM_REFUSED,
+            "tie_word_embeddings": bool(getattr(config, "tie_word_embeddings", False)),
+            **({"trtllm_refused": why} if (why := trtllm_refused(text)) else {}),
         },
         "image_token": processor.image_token,
         "image_token_id": config.image_token_id,
