@@ -41,22 +41,26 @@ PROMPTS = ["What digit is this?", "Describe the picture in one sentence.", "What
            "Tell me a short story about a cat who lives near a window.", "List three uses of a blue table."]
 
 
-def request_pool(rng) -> list[dict]:
-    """Mixed requests: digits and a photo (as data: URIs), text-only ones, token limits 8 to 48, two seeded."""
+def pool_items(rng) -> list[tuple]:
+    """Mixed requests as (image or None, prompt, token limit, sampling fields): digits and a photo, text-only ones,
+    token limits 8 to 48, two seeded."""
     from sklearn.datasets import load_digits
 
     digits = load_digits().images
     images = [Image.fromarray((digits[i] * 15).astype(np.uint8)).convert("RGB").resize((112, 112)) for i in range(4)]
     images.append(Image.open(ROOT / "examples" / "sample.png").convert("RGB"))
+    return [(images[i % len(images)] if i % 3 != 2 else None, PROMPTS[i % len(PROMPTS)], [8, 16, 32, 48][i % 4],
+             dict(temperature=0.8, top_p=0.9, seed=int(rng.integers(2**31))) if i in (4, 9) else {})
+            for i in range(12)]
+
+
+def request_pool(rng) -> list[dict]:
+    """The pool's requests as chat completion bodies, images as data: URIs."""
     pool = []
-    for i in range(12):
-        image = images[i % len(images)] if i % 3 != 2 else None
+    for image, prompt, limit, sampling in pool_items(rng):
         parts = [{"type": "image_url", "image_url": {"url": _data_uri(image)}}] if image else []
-        body = {"messages": [{"role": "user", "content": parts + [{"type": "text", "text": PROMPTS[i % len(PROMPTS)]}]}],
-                "max_tokens": [8, 16, 32, 48][i % 4]}
-        if i in (4, 9):
-            body.update(temperature=0.8, top_p=0.9, seed=int(rng.integers(2**31)))
-        pool.append(body)
+        pool.append({"messages": [{"role": "user", "content": parts + [{"type": "text", "text": prompt}]}],
+                     "max_tokens": limit, **sampling})
     return pool
 
 

@@ -2,7 +2,8 @@
 
 `submit` checks a request on the caller's thread (token limit, sampling values, prompt, images: a UserError at
 once) and queues it in a bounded queue (`QueueFull` when full, so an overloaded server refuses rather than times
-out). Between decode steps the loop thread cancels what was cancelled, admits queued requests while the scheduler
+out): it holds `max_queue` requests beyond the batch places free now, since admission runs one request at a time
+between decode steps and a burst that fits the free places is no overload. Between decode steps the loop thread cancels what was cancelled, admits queued requests while the scheduler
 has places (the vision encoder runs then, the image-prefix cache shared by every request), and decodes one token
 for every running sequence. Each step's `Delta`s go to the requests' handles (iterate one) or callbacks.
 """
@@ -158,9 +159,13 @@ class ServingLoop:
             if self._state != "open":
                 self._counts["refused"] += 1
                 raise Unavailable(f"the server is {self._state} and takes no new requests")
-            if len(self._queue) >= self.max_queue:
+            if len(self._queue) >= self.max_queue + self._free_places():
                 self._counts["refused"] += 1
-                raise QueueFull(f"the queue holds {self.max_queue} requests already; retry later")
+                raise QueueFull(f"the queue holds {len(self._queue)} requests already; retry later")
+
+    def _free_places(self) -> int:
+        """Batch places no request holds or waits for: a burst that fits them is admitted, not refused."""
+        return max(self.scheduler.max_batch - len(self._running), 0)
 
     def _cancel(self, handle: Handle, timeout: float | None) -> None:
         with self._cv:

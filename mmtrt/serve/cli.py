@@ -24,7 +24,7 @@ def add_commands(sub, positive_int, natural_int, examples) -> None:
     p.add_argument("--max-batch", type=positive_int, metavar="N",
                    help="sequences decoded together (default: the bundle's batch max)")
     p.add_argument("--max-queue", type=positive_int, default=64, metavar="N", help="requests waiting to be admitted "
-                   "into the batch; beyond it new ones are refused with HTTP 429")
+                   "beyond the batch places free now; beyond it new ones are refused with HTTP 429")
     p.add_argument("--triton-http-port", type=natural_int, default=8000, metavar="PORT",
                    help="Triton's HTTP port (0: a free one)")
     p.add_argument("--triton-grpc-port", type=natural_int, default=8001, metavar="PORT",
@@ -58,7 +58,7 @@ def add_commands(sub, positive_int, natural_int, examples) -> None:
     p.add_argument("--max-batch", type=positive_int, metavar="N",
                    help="sequences decoded together (default: the bundle's batch max)")
     p.add_argument("--max-queue", type=positive_int, default=64, metavar="N",
-                   help="waiting requests before new ones are refused")
+                   help="waiting requests, beyond the batch places free now, before new ones are refused")
     p.add_argument("--allow-images", type=Path, metavar="DIR", help="image files under DIR may be named by path "
                    "(default: images come as data: URIs only)")
     p.add_argument("--force", action="store_true", help="replace the model's folder if the repository has it")

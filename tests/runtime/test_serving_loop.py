@@ -144,3 +144,29 @@ def test_a_full_queue_refuses_and_drain_finishes_what_it_accepted(tiny_static_bu
     assert all(h.result().finish_reason in ("stop", "length") for h in [running, *queued])
     assert loop.metrics().requests_refused == 2
     assert pipe.generate(image, "after the loop", 3).token_ids  # the pipeline is free again after close
+
+
+def test_the_queue_holds_a_burst_that_fits_the_free_places_beyond_max_queue(tiny_static_bundle, rng):
+    pipe = load(tiny_static_bundle)
+    image = random_image(rng, 40, 40)
+    release, blocked = threading.Event(), threading.Event()
+
+    def hold(delta):
+        blocked.set()
+        release.wait(60)
+
+    loop = ServingLoop(pipe, max_batch=3, max_queue=1)
+    try:
+        running = loop.submit(Request(image, "first", 4), on_delta=hold)
+        assert blocked.wait(60)
+        burst = [loop.submit(Request(image, f"next {i}", 4)) for i in range(3)]  # 2 free places + 1 waiting
+        with pytest.raises(QueueFull, match="queue holds 3 requests"):
+            loop.submit(Request(image, "one too many", 4))
+        assert loop.metrics().queued == 3 and loop.metrics().requests_refused == 1
+        release.set()
+        assert loop.drain(60)
+    finally:
+        release.set()
+        loop.close()
+    for handle, prompt in zip([running, *burst], ["first", "next 0", "next 1", "next 2"]):
+        assert handle.result().token_ids == pipe.generate(image, prompt, 4).token_ids
