@@ -281,5 +281,6 @@ def _rotary_base(model: onnx.ModelProto, head_dim: int) -> float:
                 base = float(inv[1] ** (-head_dim / 2))
                 if np.allclose(inv, base ** (-np.arange(0, head_dim, 2) / head_dim), rtol=1e-4):
                     return float(f"{base:.5g}")  # float32 frequencies give the base to about 6 digits
-                raise NotExportable("the LLM's rotary frequencies are scaled; W4A16 export supports plain RoPE only")
+                raise NotExportable("the LLM's rotary frequencies are scaled (not base^(-2i/d)); the checkpoint "
+                                    "is written for plain RoPE only (rotary_scaling null)")
     raise NotExportable("no rotary inverse frequencies found in the LLM graph")

@@ -9,6 +9,7 @@ QWenForCausalLM declares (transcribed from tensorrt_llm/models/qwen/config.py an
 installable where these tests run)."""
 
 import json
+import shutil
 
 import numpy as np
 import onnx
@@ -19,6 +20,7 @@ import transformers
 
 from builders import (assert_same_up_to_near_ties, checkpoint_linear, declared_shapes, fake_quantized, float16_weights,
                       numpy_llama_logits, random_image, read_checkpoint, read_safetensors, w4a16_shapes)
+from conftest import compile_to
 from mmtrt.backends.anyres import grid_tiles
 from mmtrt.backends.onnxruntime_backend import session_options
 from mmtrt.backends.trtllm_worker import engine_mrope
@@ -224,3 +226,16 @@ def test_trtllm_checkpoint_of_the_qwen2_llm_is_what_tensorrt_llm_qwen_declares(o
     attention = model.model.language_model.layers[1].self_attn
     np.testing.assert_array_equal(tensors["transformer.layers.1.attention.qkv.bias"], np.concatenate(
         [getattr(attention, f"{r}_proj").bias.detach().numpy() for r in "qkv"]).astype(np.float16))
+
+
+def test_a_qwen2_llm_with_scaled_rope_gets_no_checkpoint_and_the_plan_says_why(anyres_checkpoints, tmp_path):
+    """rope_type linear divides the frequencies by its factor: no rotary_base gives them, and the checkpoint is
+    written with plain RoPE only."""
+    shutil.copytree(anyres_checkpoints["llava_onevision"], tmp_path / "checkpoint")
+    config = json.loads((tmp_path / "checkpoint" / "config.json").read_text())
+    config["text_config"]["rope_parameters"].update({"rope_type": "linear", "factor": 2.0})
+    (tmp_path / "checkpoint" / "config.json").write_text(json.dumps(config))
+    bundle = compile_to(tmp_path, "model: {source: hf, path: checkpoint}\n")
+    trtllm = json.loads((bundle / "manifest.json").read_text())["tensorrt_llm"]
+    assert trtllm["checkpoint"] is None and not (bundle / "trtllm").exists()
+    assert "rotary frequencies are scaled" in trtllm["checkpoint_missing"]
