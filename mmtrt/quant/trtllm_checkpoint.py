@@ -1,6 +1,6 @@
 """TensorRT-LLM checkpoints (`config.json` + `rank0.safetensors`) of a LLaMA, with W4A16_AWQ or float linears, and
-of a Qwen2 LLM (the same tensors plus q/k/v biases, as TensorRT-LLM's QWen: `qwen2_config`), Qwen2-VL's with QWenConfig's
-M-RoPE fields (`qwen2_vl_config`).
+of a Qwen2 LLM (the same tensors plus q/k/v biases, as TensorRT-LLM's QWen: `qwen2_config`), Qwen2-VL's with
+QWenConfig's M-RoPE fields (`qwen2_vl_config`).
 
 A float linear `<p>` is `<p>.weight` [out, in] in the checkpoint dtype (docs/source/architecture/checkpoint.md:
 linear weights always follow the (out_feature, in_feature) shape), with `quantization.quant_algo` null.
