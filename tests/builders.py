@@ -229,6 +229,41 @@ def numpy_llama_logits(cfg: dict, t: dict, ids, linear, cos_sin=None) -> np.ndar
     return rms(x, t["transformer.ln_f.weight"]) @ t["lm_head.weight"].T
 
 
+def declared_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
+    """QWenForCausalLM's parameters for a float checkpoint, tp_size 1 (models/qwen/model.py): Embedding
+    [vocab, hidden]; per layer RmsNorm weights, Attention's qkv ColumnLinear [(heads + 2 kv heads) x head, hidden] with
+    its bias (attn_bias) and dense RowLinear [hidden, heads x head] without (dense_bias=False), GatedMLP's fc and gate
+    [intermediate, hidden] and proj [hidden, intermediate] (mlp_bias False); ln_f; lm_head ColumnLinear
+    [vocab padded to tp_size, hidden]."""
+    h, inter, v = cfg["hidden_size"], cfg["intermediate_size"], cfg["vocab_size"]
+    qkv = (cfg["num_attention_heads"] + 2 * cfg["num_key_value_heads"]) * cfg["head_size"]
+    shapes = {"transformer.vocab_embedding.weight": (v, h), "transformer.ln_f.weight": (h,), "lm_head.weight": (v, h)}
+    for i in range(cfg["num_hidden_layers"]):
+        p = f"transformer.layers.{i}"
+        shapes |= {f"{p}.input_layernorm.weight": (h,), f"{p}.post_layernorm.weight": (h,),
+                   f"{p}.attention.qkv.weight": (qkv, h), f"{p}.attention.qkv.bias": (qkv,),
+                   f"{p}.attention.dense.weight": (h, cfg["num_attention_heads"] * cfg["head_size"]),
+                   f"{p}.mlp.fc.weight": (inter, h), f"{p}.mlp.gate.weight": (inter, h),
+                   f"{p}.mlp.proj.weight": (h, inter)}
+    return shapes
+
+
+def w4a16_shapes(shapes: dict, group: int) -> dict[str, tuple[int, ...]]:
+    """The same linears in W4A16_AWQ as modelopt exports them for trtllm-build (mmtrt/quant/trtllm_checkpoint.py):
+    weight int8 [out/2, in], weights_scaling_factor [out, in/group], prequant_scaling_factor [in]; biases and the
+    float modules (embedding, norms, lm_head) unchanged."""
+    out = {}
+    for name, shape in shapes.items():
+        module = name.removesuffix(".weight")
+        if name.startswith("transformer.layers.") and name.endswith(".weight") and len(shape) == 2:
+            n, k = shape
+            out |= {name: (n // 2, k), f"{module}.weights_scaling_factor": (n, k // group),
+                    f"{module}.prequant_scaling_factor": (k,)}
+        else:
+            out[name] = shape
+    return out
+
+
 def tiny_llm_feeds(rng) -> dict[str, np.ndarray]:
     """Random inputs of zoo:tiny-llava's LLM graph: 7 new positions after 3 cached ones (4 layers, 2 KV heads of 32)."""
     feeds = {"inputs_embeds": rng.normal(size=(1, 7, 128)).astype(np.float32),

@@ -1,5 +1,6 @@
 """TensorRT-LLM checkpoints (`config.json` + `rank0.safetensors`) of a LLaMA, with W4A16_AWQ or float linears, and
-of Qwen2-VL's LLM (the same tensors plus q/k/v biases, and QWenConfig's M-RoPE fields: `qwen2_vl_config`).
+of a Qwen2 LLM (the same tensors plus q/k/v biases, as TensorRT-LLM's QWen: `qwen2_config`), Qwen2-VL's with
+QWenConfig's M-RoPE fields (`qwen2_vl_config`).
 
 A float linear `<p>` is `<p>.weight` [out, in] in the checkpoint dtype (docs/source/architecture/checkpoint.md:
 linear weights always follow the (out_feature, in_feature) shape), with `quantization.quant_algo` null.
@@ -124,21 +125,31 @@ def trtllm_config(*, dtype: str, vocab_size: int, hidden_size: int, num_hidden_l
     }
 
 
-def qwen2_vl_config(llama: dict, mrope_section: list[int], tie_word_embeddings: bool) -> dict:
-    """config.json of Qwen2-VL's (and Qwen2.5-VL's) LLM from the LLaMA one of the same sizes, as
-    QWenConfig.from_hugging_face makes it for qwen_type `qwen2_vl` (tensorrt_llm/models/qwen/config.py):
-    position_embedding_type `mrope`, rotary_embedding_dim the head size, rotary_scaling the model's M-RoPE sections
-    with type `mrope`, attn_bias (Attention(bias=attn_bias), dense_bias=False in models/qwen/model.py) and no
-    mlp_bias. MODEL_MAP (tensorrt_llm/models/__init__.py) builds `Qwen2VLForConditionalGeneration` as
-    QWenForCausalLM; Qwen2.5-VL's decoder is the same Qwen2 decoder with the same sectioned M-RoPE, and TensorRT-LLM
-    has no other architecture name for it. lm_head is always written, so `tie_word_embeddings` only records the
-    source model's setting."""
-    if sum(mrope_section) * 2 != llama["head_size"]:
-        raise ValueError(f"M-RoPE sections {mrope_section} do not cover half the head size {llama['head_size']}")
-    return {**llama, "architecture": "Qwen2VLForConditionalGeneration", "qwen_type": "qwen2_vl",
-            "position_embedding_type": "mrope", "rotary_embedding_dim": llama["head_size"],
-            "rotary_scaling": {"type": "mrope", "mrope_section": list(mrope_section)},
+def qwen2_config(llama: dict, tie_word_embeddings: bool) -> dict:
+    """config.json of a Qwen2 LLM (biases on q, k and v, plain RoPE) from the LLaMA one of the same sizes, as
+    QWenConfig.from_hugging_face makes it for qwen_type `qwen2` (tensorrt_llm/models/qwen/config.py): attn_bias
+    (Attention(bias=attn_bias), dense_bias=False in models/qwen/model.py), mlp_bias False, position_embedding_type
+    `rope_gpt_neox`, rotary_scaling the HF config's rope_scaling, which is null for the plain RoPE written here
+    (trtllm_export refuses scaled frequencies). MODEL_MAP (tensorrt_llm/models/__init__.py) builds `Qwen2ForCausalLM`
+    as QWenForCausalLM. From a LLaVA-OneVision config from_hugging_face says qwen_type `qwen2_llava_onevision`,
+    which only renames the HF weights it loads (QWenForCausalLM.from_hugging_face); the network built from a
+    checkpoint is qwen2's. lm_head is always written, so `tie_word_embeddings` only records the source model's
+    setting."""
+    return {**llama, "architecture": "Qwen2ForCausalLM", "qwen_type": "qwen2", "rotary_scaling": None,
             "attn_bias": True, "mlp_bias": False, "tie_word_embeddings": tie_word_embeddings}
+
+
+def qwen2_vl_config(qwen2: dict, mrope_section: list[int]) -> dict:
+    """config.json of Qwen2-VL's (and Qwen2.5-VL's) LLM from the Qwen2 one of the same sizes, as
+    QWenConfig.from_hugging_face makes it for qwen_type `qwen2_vl`: position_embedding_type `mrope`,
+    rotary_embedding_dim the head size, rotary_scaling the model's M-RoPE sections with type `mrope`. MODEL_MAP
+    builds `Qwen2VLForConditionalGeneration` as QWenForCausalLM; Qwen2.5-VL's decoder is the same Qwen2 decoder with
+    the same sectioned M-RoPE, and TensorRT-LLM has no other architecture name for it."""
+    if sum(mrope_section) * 2 != qwen2["head_size"]:
+        raise ValueError(f"M-RoPE sections {mrope_section} do not cover half the head size {qwen2['head_size']}")
+    return {**qwen2, "architecture": "Qwen2VLForConditionalGeneration", "qwen_type": "qwen2_vl",
+            "position_embedding_type": "mrope", "rotary_embedding_dim": qwen2["head_size"],
+            "rotary_scaling": {"type": "mrope", "mrope_section": list(mrope_section)}}
 
 
 def write_checkpoint(folder: str | Path, config: dict, tensors: dict[str, np.ndarray]) -> Path:

@@ -1,6 +1,6 @@
 """The LLM of an IR as a TensorRT-LLM LLaMA checkpoint: W4A16_AWQ linears when quantized, float ones otherwise.
-An M-RoPE LLM (Qwen2-VL's) is the same checkpoint with its q/k/v biases as `attention.qkv.bias` and QWenConfig's
-qwen_type `qwen2_vl` (trtllm_checkpoint.qwen2_vl_config).
+An LLM with biases on q, k and v (Qwen2's) is the same checkpoint with them as `attention.qkv.bias` and QWenConfig's
+qwen_type `qwen2` (trtllm_checkpoint.qwen2_config), or `qwen2_vl` for an M-RoPE one (Qwen2-VL's: qwen2_vl_config).
 
 The checkpoint holds what the ONNX graph computes: the same INT4 weights and scales, the normalisation weights
 with AWQ's scales folded in, a pre-quant scale of ones where a norm or a linear absorbed the scale, the embedding
@@ -34,7 +34,7 @@ from mmtrt.quant.int4 import dequantize_groups
 from mmtrt.quant.linears import Linear, find_linears
 from mmtrt.quant.quantize import QuantizedLinear
 from mmtrt.quant.trtllm_checkpoint import (DEFAULT_EXCLUDED, DTYPES, float_linear_tensors, linear_tensors, llama_name,
-                                           qwen2_vl_config, trtllm_config, write_checkpoint)
+                                           qwen2_config, qwen2_vl_config, trtllm_config, write_checkpoint)
 
 LOGITS_FROM = "logits_from"  # the LLM input of a kv_layout bundle: the first position whose logits are returned
 LAYER_ROLES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
@@ -169,7 +169,7 @@ def _llama(ir: ModelIR, found: dict[tuple[int, str], Linear], linear, head: tupl
         tensors[llama_name(f"model.layers.{i}.post_attention_layernorm.weight")], _ = norm_weight(
             found[(i, "gate_proj")].input)
         tensors |= linear(_prefix(i, "q_proj"), [(i, r) for r in QKV])
-        if mrope:
+        if biases:
             tensors[f"{_prefix(i, 'q_proj')}.bias"] = np.concatenate([biases[(i, r)] for r in QKV]).astype(cast)
         for role in ("o_proj", "gate_proj", "up_proj", "down_proj"):
             tensors |= linear(_prefix(i, role), [(i, role)])
@@ -184,22 +184,26 @@ def _llama(ir: ModelIR, found: dict[tuple[int, str], Linear], linear, head: tupl
         intermediate_size=found[(0, "gate_proj")].n, norm_epsilon=float(eps),
         max_position_embeddings=facts["max_position_embeddings"], rotary_base=_rotary_base(model, facts["head_dim"]),
         group_size=group_size)
+    if biases:
+        config = qwen2_config(config, facts.get("tie_word_embeddings", False))
     if mrope:
-        config = qwen2_vl_config(config, facts["mrope_section"], facts.get("tie_word_embeddings", False))
+        config = qwen2_vl_config(config, facts["mrope_section"])
     return config, tensors
 
 
 def _check_biases(biased: set[tuple[int, str]], facts: dict, mrope: bool) -> None:
-    """LLaMA's linears have no bias; Qwen2-VL's (QWenConfig attn_bias, dense_bias=False, mlp_bias False) have one on
-    q, k and v of every layer and nowhere else."""
+    """LLaMA's linears have no bias; QWen's (QWenConfig attn_bias, dense_bias=False, mlp_bias False) have one on q, k
+    and v of every layer and nowhere else, and Qwen2-VL's M-RoPE decoder is a QWen."""
+    qkv = {(i, r) for i in range(facts["num_layers"]) for r in QKV}
+    if biased == qkv or not (biased or mrope):
+        return
     names = sorted(f"llm.layers.{layer}.{role}" for layer, role in biased)
     listed = f"{', '.join(names[:3])}{' ...' if len(names) > 3 else ''}"
-    if not mrope and biased:
-        raise NotExportable(f"the LLM's linears {listed} add a bias ({facts['model_type']}); TensorRT-LLM's "
-                            "checkpoint is written for LLaMA's bias-free linears and for Qwen2-VL's q/k/v biases")
-    if mrope and biased != {(i, r) for i in range(facts["num_layers"]) for r in QKV}:
+    if mrope:
         raise NotExportable(f"the M-RoPE LLM's biased linears are [{listed}]; TensorRT-LLM's Qwen2-VL checkpoint "
                             "has a bias on q, k and v of every layer and nowhere else")
+    raise NotExportable(f"the LLM's biased linears are [{listed}] ({facts['model_type']}); TensorRT-LLM's checkpoints "
+                        "take LLaMA's bias-free linears or QWen's bias on q, k and v of every layer and nowhere else")
 
 
 def _bias(tensor: str, model: onnx.ModelProto, producer: dict[str, onnx.NodeProto],
@@ -277,5 +281,6 @@ def _rotary_base(model: onnx.ModelProto, head_dim: int) -> float:
                 base = float(inv[1] ** (-head_dim / 2))
                 if np.allclose(inv, base ** (-np.arange(0, head_dim, 2) / head_dim), rtol=1e-4):
                     return float(f"{base:.5g}")  # float32 frequencies give the base to about 6 digits
-                raise NotExportable("the LLM's rotary frequencies are scaled; W4A16 export supports plain RoPE only")
+                raise NotExportable("the LLM's rotary frequencies are scaled (not base^(-2i/d)); the checkpoint "
+                                    "is written for plain RoPE only (rotary_scaling null)")
     raise NotExportable("no rotary inverse frequencies found in the LLM graph")

@@ -40,8 +40,6 @@ from mmtrt.quant.trtllm_export import NotExportable, checkpoint_assets
 from passes.quant.awq_int4_config import AwqInt4Config
 
 TENSORRT_BLOCKS = (64, 128)
-# decoders whose attention projections carry biases, which the LLaMA checkpoint TensorRT-LLM is given cannot hold
-BIASED_DECODERS = frozenset({"qwen2"})
 
 
 class AwqInt4(Pass):
@@ -58,10 +56,6 @@ class AwqInt4(Pass):
         if self.config.trtllm_checkpoint == "always" and facts["llm"].get("trtllm_refused"):
             raise UserError(f"trtllm_checkpoint: always: {facts['llm']['trtllm_refused']}; use trtllm_checkpoint: "
                             "auto or never (the LLM runs on ONNX Runtime or TensorRT)")
-        if self.config.trtllm_checkpoint == "always" and facts["llm"]["model_type"] in BIASED_DECODERS:
-            raise UserError(f"trtllm_checkpoint: always writes a LLaMA checkpoint, whose linears have no bias; this "
-                            f"{facts['llm']['model_type']} LLM's q/k/v projections add one; use trtllm_checkpoint: "
-                            "auto (the LLM then runs on ONNX Runtime) or never")
         return facts
 
     def run(self, ir: ModelIR) -> dict:

@@ -1,18 +1,29 @@
 """The passes on any-resolution models: token_prune per tile, channel_prune on the vision MLP, awq_int4 on a biased
 Qwen2 LLM, cast_precision, the paged KV layout; each against PyTorch. What a pass cannot follow is refused at plan
-time: recover (one fixed-size image per prompt), a LLaMA TensorRT-LLM checkpoint of a Qwen2 LLM, max_tiles on a
-fixed-size model."""
+time: recover (one fixed-size image per prompt), max_tiles on a fixed-size model.
+
+LLaVA-OneVision's Qwen2 LLM as a TensorRT-LLM checkpoint (float in the default bundle, W4A16_AWQ from awq_int4),
+read back and run as TensorRT-LLM's QWen decoder in numpy with plain RoPE (tests/builders.py), gives the ONNX graph's
+logits; its config is what QWenConfig.from_hugging_face makes for qwen_type qwen2 and its names and shapes those
+QWenForCausalLM declares (transcribed from tensorrt_llm/models/qwen/config.py and model.py: TensorRT-LLM is not
+installable where these tests run)."""
 
 import json
+import shutil
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 import torch
 import transformers
 
-from builders import assert_same_up_to_near_ties, fake_quantized, random_image
+from builders import (assert_same_up_to_near_ties, checkpoint_linear, declared_shapes, fake_quantized, float16_weights,
+                      numpy_llama_logits, random_image, read_checkpoint, read_safetensors, w4a16_shapes)
+from conftest import compile_to
 from mmtrt.backends.anyres import grid_tiles
+from mmtrt.backends.onnxruntime_backend import session_options
+from mmtrt.backends.trtllm_worker import engine_mrope
 from mmtrt.compiler import make_plan
 from mmtrt.errors import UserError
 from mmtrt.ir.export import VisionWithProjector
@@ -86,7 +97,8 @@ def test_awq_int4_on_a_biased_qwen2_llm_equals_its_dequantized_pytorch_twin(anyr
     recipe = f"passes:\n  - awq_int4: {{group_size: 64, lowering: matmulnbits, accuracy_level: 0, {CALIBRATION}}}\n"
     bundle = anyres_compile("llava_onevision", recipe, "onevision-awq.bundle")
     checkpoint = report(bundle, "awq_int4")["changes"]["trtllm_checkpoint"]
-    assert checkpoint["written"] is False and "bias" in checkpoint["reason"]
+    assert checkpoint["written"] is True and checkpoint["files"] == ["trtllm/checkpoint/config.json",
+                                                                     "trtllm/checkpoint/rank0.safetensors"]
     model = sources["llava_onevision"][0]
     pipe = load(bundle)
     twin = fake_quantized(model, onnx.load(bundle / "llm.onnx"), 2 * 7 + 1)  # lm_head too, though tied
@@ -128,7 +140,6 @@ def test_paged_kv_layout_decodes_what_the_growing_cache_decodes(anyres_compile, 
 
 @pytest.mark.parametrize("family, tail, message", [
     ("llava_next", "passes:\n  - recover: {}\n", "tiles each image"),
-    ("llava_onevision", "passes:\n  - awq_int4: {trtllm_checkpoint: always}\n", "q/k/v projections add one"),
 ])
 def test_what_a_pass_cannot_follow_is_refused_at_plan_time(anyres_checkpoints, tmp_path, family, tail, message):
     (tmp_path / "checkpoint").symlink_to(anyres_checkpoints[family], target_is_directory=True)
@@ -142,3 +153,89 @@ def test_max_tiles_on_a_fixed_size_model_is_refused_at_plan_time(tmp_path):
     (tmp_path / "recipe.yaml").write_text("model: {source: zoo, name: tiny-llava}\nenvelope: {image: {max_tiles: 4}}\n")
     with pytest.raises(UserError, match="max_tiles applies to any-resolution models"):
         make_plan(tmp_path / "recipe.yaml")
+
+
+TRTLLM_AWQ = f"passes:\n  - awq_int4: {{group_size: 64, {CALIBRATION}}}\n"
+
+
+@pytest.fixture(scope="module", params=["float", "awq"])
+def onevision_trtllm(request, anyres_compile):
+    """(float or awq, a LLaVA-OneVision bundle with its TensorRT-LLM checkpoint): float (the default recipe) or
+    W4A16_AWQ."""
+    recipe = "" if request.param == "float" else TRTLLM_AWQ
+    return request.param, anyres_compile("llava_onevision", recipe, f"onevision-trtllm-{request.param}.bundle")
+
+
+def test_trtllm_checkpoint_of_the_qwen2_llm_reproduces_onnx_logits(onevision_trtllm, rng):
+    """Random token ids: the numpy decoder gets the checkpoint's embedding rows and rotates by the checkpoint's
+    rotary_base at positions 0..n-1, ONNX Runtime the same rows and position_ids."""
+    _, bundle = onevision_trtllm
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    assert manifest["tensorrt_llm"]["checkpoint"] == "trtllm/checkpoint"
+    assert manifest["tensorrt_llm"]["checkpoint_missing"] is None
+    cfg, t = read_checkpoint(bundle / "trtllm" / "checkpoint")
+    ids = rng.integers(0, cfg["vocab_size"], 11)
+    got = numpy_llama_logits(cfg, t, ids, checkpoint_linear(cfg, t))
+    llm = manifest["model"]["llm"]
+    feeds = {"inputs_embeds": t["transformer.vocab_embedding.weight"][ids][None].astype(np.float32),
+             "attention_mask": np.ones((1, len(ids)), np.int64), "position_ids": np.arange(len(ids))[None],
+             **{f"past.{i}.{kind}": np.zeros((1, llm["num_kv_heads"], 0, llm["head_dim"]), np.float32)
+                for i in range(llm["num_layers"]) for kind in ("key", "value")}}
+    options = session_options(None, spin=False, exact_int4=True)
+    session = ort.InferenceSession(float16_weights(bundle / "llm.onnx"), options, providers=["CPUExecutionProvider"])
+    want = session.run(["logits"], feeds)[0][0]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def qwen2_config(text) -> dict:
+    """What QWenConfig.from_hugging_face sets for qwen_type qwen2 (tensorrt_llm/models/qwen/config.py), read from the
+    LLM's config: attn_bias for every Qwen type but qwen3, mlp_bias QWenConfig's default, rotary_scaling HF's
+    rope_scaling (null for the default RoPE), rotary_base rope_theta, no rotary_embedding_dim (rope_gpt_neox). The
+    architecture is the LLM's, Qwen2ForCausalLM, which MODEL_MAP builds as QWenForCausalLM."""
+    assert text.model_type == "qwen2" and text.rope_parameters["rope_type"] == "default"
+    return {"architecture": "Qwen2ForCausalLM", "qwen_type": "qwen2",
+            "num_hidden_layers": text.num_hidden_layers, "num_attention_heads": text.num_attention_heads,
+            "hidden_size": text.hidden_size, "intermediate_size": text.intermediate_size,
+            "num_key_value_heads": text.num_key_value_heads, "vocab_size": text.vocab_size,
+            "head_size": text.hidden_size // text.num_attention_heads, "position_embedding_type": "rope_gpt_neox",
+            "max_position_embeddings": text.max_position_embeddings, "hidden_act": text.hidden_act,
+            "attn_bias": True, "mlp_bias": False, "rotary_base": text.rope_parameters["rope_theta"],
+            "rotary_scaling": None, "tie_word_embeddings": text.tie_word_embeddings}
+
+
+def test_trtllm_checkpoint_of_the_qwen2_llm_is_what_tensorrt_llm_qwen_declares(onevision_trtllm, sources):
+    which, bundle = onevision_trtllm
+    folder = bundle / "trtllm" / "checkpoint"
+    cfg = json.loads((folder / "config.json").read_text())
+    model = sources["llava_onevision"][0]
+    text = model.config.text_config
+    expected = qwen2_config(text)
+    assert {k: cfg[k] for k in expected} == expected and cfg.get("rotary_embedding_dim") is None
+    assert engine_mrope(cfg) is None  # the runner sends the prompt table alone, as for a LLaMA engine
+    assert np.float32(cfg["norm_epsilon"]) == np.float32(text.rms_norm_eps)
+    tensors, dtypes = read_safetensors(folder / "rank0.safetensors")
+    shapes = declared_shapes(cfg)
+    if which == "awq":
+        assert report(bundle, "awq_int4")["changes"]["trtllm_checkpoint"]["written"] is True
+        assert cfg["quantization"] == {"quant_algo": "W4A16_AWQ", "group_size": 64, "has_zero_point": False,
+                                       "pre_quant_scale": True}  # every linear quantized: no exclude_modules
+        shapes = w4a16_shapes(shapes, 64)
+    else:
+        assert cfg["quantization"] == {"quant_algo": None} and set(dtypes.values()) == {"F16"}
+    assert {n: tuple(a.shape) for n, a in tensors.items()} == shapes
+    attention = model.model.language_model.layers[1].self_attn
+    np.testing.assert_array_equal(tensors["transformer.layers.1.attention.qkv.bias"], np.concatenate(
+        [getattr(attention, f"{r}_proj").bias.detach().numpy() for r in "qkv"]).astype(np.float16))
+
+
+def test_a_qwen2_llm_with_scaled_rope_gets_no_checkpoint_and_the_plan_says_why(anyres_checkpoints, tmp_path):
+    """rope_type linear divides the frequencies by its factor: no rotary_base gives them, and the checkpoint is
+    written with plain RoPE only."""
+    shutil.copytree(anyres_checkpoints["llava_onevision"], tmp_path / "checkpoint")
+    config = json.loads((tmp_path / "checkpoint" / "config.json").read_text())
+    config["text_config"]["rope_parameters"].update({"rope_type": "linear", "factor": 2.0})
+    (tmp_path / "checkpoint" / "config.json").write_text(json.dumps(config))
+    bundle = compile_to(tmp_path, "model: {source: hf, path: checkpoint}\n")
+    trtllm = json.loads((bundle / "manifest.json").read_text())["tensorrt_llm"]
+    assert trtllm["checkpoint"] is None and not (bundle / "trtllm").exists()
+    assert "rotary frequencies are scaled" in trtllm["checkpoint_missing"]

@@ -8,7 +8,8 @@ import pytest
 
 from builders import read_safetensors, unpack_int4_rows
 from mmtrt.quant.int4 import dequantize_groups, quantize_groups
-from mmtrt.quant.trtllm_checkpoint import linear_tensors, llama_name, qwen2_vl_config, trtllm_config, write_checkpoint
+from mmtrt.quant.trtllm_checkpoint import (linear_tensors, llama_name, qwen2_config, qwen2_vl_config, trtllm_config,
+                                           write_checkpoint)
 
 
 def _rounded(a, dtype):
@@ -68,18 +69,32 @@ def test_config_keys():
         trtllm_config(**{**kwargs_of(config), "dtype": "float32"})
 
 
+def qwen2_7b_llama():
+    """The sizes of Qwen2-7B's decoder (Qwen2-VL-7B's too): head 128, rope_theta 1e6."""
+    return trtllm_config(dtype="bfloat16", vocab_size=152064, hidden_size=3584, num_hidden_layers=28,
+                         num_attention_heads=28, num_key_value_heads=4, head_size=128, intermediate_size=18944,
+                         norm_epsilon=1e-6, max_position_embeddings=32768, rotary_base=1000000.0, group_size=None)
+
+
+def test_qwen2_config_keeps_the_sizes_and_plain_rope_and_adds_the_qkv_bias():
+    llama = qwen2_7b_llama()
+    config = qwen2_config(llama, True)
+    assert {k: v for k, v in config.items() if k in llama} == {**llama, "architecture": "Qwen2ForCausalLM"}
+    assert config["position_embedding_type"] == "rope_gpt_neox" and config["rotary_scaling"] is None
+    assert (config["qwen_type"], config["attn_bias"], config["mlp_bias"], config["tie_word_embeddings"]) == (
+        "qwen2", True, False, True)
+
+
 def test_qwen2_vl_config_keeps_the_sizes_and_needs_sections_covering_half_the_head():
-    """Qwen2-VL-7B's decoder: head 128, M-RoPE sections [16, 24, 24] (64 frequencies)."""
-    llama = trtllm_config(dtype="bfloat16", vocab_size=152064, hidden_size=3584, num_hidden_layers=28,
-                          num_attention_heads=28, num_key_value_heads=4, head_size=128, intermediate_size=18944,
-                          norm_epsilon=1e-6, max_position_embeddings=32768, rotary_base=1000000.0, group_size=None)
-    config = qwen2_vl_config(llama, [16, 24, 24], False)
-    renamed = {"architecture": "Qwen2VLForConditionalGeneration", "position_embedding_type": "mrope"}
-    assert {k: v for k, v in config.items() if k in llama} == {**llama, **renamed}
-    assert config["rotary_scaling"] == {"type": "mrope", "mrope_section": [16, 24, 24]}
-    assert (config["qwen_type"], config["rotary_embedding_dim"], config["attn_bias"]) == ("qwen2_vl", 128, True)
+    """Qwen2-VL-7B's decoder: M-RoPE sections [16, 24, 24] (64 frequencies)."""
+    qwen2 = qwen2_config(qwen2_7b_llama(), False)
+    config = qwen2_vl_config(qwen2, [16, 24, 24])
+    renamed = {"architecture": "Qwen2VLForConditionalGeneration", "qwen_type": "qwen2_vl",
+               "position_embedding_type": "mrope", "rotary_scaling": {"type": "mrope", "mrope_section": [16, 24, 24]}}
+    assert {k: v for k, v in config.items() if k in qwen2} == {**qwen2, **renamed}
+    assert (config["rotary_embedding_dim"], config["attn_bias"]) == (128, True)
     with pytest.raises(ValueError, match=r"sections \[16, 24, 16\] do not cover half the head size 128"):
-        qwen2_vl_config(llama, [16, 24, 16], False)
+        qwen2_vl_config(qwen2, [16, 24, 16])
 
 
 def kwargs_of(config):

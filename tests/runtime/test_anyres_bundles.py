@@ -2,6 +2,7 @@
 very wide, very tall, the smallest, the largest), alone and in batches of mixed sizes, and refuse an
 image whose grid the envelope does not take."""
 
+import json
 from types import SimpleNamespace
 
 import numpy as np
@@ -81,11 +82,13 @@ def test_an_image_needing_more_tiles_than_the_envelope_is_refused_in_one_line(an
     assert "\n" not in message and "2x2 tiles" in message and "envelope.image.max_tiles" in message
 
 
-def test_the_new_towers_are_one_tensorrt_segment_and_a_qwen2_llm_gets_no_llama_checkpoint(next_bundle,
-                                                                                           onevision_bundle):
+def test_the_new_towers_are_one_tensorrt_segment_and_a_qwen2_llm_gets_a_qwen_checkpoint(next_bundle,
+                                                                                         onevision_bundle):
     for bundle in (next_bundle, onevision_bundle):
         placement = load(bundle).manifest["placement"]
         assert [s["backend"] for s in placement["vision"]["segments"]] == ["tensorrt"]
         assert all(n["backend"] == "tensorrt" for n in placement["vision"]["nodes"])
     trtllm = load(onevision_bundle).manifest["tensorrt_llm"]
-    assert trtllm["checkpoint"] is None and "add a bias (qwen2)" in trtllm["checkpoint_missing"]
+    assert trtllm["checkpoint"] == "trtllm/checkpoint" and trtllm["checkpoint_missing"] is None
+    config = json.loads((onevision_bundle / trtllm["checkpoint"] / "config.json").read_text())
+    assert (config["architecture"], config["qwen_type"], config["attn_bias"]) == ("Qwen2ForCausalLM", "qwen2", True)

@@ -19,7 +19,7 @@ FRONTEND_PROPERTIES = frozenset({"vision.hidden_state_stack", "llm.kv_cache.hf"}
 
 
 def llm_facts(text) -> dict[str, Any]:
-    """The decoder's sizes, from its text config."""
+    """The decoder's sizes, from its text config, and whether its lm_head shares the embedding table."""
     head_dim = getattr(text, "head_dim", None) or text.hidden_size // text.num_attention_heads
     return {
         "model_type": text.model_type,
@@ -30,6 +30,7 @@ def llm_facts(text) -> dict[str, Any]:
         "head_dim": head_dim,
         "vocab_size": text.vocab_size,
         "max_position_embeddings": text.max_position_embeddings,
+        "tie_word_embeddings": bool(getattr(text, "tie_word_embeddings", False)),
     }
 
 
