@@ -16,7 +16,8 @@ import numpy as np
 from mmtrt.errors import UserError
 from mmtrt.eval.userdata import Sample
 from mmtrt.progress import track
-from mmtrt.runtime.pipeline import Pipeline, open_image
+from mmtrt.runtime.image_file import open_image
+from mmtrt.runtime.pipeline import Pipeline
 
 
 def agreement_suite(pipe: Pipeline, limit: int | None = None, data: list[Sample] | None = None, source=None,

@@ -7,7 +7,8 @@ from typing import Any
 from mmtrt.eval.scorers import scorer as get_scorer
 from mmtrt.eval.userdata import Sample
 from mmtrt.progress import track
-from mmtrt.runtime.pipeline import Pipeline, open_image
+from mmtrt.runtime.image_file import open_image
+from mmtrt.runtime.pipeline import Pipeline
 
 
 def qa_suite(pipe: Pipeline, limit: int | None = None, data: list[Sample] | None = None, scorer: str = "contains",

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from mmtrt.errors import UserError
-from mmtrt.runtime.pipeline import open_image
+from mmtrt.runtime.image_file import open_image
 
 
 def int_list(text: str, flag: str) -> list[int]:

@@ -206,7 +206,7 @@ def _tokenizer(ir: ModelIR):
 def _image_sequences(ir: ModelIR, tokenizer, shown) -> tuple[list, list[Sequence]]:
     """Each image with its prompt: its vision inputs (pixel values, an any-resolution image's tiles one by one; a
     native-resolution image's whole feeds), and the LLM's input with the image features in place."""
-    from mmtrt.runtime.pipeline import open_image
+    from mmtrt.runtime.image_file import open_image
     from mmtrt.runtime.prompt import format_prompt, tokenize
 
     facts, encode = ir.config, _image_encoder(ir)

@@ -20,7 +20,7 @@ from PIL import Image
 
 from mmtrt.errors import UserError
 from mmtrt.runtime.batch import Request
-from mmtrt.runtime.pipeline import open_image
+from mmtrt.runtime.image_file import open_image
 from mmtrt.runtime.sampling import SamplingParams
 
 ROLES = ("system", "user", "assistant")

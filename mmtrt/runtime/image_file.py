@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import numpy as np
-from PIL import Image, ImageOps
+from PIL import Image, ImageOps, UnidentifiedImageError
+
+from mmtrt.errors import UserError
 
 
 def upright_8bit(img: Image.Image) -> Image.Image:
@@ -16,3 +20,22 @@ def upright_8bit(img: Image.Image) -> Image.Image:
         if img.mode != "I" or wide.max(initial=0) > 255:
             img = Image.fromarray((np.clip(wide, 0, 65535) >> 8).astype(np.uint8), "L")
     return img
+
+
+def open_image(image, name: str | None = None) -> Image.Image:
+    """A PIL image from itself, a path or a binary file object; `name` stands for it in messages."""
+    if isinstance(image, Image.Image):
+        return image
+    if not isinstance(image, (str, Path)) and not hasattr(image, "read"):
+        raise UserError(f"image must be a file path or a PIL image, not {type(image).__name__}")
+    label = name or image
+    try:
+        with Image.open(image) as img:
+            img.load()
+            return upright_8bit(img)
+    except (FileNotFoundError, IsADirectoryError):
+        raise UserError(f"image {label} does not exist; pass the path of a PNG or JPEG file") from None
+    except Image.DecompressionBombError as exc:
+        raise UserError(f"image {label} is refused as a decompression bomb ({exc}); pass a smaller image") from None
+    except (UnidentifiedImageError, OSError) as exc:
+        raise UserError(f"cannot read image {label} ({exc}); pass a PNG or JPEG file") from None

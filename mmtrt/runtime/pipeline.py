@@ -2,20 +2,16 @@
 
 from __future__ import annotations
 
-import hashlib
-
 import json
 import logging
 import threading
-import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
 import numpy as np
-from PIL import Image, UnidentifiedImageError
 
-from mmtrt.backends.anyres import NEWLINE_ASSET, build_tiler, grid_tiles, pack
+from mmtrt.backends.anyres import NEWLINE_ASSET, build_tiler
 from mmtrt.backends.numpy_preprocess import build_transform, covers
 from mmtrt.bundle.manifest import read_manifest
 from mmtrt.bundle.schema import check_schema, check_token_ids
@@ -26,14 +22,11 @@ from mmtrt.ir.spec import TensorSpec
 from mmtrt.partition.shapes import check_shape
 from mmtrt.runtime.batch import Prepared, Request, Sequence, StaticStepper
 from mmtrt.runtime.executors import TRTLLM, component_runner, engine_choices, llm_engine_choice
-from mmtrt.runtime.image_bounds import check_image
-from mmtrt.runtime.image_file import upright_8bit
 from mmtrt.runtime.kv import StaticCache, cache_device, cache_providers
 from mmtrt.runtime.paged import PagedCache, PagedStepper
-from mmtrt.runtime.prefix import PrefixCache, prefix_key, prefix_length
-from mmtrt.runtime.prompt import (check_prompt, format_prompt, holds_special_tokens, tokenize,
-                                 tokenize_user_text)
+from mmtrt.runtime.prefix import PrefixCache
 from mmtrt.runtime.qwen2_vl import family_images
+from mmtrt.runtime.request_inputs import RequestInputs
 from mmtrt.runtime.sampling import SamplingParams
 from mmtrt.runtime.scheduler import run_to_end
 from mmtrt.runtime.streaming import Delta
@@ -75,26 +68,7 @@ class Refused:
         return {"error": f"request {self.index + 1}: {self.reason}"}
 
 
-def open_image(image, name: str | None = None) -> Image.Image:
-    """A PIL image from itself, a path or a binary file object; `name` stands for it in messages."""
-    if isinstance(image, Image.Image):
-        return image
-    if not isinstance(image, (str, Path)) and not hasattr(image, "read"):
-        raise UserError(f"image must be a file path or a PIL image, not {type(image).__name__}")
-    label = name or image
-    try:
-        with Image.open(image) as img:
-            img.load()
-            return upright_8bit(img)
-    except (FileNotFoundError, IsADirectoryError):
-        raise UserError(f"image {label} does not exist; pass the path of a PNG or JPEG file") from None
-    except Image.DecompressionBombError as exc:
-        raise UserError(f"image {label} is refused as a decompression bomb ({exc}); pass a smaller image") from None
-    except (UnidentifiedImageError, OSError) as exc:
-        raise UserError(f"cannot read image {label} ({exc}); pass a PNG or JPEG file") from None
-
-
-class Pipeline:
+class Pipeline(RequestInputs):
     """A loaded bundle. `generate` takes one image and one prompt, `generate_batch` a list of `Request`s."""
 
     def __init__(self, path: str | Path, threads: int | None = None, spin: bool = True, prefix_cache_mib: float = 256,
@@ -167,77 +141,6 @@ class Pipeline:
                                 f"does not give ({', '.join(feeds)}); recompile the recipe or restore the bundle")
             check_shape(name, spec, feeds[spec.name].shape, self.dims)
         return self.runners[name].run(feeds)
-
-    def prompt_ids(self, prompt: str, raw_prompt: bool = False, images: int = 1) -> list[int]:
-        check_prompt(prompt)
-        image_token, count = self.model["image_token"], self.model["vision"]["image_tokens"]
-        if raw_prompt or self.parse_special_tokens or not holds_special_tokens(self.tokenizer, prompt):
-            text = format_prompt(self.tokenizer, self.model["chat_template"], prompt, raw_prompt, images)
-            ids = tokenize(self.tokenizer, text, image_token, count, images)
-        else:
-            ids = tokenize_user_text(self.tokenizer, self.model["chat_template"], prompt, image_token, count, images)
-        limit, image_tokens = self.dims["seq"]["max"], images * count
-        if len(ids) > limit:
-            raise UserError(f"the prompt is {len(ids) - image_tokens} tokens after the chat template; this bundle "
-                            f"accepts at most {limit - image_tokens}"
-                            f"{f' beside {images} images' if images > 1 else ''}; shorten it or recompile with a "
-                            "larger envelope.prompt_tokens.max")
-        return ids
-
-    def pixel_values(self, image) -> np.ndarray:
-        """The vision input: [1, 3, H, W], or an any-resolution image's base and tiles [1 + tiles, 3, H, W]."""
-        img = open_image(image)
-        check_image(img, self.manifest["envelope"]["image"], self.preprocess_spec)
-        if self.family:
-            return self.family.pixels(img)
-        if self.anyres:
-            self._check_tiles(img)
-            return self.transform(img)
-        return self.transform(img)[None]
-
-    def _check_tiles(self, img: Image.Image) -> None:
-        rows, cols = grid_tiles(img.height, img.width, self.anyres["pinpoints"], self.anyres["tile"])
-        if rows * cols > self.anyres["max_tiles"]:
-            raise UserError(f"image is {img.width}x{img.height}, which the model cuts into {rows}x{cols} tiles; this "
-                            f"bundle takes at most {self.anyres['max_tiles']}; pass a smaller image or recompile "
-                            "with a larger envelope.image.max_tiles")
-
-    def image_features(self, pixels: np.ndarray, size: tuple[int, int] | None = None) -> np.ndarray:
-        """The image's tokens [1, count, D]: under a dynamic budget the first `image_token_count` of the block;
-        for an any-resolution model its tiles' features packed by the image's (height, width) `size`."""
-        if self.family:
-            return self._run("vision", self.family.vision_feeds(pixels))["image_features"]
-        out = self._run("vision", {"pixel_values": pixels})
-        if self.anyres:
-            if size is None:
-                raise ValueError("an any-resolution model's image features need the image's (height, width)")
-            return pack(out["image_features"], out.get("image_token_count"), *size, self.anyres, self.newline)[None]
-        if not self.dynamic_tokens:
-            return out["image_features"]
-        return out["image_features"][:, :int(out["image_token_count"][0])]
-
-    def encode_image(self, image, ids: list[int]) -> tuple[list[int], np.ndarray]:
-        """The image's features [1, count, D] and `ids` (from `prompt_ids`) with the expanded placeholder cut to
-        the image's own count where it has one (a dynamic token budget, an any-resolution image)."""
-        img = open_image(image)
-        features = self.image_features(self.pixel_values(img), (img.height, img.width))
-        if self.variable_tokens:
-            ids = self.fit_image_tokens(ids, features.shape[1])
-        return ids, features
-
-    def fit_image_tokens(self, ids: list[int], count: int | list[int]) -> list[int]:
-        """The prompt with each image's expanded placeholder (a run of the bundle's image-token count, adjacent
-        images one after the other) cut to that image's count."""
-        token, counts = self.model["image_token_id"], iter([count] if isinstance(count, int) else count)
-        per_image, out, at = self.model["vision"]["image_tokens"], [], 0
-        while at < len(ids):
-            if ids[at] != token:
-                out.append(ids[at])
-                at += 1
-                continue
-            out += [token] * next(counts)
-            at += per_image
-        return out
 
     def embed(self, ids: np.ndarray, features: np.ndarray | None = None) -> np.ndarray:
         embeds = self._run("embed", {"input_ids": ids})["inputs_embeds"]
@@ -314,89 +217,6 @@ class Pipeline:
         for index, seq in sequences.items():
             results[index] = self.generation(seq)
         return results
-
-    def prepare(self, index: int, req: Request, seen: dict[str, np.ndarray] | None = None) -> Prepared:
-        """Check a request against the envelope and embed it (`check`, then `embed_request`)."""
-        return self.embed_request(self.check(index, req), seen)
-
-    def check(self, index: int, req: Request) -> Prepared:
-        """What can be refused before the encoders run (token limit, sampling values, prompt length, images), on
-        any thread: a request with its ids and pixels, not embedded yet."""
-        limit = self.manifest["envelope"]["max_new_tokens"]
-        max_new = limit if req.max_new_tokens is None else req.max_new_tokens
-        if not isinstance(max_new, int) or isinstance(max_new, bool):
-            raise UserError(f"max_new_tokens must be an integer, not {type(max_new).__name__}")
-        sampling = (req.sampling or SamplingParams()).validate(limit)
-        max_new = next((n for n in (sampling.max_new_tokens, max_new) if n is not None), limit)
-        if not 1 <= max_new <= limit:
-            raise UserError(f"max_new_tokens {max_new} is outside 1..{limit}, the bundle's KV capacity; "
-                            "recompile with a larger envelope.max_new_tokens")
-        images = req.images()
-        if len(images) > (most := self.dims.get("num_images", {}).get("max") or 1):
-            raise UserError(f"the request holds {len(images)} images; this bundle takes at most {most}")
-        ids = self.prompt_ids(req.prompt, req.raw_prompt, len(images))
-        t0 = time.perf_counter()
-        opened = [open_image(image) for image in images]
-        prep = Prepared(index, ids, None, max_new, {"preprocess_ms": 1e3 * (time.perf_counter() - t0)},
-                        pixels=[self.pixel_values(img) for img in opened], sizes=[(i.height, i.width) for i in opened],
-                        sampling=sampling)
-        if not self.variable_tokens:
-            self._locate_prefix(prep)
-            if isinstance(self.stepper, PagedStepper):
-                self.stepper.check(prep)
-        return prep
-
-    def embed_request(self, prep: Prepared, seen: dict[str, np.ndarray] | None = None) -> Prepared:
-        """Embed a checked request: the vision encoder is skipped when the image's prefix is stored, or when
-        `seen` (by pixel digest, filled here) has the same pixels' already."""
-        t1 = time.perf_counter()
-        features = self._all_features(prep, seen) if self.variable_tokens else None
-        if features is not None:
-            prep.ids = self.fit_image_tokens(prep.ids, [f.shape[1] for f in features]) if features else prep.ids
-            if self.family:
-                prep.positions, prep.rope_delta = self.family.positions(prep.ids, prep.pixels)
-            self._locate_prefix(prep)
-            if isinstance(self.stepper, PagedStepper):
-                self.stepper.check(prep)
-        stored = self.prefixes.get(prep.prefix_key) if prep.prefix_key else None
-        if stored is not None:
-            prep.embeds, prep.prefix = self.embed(np.array([prep.ids[prep.prefix_len:]], np.int64)), stored
-        else:
-            if features is None:
-                features = self._all_features(prep, seen)
-            prep.embeds = self.embed(np.array([prep.ids], np.int64),
-                                     np.concatenate(features, axis=1) if features else None)
-        prep.timings["vision_ms"], prep.pixels = 1e3 * (time.perf_counter() - t1), []
-        return prep
-
-    @property
-    def variable_tokens(self) -> bool:
-        """Whether an image's token count is its own (a dynamic budget, any resolution): known after the encoder."""
-        return bool(self.dynamic_tokens or self.anyres)
-
-    def _locate_prefix(self, prep: Prepared) -> None:
-        """The image prefix's length and key, under a kv_layout (the KV of what precedes the last image token)."""
-        n = prefix_length(prep.ids, self.model["image_token_id"]) if self.stepper and prep.pixels else 0
-        prep.prefix_len = n
-        keyed = b"".join(self._keyed(p, size) for p, size in zip(prep.pixels, prep.sizes))
-        prep.prefix_key = prefix_key(keyed, prep.ids, n) if n else None
-
-    def _all_features(self, prep: Prepared, seen: dict[str, np.ndarray] | None) -> list[np.ndarray]:
-        return [self._features(p, size, seen) for p, size in zip(prep.pixels, prep.sizes)]
-
-    def _keyed(self, pixels, size: tuple[int, int]) -> bytes:
-        """What identifies an image's features: its pixels (a Qwen2-VL image's patches with its grid), and for an
-        any-resolution model its size too (the size places the tiles' padding, which the layout cuts away)."""
-        key = pixels.tobytes()
-        return key + np.asarray(size, np.int64).tobytes() if self.anyres else key
-
-    def _features(self, pixels: np.ndarray, size: tuple[int, int], seen: dict[str, np.ndarray] | None) -> np.ndarray:
-        if seen is None:
-            return self.image_features(pixels, size)
-        digest = hashlib.sha256(self._keyed(pixels, size)).hexdigest()
-        if digest not in seen:
-            seen[digest] = self.image_features(pixels, size)
-        return seen[digest]
 
     def prefill(self, stepper, handle, prep: Prepared) -> np.ndarray:
         """Prefill one request into its row (static) or sequence (paged), from a stored image prefix when there is

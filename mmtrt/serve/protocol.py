@@ -16,7 +16,7 @@ from urllib.parse import unquote, urlparse
 from mmtrt.errors import UserError
 from mmtrt.runtime.batch import Request
 from mmtrt.runtime.chat import chat_request, load_data_uri
-from mmtrt.runtime.pipeline import open_image
+from mmtrt.runtime.image_file import open_image
 from mmtrt.runtime.sampling import SamplingParams
 
 # OpenAI's fields, plus vLLM's top_k and repetition_penalty; others (tools, logprobs, n > 1, ...) are refused
