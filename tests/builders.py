@@ -12,6 +12,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 from PIL import Image
 
+from mmtrt.backends.onnxruntime_backend import session_options
 from mmtrt.ir.rewrite import attr
 
 
@@ -188,6 +189,20 @@ def checkpoint_linear(cfg: dict, t: dict):
         return (x * t[f"{p}.prequant_scaling_factor"]) @ w.T
 
     return linear
+
+
+def graph_logits_as_checkpoint(bundle, ids, table, positions) -> np.ndarray:
+    """The bundle's LLM graph's logits [n, vocab] on an empty cache, with its weights rounded as the float16
+    checkpoint stores them (float16_weights) and the prompt embedded by the checkpoint's table: what a checkpoint
+    read back must reproduce. `positions`: the position_ids feed, [1, n] or M-RoPE's [3, 1, n]."""
+    llm = json.loads((bundle / "manifest.json").read_text())["model"]["llm"]
+    feeds = {"inputs_embeds": table[ids][None].astype(np.float32), "attention_mask": np.ones((1, len(ids)), np.int64),
+             "position_ids": positions,
+             **{f"past.{i}.{kind}": np.zeros((1, llm["num_kv_heads"], 0, llm["head_dim"]), np.float32)
+                for i in range(llm["num_layers"]) for kind in ("key", "value")}}
+    options = session_options(None, spin=False, exact_int4=True)
+    session = ort.InferenceSession(float16_weights(bundle / "llm.onnx"), options, providers=["CPUExecutionProvider"])
+    return session.run(["logits"], feeds)[0][0]
 
 
 def numpy_llama_logits(cfg: dict, t: dict, ids, linear, cos_sin=None) -> np.ndarray:

@@ -13,16 +13,15 @@ import shutil
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 import torch
 import transformers
 
-from builders import (assert_same_up_to_near_ties, checkpoint_linear, declared_shapes, fake_quantized, float16_weights,
-                      numpy_llama_logits, random_image, read_checkpoint, read_safetensors, w4a16_shapes)
+from builders import (assert_same_up_to_near_ties, checkpoint_linear, declared_shapes, fake_quantized,
+                      graph_logits_as_checkpoint, numpy_llama_logits, random_image, read_checkpoint, read_safetensors,
+                      w4a16_shapes)
 from conftest import compile_to
 from mmtrt.backends.anyres import grid_tiles
-from mmtrt.backends.onnxruntime_backend import session_options
 from mmtrt.backends.trtllm_worker import engine_mrope
 from mmtrt.compiler import make_plan
 from mmtrt.errors import UserError
@@ -176,14 +175,7 @@ def test_trtllm_checkpoint_of_the_qwen2_llm_reproduces_onnx_logits(onevision_trt
     cfg, t = read_checkpoint(bundle / "trtllm" / "checkpoint")
     ids = rng.integers(0, cfg["vocab_size"], 11)
     got = numpy_llama_logits(cfg, t, ids, checkpoint_linear(cfg, t))
-    llm = manifest["model"]["llm"]
-    feeds = {"inputs_embeds": t["transformer.vocab_embedding.weight"][ids][None].astype(np.float32),
-             "attention_mask": np.ones((1, len(ids)), np.int64), "position_ids": np.arange(len(ids))[None],
-             **{f"past.{i}.{kind}": np.zeros((1, llm["num_kv_heads"], 0, llm["head_dim"]), np.float32)
-                for i in range(llm["num_layers"]) for kind in ("key", "value")}}
-    options = session_options(None, spin=False, exact_int4=True)
-    session = ort.InferenceSession(float16_weights(bundle / "llm.onnx"), options, providers=["CPUExecutionProvider"])
-    want = session.run(["logits"], feeds)[0][0]
+    want = graph_logits_as_checkpoint(bundle, ids, t["transformer.vocab_embedding.weight"], np.arange(len(ids))[None])
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 

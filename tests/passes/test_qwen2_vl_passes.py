@@ -16,14 +16,12 @@ import shutil
 
 import numpy as np
 import onnx
-import onnxruntime as ort
 import pytest
 import torch
 
-from builders import (checkpoint_linear, declared_shapes, dequantized_linears, fake_quantized, float16_weights,
-                      numpy_llama_logits, read_checkpoint, read_safetensors, w4a16_shapes)
+from builders import (checkpoint_linear, declared_shapes, dequantized_linears, fake_quantized,
+                      graph_logits_as_checkpoint, numpy_llama_logits, read_checkpoint, read_safetensors, w4a16_shapes)
 from conftest import QWEN_FAMILIES
-from mmtrt.backends.onnxruntime_backend import session_options
 from mmtrt.backends.trtllm_worker import engine_mrope
 from mmtrt.compiler import make_plan
 from mmtrt.errors import UserError
@@ -176,14 +174,7 @@ config (the checkpoint's), ONNX Runtime the same rows and position_ids."""
     cos_sin = mrope_cos_sin(positions, engine_mrope(cfg)).reshape(-1, cfg["head_size"] // 2, 2)[: len(ids)]
     got = numpy_llama_logits(cfg, t, ids, checkpoint_linear(cfg, t), cos_sin)
 
-    llm = manifest["model"]["llm"]
-    feeds = {"inputs_embeds": t["transformer.vocab_embedding.weight"][ids][None].astype(np.float32),
-             "attention_mask": np.ones((1, len(ids)), np.int64), "position_ids": positions[:, None],
-             **{f"past.{i}.{kind}": np.zeros((1, llm["num_kv_heads"], 0, llm["head_dim"]), np.float32)
-                for i in range(llm["num_layers"]) for kind in ("key", "value")}}
-    options = session_options(None, spin=False, exact_int4=True)
-    session = ort.InferenceSession(float16_weights(bundle / "llm.onnx"), options, providers=["CPUExecutionProvider"])
-    want = session.run(["logits"], feeds)[0][0]
+    want = graph_logits_as_checkpoint(bundle, ids, t["transformer.vocab_embedding.weight"], positions[:, None])
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
 
 
