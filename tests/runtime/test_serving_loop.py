@@ -1,6 +1,7 @@
 """The serving loop: concurrent mixed requests each get their solo tokens, joining mid-decode; a cancelled
 request's KV blocks are free when cancel returns; a full queue refuses; drain finishes what it accepted."""
 
+import contextlib
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
@@ -114,19 +115,30 @@ def test_cancel_frees_the_requests_kv_blocks_when_it_returns(tiny_paged_bundle, 
     assert used_blocks(pipe) == 0 and not cache.tables
 
 
-def test_a_full_queue_refuses_and_drain_finishes_what_it_accepted(tiny_static_bundle, rng):
-    pipe = load(tiny_static_bundle)
-    image = random_image(rng, 40, 40)
+@contextlib.contextmanager
+def held_in_first_step(pipe, image, max_batch, max_queue):
+    """A ServingLoop whose thread stays inside the request "first"'s first step until `release` is set, so what is
+    submitted meanwhile waits in the queue: yields the loop, that request's handle and `release`; closes the loop."""
     release, blocked = threading.Event(), threading.Event()
 
-    def hold(delta):  # keeps the loop's thread inside this request's first step
+    def hold(delta):
         blocked.set()
         release.wait(60)
 
-    loop = ServingLoop(pipe, max_batch=1, max_queue=2)
+    loop = ServingLoop(pipe, max_batch=max_batch, max_queue=max_queue)
     try:
         running = loop.submit(Request(image, "first", 4), on_delta=hold)
         assert blocked.wait(60)
+        yield loop, running, release
+    finally:
+        release.set()
+        loop.close()
+
+
+def test_a_full_queue_refuses_and_drain_finishes_what_it_accepted(tiny_static_bundle, rng):
+    pipe = load(tiny_static_bundle)
+    image = random_image(rng, 40, 40)
+    with held_in_first_step(pipe, image, max_batch=1, max_queue=2) as (loop, running, release):
         queued = [loop.submit(Request(image, f"next {i}", 4)) for i in range(2)]
         with pytest.raises(QueueFull, match="queue holds 2 requests"):
             loop.submit(Request(image, "one too many", 4))
@@ -138,9 +150,6 @@ def test_a_full_queue_refuses_and_drain_finishes_what_it_accepted(tiny_static_bu
             loop.submit(Request(image, "after drain", 4))
         release.set()
         assert loop.drain(60)
-    finally:
-        release.set()
-        loop.close()
     assert all(h.result().finish_reason in ("stop", "length") for h in [running, *queued])
     assert loop.metrics().requests_refused == 2
     assert pipe.generate(image, "after the loop", 3).token_ids  # the pipeline is free again after close
@@ -149,24 +158,12 @@ def test_a_full_queue_refuses_and_drain_finishes_what_it_accepted(tiny_static_bu
 def test_the_queue_holds_a_burst_that_fits_the_free_places_beyond_max_queue(tiny_static_bundle, rng):
     pipe = load(tiny_static_bundle)
     image = random_image(rng, 40, 40)
-    release, blocked = threading.Event(), threading.Event()
-
-    def hold(delta):
-        blocked.set()
-        release.wait(60)
-
-    loop = ServingLoop(pipe, max_batch=3, max_queue=1)
-    try:
-        running = loop.submit(Request(image, "first", 4), on_delta=hold)
-        assert blocked.wait(60)
+    with held_in_first_step(pipe, image, max_batch=3, max_queue=1) as (loop, running, release):
         burst = [loop.submit(Request(image, f"next {i}", 4)) for i in range(3)]  # 2 free places + 1 waiting
         with pytest.raises(QueueFull, match="queue holds 3 requests"):
             loop.submit(Request(image, "one too many", 4))
         assert loop.metrics().queued == 3 and loop.metrics().requests_refused == 1
         release.set()
         assert loop.drain(60)
-    finally:
-        release.set()
-        loop.close()
     for handle, prompt in zip([running, *burst], ["first", "next 0", "next 1", "next 2"]):
         assert handle.result().token_ids == pipe.generate(image, prompt, 4).token_ids
