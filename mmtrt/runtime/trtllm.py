@@ -54,13 +54,12 @@ def mrope_cos_sin(positions: np.ndarray, mrope: dict[str, Any]) -> np.ndarray:
     head_size, rotary_base, max_position_embeddings and mrope_section; positions: [3, prompt length]."""
     d, most = mrope["head_size"], mrope["max_position_embeddings"]
     inv_freq = 1.0 / (float(mrope["rotary_base"]) ** (np.arange(0, d, 2) / d)).astype(np.float32)
-    angles = np.arange(most, dtype=np.float32)[:, None] * inv_freq[None, :]
     if positions.shape[1] > most:
         raise ValueError(f"a prompt of {positions.shape[1]} tokens exceeds max_position_embeddings {most}")
-    padded = np.zeros((3, most), np.int64)
+    padded = np.zeros((3, most), np.float32)
     padded[:, : positions.shape[1]] = positions
     rows = np.repeat(np.arange(3), mrope["mrope_section"])  # [d / 2]: the row of each frequency
-    picked = angles[padded[rows].T, np.arange(d // 2)]  # [most, d / 2]
+    picked = padded[rows].T * inv_freq[None, :]  # [most, d / 2]: the table's row at each position, in float32
     return np.stack([np.cos(picked), np.sin(picked)], axis=-1).reshape(-1).astype(np.float32)
 
 
