@@ -1,0 +1,5 @@
+"""`python -m mmtrt.cli`."""
+
+from mmtrt.cli import run_as_module
+
+run_as_module()

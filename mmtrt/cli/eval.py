@@ -1,0 +1,57 @@
+"""The `eval` command: a bundle measured on a suite."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from mmtrt.cli.arguments import examples, positive_int, tolerance
+from mmtrt.terminal import show
+
+
+def _eval(args) -> int:
+    from mmtrt.eval.options import cli_options
+    from mmtrt.eval.suites import run_suite
+    from mmtrt.eval.source import source_model
+    from mmtrt.runtime import load
+
+    pipe = load(args.bundle, threads=args.threads)
+    source = source_model(pipe.manifest, args.source_model) if args.suite in ("parity", "agreement") else None
+    options = cli_options(args.suite, args.data, args.scorer, args.tolerance, args.max_new_tokens, source)
+    out = run_suite(pipe, args.suite, args.limit, text_file=args.text, **options)
+    if args.json:
+        print(json.dumps(out))
+    else:
+        metrics = ", ".join(f"{k}={v:.6g}" for k, v in out["metrics"].items())
+        samples = ", ".join(f"{k}={v}" for k, v in out["samples"].items())
+        show(f"{out['suite']}: {metrics} ({samples}) bundle {out['bundle_sha256'][:16]}")
+    return 0
+
+
+def add_command(sub) -> None:
+    p = sub.add_parser("eval", help="evaluate a bundle on a suite: digits, perplexity, parity, qa or agreement",
+                       description="Measure a bundle: digits accuracy, perplexity, parity with the PyTorch source, "
+                       "your own questions (qa) or agreement with the source on your prompts (no labels).",
+                       epilog=examples("mmtrt eval out/dino-smollm.bundle --suite digits --limit 100",
+                                       "mmtrt eval out/dino-smollm.bundle --suite perplexity",
+                                       "mmtrt eval BUNDLE --suite qa --data questions.jsonl --scorer numeric"))
+    p.add_argument("bundle", help="a bundle folder written by `mmtrt compile`")
+    p.add_argument("--suite", required=True, choices=["digits", "perplexity", "parity", "qa", "agreement"],
+                   help="what to measure")
+    p.add_argument("--limit", type=positive_int, metavar="N", help="images (digits, parity), windows (perplexity), "
+                   "questions (qa) or prompts (agreement) to use (default: the suite's own)")
+    p.add_argument("--data", type=Path, help="qa: JSONL of {image, prompt, answer}; agreement: prompts, one per line, "
+                   "or JSONL of {prompt[, image]}")
+    p.add_argument("--scorer", choices=["exact", "contains", "numeric"], default="contains",
+                   help="qa: how answers are scored")
+    p.add_argument("--tolerance", type=tolerance, default=0.0,
+                   help="qa with --scorer numeric: largest absolute difference counted right")
+    p.add_argument("--max-new-tokens", type=positive_int, default=16, metavar="N",
+                   help="qa: tokens per answer; agreement: tokens of the source's answer scored")
+    p.add_argument("--text", type=Path, help="perplexity: a UTF-8 text file (default: Python's documentation)")
+    p.add_argument("--source-model", type=Path, metavar="CHECKPOINT",
+                   help="parity, agreement: the checkpoint folder of an hf-sourced bundle")
+    p.add_argument("--threads", type=positive_int, metavar="N",
+                   help="ONNX Runtime intra-op threads (default: ONNX Runtime's choice)")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    p.set_defaults(func=_eval)
