@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from mmtrt.backends.anyres import token_bound
+from mmtrt.preprocess.anyres import token_bound
 
 
 def feature_layers(vision: dict[str, Any]) -> list[int]:

@@ -1,6 +1,6 @@
 """Reads a Hugging Face image processor into a JSON-able preprocessing spec ("TorchVision graph").
 
-The spec is what the bundle stores and what mmtrt.backends.torchvision_backend runs:
+The spec is what the bundle stores and what mmtrt.preprocess.torchvision_transform runs:
 
     {"version": 1,
      "ops": [{"op": "convert_rgb"},
@@ -12,7 +12,7 @@ The spec is what the bundle stores and what mmtrt.backends.torchvision_backend r
 
 An any-resolution processor (LLaVA-NeXT, LLaVA-OneVision) adds `"tiling": {"pinpoints": [[h, w], ...],
 "tile": [h, w], "base": [h, w], "interpolation": ...}`: the image is cut into tiles first
-(mmtrt.backends.anyres), and the ops run on each tile and the base image.
+(mmtrt.preprocess.anyres), and the ops run on each tile and the base image.
 
 Ops appear in that order, each only when the processor applies it. resize "size" follows torchvision:
 [s] scales the shorter edge to s (the longer one truncated to int, as HF does), [h, w] is the exact size. Values are
@@ -39,7 +39,7 @@ from transformers import (
     SiglipImageProcessorPil,
 )
 
-from mmtrt.backends.torchvision_backend import SPEC_VERSION
+from mmtrt.preprocess.torchvision_transform import SPEC_VERSION
 from mmtrt.errors import UserError
 
 # Exact classes, not subclasses: a subclass may override _preprocess (e.g. LLaVA-NeXT tiling).

@@ -24,7 +24,7 @@ import onnx
 import onnxruntime as ort
 from onnx import helper
 
-from mmtrt.backends.anyres import NEWLINE_ASSET, build_tiler, pack
+from mmtrt.preprocess.anyres import NEWLINE_ASSET, build_tiler, pack
 from mmtrt.backends.onnxruntime_backend import session_options
 from mmtrt.errors import UserError
 from mmtrt.eval import userdata
@@ -246,7 +246,7 @@ def _image_encoder(ir: ModelIR):
             return [feeds], vision.run(None, feeds)[0][0], patches.grid
         return encode_native
     if anyres is None:
-        from mmtrt.backends.torchvision_backend import build_transform
+        from mmtrt.preprocess.torchvision_transform import build_transform
 
         transform = build_transform(spec)
 

@@ -72,7 +72,7 @@ def write_back(vision: onnx.ModelProto, site: Site, module: torch.nn.Module) -> 
 
 def samples(ir: ModelIR, llava, site: Site, shown: list) -> list[Sample]:
     """For each (image, prompt): the lossy vision graph's projector input, the student's ids, the teacher's logits."""
-    from mmtrt.backends.torchvision_backend import build_transform
+    from mmtrt.preprocess.torchvision_transform import build_transform
     from mmtrt.runtime.image_file import open_image
     from mmtrt.runtime.prompt import format_prompt, tokenize
 

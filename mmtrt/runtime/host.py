@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from mmtrt.backends import unavailable_reason
-from mmtrt.backends.numpy_preprocess import covers
+from mmtrt.preprocess.numpy_transform import covers
 from mmtrt.runtime.executors import engine_choices, llm_engine_choice
 
 

@@ -11,8 +11,8 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from mmtrt.backends.anyres import NEWLINE_ASSET, build_tiler
-from mmtrt.backends.numpy_preprocess import build_transform, covers
+from mmtrt.preprocess.anyres import NEWLINE_ASSET, build_tiler
+from mmtrt.preprocess.numpy_transform import build_transform, covers
 from mmtrt.bundle.manifest import read_manifest
 from mmtrt.bundle.schema import check_schema, check_token_ids
 from mmtrt.bundle.trust import Trust, check_trust

@@ -3,7 +3,7 @@ and the LLM's M-RoPE positions.
 
 Preprocessing is Qwen2VLImageProcessor's, pixel for pixel: `smart_resize` (sides rounded to multiples of
 patch x merge, the area kept within [min_pixels, max_pixels]), torch's uint8 antialiased resize
-(numpy_preprocess's port), rescale and normalize folded as transformers folds them, then the patches flattened in
+(numpy_transform's port), rescale and normalize folded as transformers folds them, then the patches flattened in
 the processor's order (merge blocks row-major, each `[C, T, P, P]` with the frame repeated T times).
 
 The vision graph gets integer indices derived from the grid (see mmtrt/ir/families/qwen2_vl_export.py); the LLM
@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 from PIL import Image
 
-from mmtrt.backends.numpy_preprocess import convert_rgb, resize_pixels
+from mmtrt.preprocess.numpy_transform import convert_rgb, resize_pixels
 from mmtrt.errors import UserError
 
 

@@ -10,7 +10,7 @@ import time
 import numpy as np
 from PIL import Image
 
-from mmtrt.backends.anyres import grid_tiles, pack
+from mmtrt.preprocess.anyres import grid_tiles, pack
 from mmtrt.errors import UserError
 from mmtrt.runtime.batch import Prepared, Request
 from mmtrt.runtime.image_bounds import check_image

@@ -18,7 +18,7 @@ from transformers import (
 )
 from transformers.image_utils import IMAGENET_DEFAULT_MEAN, IMAGENET_DEFAULT_STD
 
-from mmtrt.backends.torchvision_backend import preprocess
+from mmtrt.preprocess.torchvision_transform import preprocess
 from mmtrt.errors import UserError
 from mmtrt.ir.preprocess import spec_from_image_processor
 

@@ -68,7 +68,7 @@ def _inits(model: onnx.ModelProto) -> dict[str, bytes]:
 def heldout_kl(ir, llava) -> float:
     """Mean KL(source || IR) at the prompt's last position (recover's default objective), on train-split images 40..47: the IR's whole vision,
     embed and LLM graphs in ONNX Runtime against the source's logits (from distill.samples, PyTorch eager)."""
-    from mmtrt.backends.torchvision_backend import build_transform
+    from mmtrt.preprocess.torchvision_transform import build_transform
 
     shown = digits.samples("train", 48)[40:]
     transform = build_transform(ir.components["preprocess"].spec)

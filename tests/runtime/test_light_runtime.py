@@ -9,8 +9,8 @@ import pytest
 from PIL import Image
 from transformers import AutoTokenizer
 
-from mmtrt.backends.numpy_preprocess import build_transform
-from mmtrt.backends.torchvision_backend import build_transform as torchvision_transform
+from mmtrt.preprocess.numpy_transform import build_transform
+from mmtrt.preprocess.torchvision_transform import build_transform as torchvision_transform
 from mmtrt.runtime import load
 from mmtrt.runtime.tokenizer import BundleTokenizer
 

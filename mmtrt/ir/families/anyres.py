@@ -1,4 +1,4 @@
-"""What LLaVA-NeXT and LLaVA-OneVision share: any-resolution tiling (`mmtrt.backends.anyres`).
+"""What LLaVA-NeXT and LLaVA-OneVision share: any-resolution tiling (`mmtrt.preprocess.anyres`).
 
 The vision component is LLaVA's (tower, feature select, projector) run on every tile of an image at once, so the
 vision passes see a LLaVA vision graph whose batch is the tiles. Laying the tiles' features out (unpadding,
@@ -15,7 +15,7 @@ from typing import Any
 
 import numpy as np
 
-from mmtrt.backends.anyres import NEWLINE_ASSET, token_bound
+from mmtrt.preprocess.anyres import NEWLINE_ASSET, token_bound
 from mmtrt.errors import UserError
 from mmtrt.ir import export
 from mmtrt.ir.families.common import FRONTEND_PROPERTIES, language_components, lowered, tokenizer_assets

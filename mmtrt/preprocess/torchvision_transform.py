@@ -15,7 +15,7 @@ from PIL import Image
 from torchvision.transforms import v2
 from torchvision.transforms.v2 import functional as tvF
 
-from mmtrt.backends.numpy_preprocess import SPEC_VERSION, convert_rgb, ops_by_name
+from mmtrt.preprocess.numpy_transform import SPEC_VERSION, convert_rgb, ops_by_name
 
 __all__ = ["SPEC_VERSION", "build_transform", "convert_rgb", "preprocess"]
 

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from builders import random_image
-from mmtrt.backends import anyres
+from mmtrt.preprocess import anyres
 from mmtrt.ir.export import VisionWithProjector
 from mmtrt.ir.facts import with_item_tokens
 from mmtrt.ir.frontend import model_facts

@@ -49,7 +49,7 @@ def covers(spec: dict[str, Any]) -> bool:
 def build_transform(spec: dict[str, Any]) -> Callable[[Image.Image], np.ndarray]:
     """PIL image in, float32 [3, H, W] out; the TorchVision backend's where numpy does not cover the spec."""
     if not covers(spec):
-        from mmtrt.backends.torchvision_backend import build_transform as torchvision_transform
+        from mmtrt.preprocess.torchvision_transform import build_transform as torchvision_transform
 
         transform = torchvision_transform(spec)
         return lambda image: transform(image).numpy()

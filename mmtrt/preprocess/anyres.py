@@ -22,7 +22,7 @@ from typing import Any, Callable
 import numpy as np
 from PIL import Image
 
-from mmtrt.backends.numpy_preprocess import image_pixels, ops_by_name, resize_pixels, transform_pixels
+from mmtrt.preprocess.numpy_transform import image_pixels, ops_by_name, resize_pixels, transform_pixels
 
 NEWLINE_ASSET = "vision/image_newline.npy"
 
