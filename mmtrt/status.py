@@ -40,7 +40,7 @@ ROWS = (
         ("mmtrt/backends/tensorrt",)),
     Row("the LLM's engine: checkpoint, `trtllm-build`, runner in its own environment", "TensorRT-LLM",
         "checkpoint tested against numpy; build and runner " + NEVER_RUN,
-        ("tests/backends/test_trtllm_engines.py", "mmtrt/backends/trtllm_worker.py")),
+        ("tests/handoff/test_trtllm_engines.py", "mmtrt/handoff/trtllm_worker.py")),
     Row("custom plugins (TokenSelect, Int4GroupGemm)", "CUDA; TensorRT 11, TensorRT-RTX",
         "compiled by nvcc and built into TensorRT-RTX engines, CPU twins tested; never run on a GPU",
         ("tests/kernels", "tests/kernels/test_rtx_plugins.py", "mmtrt/kernels/csrc")),

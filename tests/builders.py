@@ -264,7 +264,7 @@ def declared_shapes(cfg: dict) -> dict[str, tuple[int, ...]]:
 
 
 def w4a16_shapes(shapes: dict, group: int) -> dict[str, tuple[int, ...]]:
-    """The same linears in W4A16_AWQ as modelopt exports them for trtllm-build (mmtrt/quant/trtllm_checkpoint.py):
+    """The same linears in W4A16_AWQ as modelopt exports them for trtllm-build (mmtrt/handoff/trtllm_checkpoint.py):
     weight int8 [out/2, in], weights_scaling_factor [out, in/group], prequant_scaling_factor [in]; biases and the
     float modules (embedding, norms, lm_head) unchanged."""
     out = {}

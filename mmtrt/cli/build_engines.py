@@ -13,7 +13,7 @@ from mmtrt.terminal import show
 def _build_engines(args) -> int:
     from mmtrt.backends.tensorrt.build import build_engines
     from mmtrt.backends.tensorrt.plan_report import describe_plan, plan_report
-    from mmtrt.backends.trtllm_engines import build_llm_engine, plan_json
+    from mmtrt.handoff.trtllm_engines import build_llm_engine, plan_json
 
     bundle = Path(args.bundle)
     if args.plan:

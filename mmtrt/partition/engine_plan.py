@@ -12,13 +12,13 @@ from typing import Any
 
 from mmtrt.backends.tensorrt.kv_cache_form import FORMS, has_gqa, tensorrt_form
 from mmtrt.backends.tensorrt.plan import build_plan, segment_entry
-from mmtrt.backends.tensorrt_llm import CHECKPOINT_DIR, trtllm_plan
+from mmtrt.handoff.trtllm_plan import CHECKPOINT_DIR, trtllm_plan
 from mmtrt.ir.graph import ModelIR
 from mmtrt.kernels.bundle import write_plugins
 from mmtrt.partition import segments
 from mmtrt.partition.placement import TENSORRT, place_component
 from mmtrt.partition.polygraphy_inputs import write_loaders
-from mmtrt.quant.trtllm_export import NotExportable, float_checkpoint_assets
+from mmtrt.handoff.trtllm_export import NotExportable, float_checkpoint_assets
 from mmtrt.recipe import Recipe
 
 FLOAT_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}

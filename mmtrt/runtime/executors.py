@@ -19,7 +19,7 @@ import numpy as np
 from mmtrt.backends.onnxruntime_backend import OrtRunner
 from mmtrt.backends.tensorrt.engines import probe_target, read_index, select
 from mmtrt.backends.tensorrt.flavors import RTX, TENSORRT
-from mmtrt.backends.trtllm_engines import SEGMENT as TRTLLM, bundle_reason, probe_llm_target, select_llm_engine
+from mmtrt.handoff.trtllm_engines import SEGMENT as TRTLLM, bundle_reason, probe_llm_target, select_llm_engine
 
 
 class SegmentChain:

@@ -31,7 +31,7 @@ from mmtrt.runtime.sampling import SamplingParams
 from mmtrt.runtime.scheduler import run_to_end
 from mmtrt.runtime.streaming import Delta
 from mmtrt.runtime.tokenizer import BundleTokenizer
-from mmtrt.runtime.trtllm import TrtllmLLM
+from mmtrt.handoff.trtllm_runner import TrtllmLLM
 
 log = logging.getLogger("mmtrt.runtime")
 STATIC_ON_ORT = ("the KV cache's shared buffers are bound into one ONNX Runtime session of the whole LLM; no "

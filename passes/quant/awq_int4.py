@@ -36,7 +36,7 @@ from mmtrt.quant.fisher import fisher_scores, source_deltas, source_linears
 from mmtrt.quant.int4 import Grid
 from mmtrt.quant.linears import find_linears
 from mmtrt.quant.quantize import QuantizedLinear, Settings, quantize_component
-from mmtrt.quant.trtllm_export import NotExportable, checkpoint_assets
+from mmtrt.handoff.trtllm_export import NotExportable, checkpoint_assets
 from passes.quant.awq_int4_config import AwqInt4Config
 
 TENSORRT_BLOCKS = (64, 128)

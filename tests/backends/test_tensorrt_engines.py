@@ -21,7 +21,7 @@ from mmtrt.backends.tensorrt.engines import (
     write_bytes,
     write_index,
 )
-from mmtrt.backends.trtllm_engines import SEGMENT as TRTLLM
+from mmtrt.handoff.trtllm_engines import SEGMENT as TRTLLM
 from mmtrt.bundle.manifest import read_manifest, sha256_file
 from mmtrt.cli import main
 from mmtrt.runtime import load

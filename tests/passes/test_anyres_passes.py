@@ -21,8 +21,8 @@ from builders import (assert_same_up_to_near_ties, checkpoint_linear, declared_s
                       graph_logits_as_checkpoint, numpy_llama_logits, random_image, read_checkpoint, read_safetensors,
                       w4a16_shapes)
 from conftest import compile_to
+from mmtrt.handoff.trtllm_worker import engine_mrope
 from mmtrt.preprocess.anyres import grid_tiles
-from mmtrt.backends.trtllm_worker import engine_mrope
 from mmtrt.compiler import make_plan
 from mmtrt.errors import UserError
 from mmtrt.ir.export import VisionWithProjector

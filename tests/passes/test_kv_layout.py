@@ -122,7 +122,7 @@ def test_a_graph_without_the_exporter_attention_is_refused(static_bundle):
 
 
 def test_paged_plan_sizes_the_pool_and_the_trtllm_build_options(siglip_checkpoint):
-    from mmtrt.backends.tensorrt_llm import trtllm_plan
+    from mmtrt.handoff.trtllm_plan import trtllm_plan
     from mmtrt.compiler import make_plan
     from mmtrt.partition.shapes import plan_dims
 

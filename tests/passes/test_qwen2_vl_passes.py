@@ -22,14 +22,14 @@ import torch
 from builders import (checkpoint_linear, declared_shapes, dequantized_linears, fake_quantized,
                       graph_logits_as_checkpoint, numpy_llama_logits, read_checkpoint, read_safetensors, w4a16_shapes)
 from conftest import QWEN_FAMILIES
-from mmtrt.backends.trtllm_worker import engine_mrope
+from mmtrt.handoff.trtllm_worker import engine_mrope
 from mmtrt.compiler import make_plan
 from mmtrt.errors import UserError
 from mmtrt.eval import digits
 from mmtrt.quant.calibration import calibration_batches
 from mmtrt.runtime import load
 from mmtrt.runtime.qwen2_vl import QwenImages, mrope_positions
-from mmtrt.runtime.trtllm import mrope_cos_sin
+from mmtrt.handoff.trtllm_runner import mrope_cos_sin
 from mmtrt.zoo.tiny_qwen2_vl import build_tiny_qwen2_vl
 
 AWQ = ("passes:\n  - awq_int4: {group_size: 32, accuracy_level: 0, components: [llm, vision], "
@@ -243,7 +243,7 @@ def test_runner_mrope_cos_sin_equals_transformers_rotary_embedding(family, rng):
 
 def test_an_mrope_llm_without_a_bias_on_every_q_k_v_gets_no_checkpoint(qwen_compile, qwen_bundle):
     """TensorRT-LLM's Qwen2-VL checkpoint has attn_bias on every layer's q, k and v: an LLM missing one is refused."""
-    from mmtrt.quant.trtllm_export import NotExportable, float_checkpoint
+    from mmtrt.handoff.trtllm_export import NotExportable, float_checkpoint
 
     qwen_bundle("qwen2_vl")  # lowers the family once
     ir = copy.deepcopy(qwen_compile.lowered["qwen2_vl"])

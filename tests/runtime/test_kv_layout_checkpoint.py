@@ -1,5 +1,5 @@
 """A kv_layout bundle gets the TensorRT-LLM checkpoint of its float LLM, tensor for tensor the one of the hf
-bundle (which tests/backends/test_trtllm_float_checkpoint.py checks against ONNX Runtime), and the build command
+bundle (which tests/handoff/test_trtllm_float_checkpoint.py checks against ONNX Runtime), and the build command
 carries the layout's block size."""
 
 import json

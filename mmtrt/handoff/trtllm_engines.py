@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any, Callable
 
 from mmtrt.backends.tensorrt.engines import ENGINE_DIR, INDEX, read_index, write_index
-from mmtrt.backends.tensorrt_llm import CHECKPOINT_DIR, ENGINE_DIR as PLANNED_ENGINE_DIR, TIMING_CACHE
-from mmtrt.backends.trtllm_process import build_executable, probe, trtllm_python
+from mmtrt.handoff.trtllm_plan import CHECKPOINT_DIR, ENGINE_DIR as PLANNED_ENGINE_DIR, TIMING_CACHE
+from mmtrt.handoff.trtllm_process import build_executable, probe, trtllm_python
 from mmtrt.bundle.manifest import read_manifest, sha256_file
 from mmtrt.errors import UserError
 

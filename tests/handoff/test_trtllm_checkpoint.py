@@ -8,7 +8,7 @@ import pytest
 
 from builders import read_safetensors, unpack_int4_rows
 from mmtrt.quant.int4 import dequantize_groups, quantize_groups
-from mmtrt.quant.trtllm_checkpoint import (linear_tensors, llama_name, qwen2_config, qwen2_vl_config, trtllm_config,
+from mmtrt.handoff.trtllm_checkpoint import (linear_tensors, llama_name, qwen2_config, qwen2_vl_config, trtllm_config,
                                            write_checkpoint)
 
 
@@ -139,7 +139,7 @@ def test_linear_tensors_rejects_what_the_layout_cannot_hold(out_features, in_fea
 @pytest.mark.parametrize("group", [16, 32, 256])
 def test_groups_tensorrt_llm_kernels_do_not_take_are_not_exported(group):
     """cutlass_kernels/fpA_intB_gemm: "Only group size 64 and 128 supported for fine grained kernels"."""
-    from mmtrt.quant.trtllm_export import NotExportable, llama_checkpoint
+    from mmtrt.handoff.trtllm_export import NotExportable, llama_checkpoint
 
     with pytest.raises(NotExportable, match="group_size 64 or 128"):
         llama_checkpoint(None, [], group, "float16", {})

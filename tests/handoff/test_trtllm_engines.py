@@ -11,7 +11,7 @@ import pytest
 
 from builders import random_image, read_safetensors
 from mmtrt.backends.tensorrt.engines import read_index, write_bytes, write_index
-from mmtrt.backends.trtllm_engines import (
+from mmtrt.handoff.trtllm_engines import (
     ENGINE_FILE,
     SEGMENT,
     LlmTarget,
@@ -26,7 +26,7 @@ from mmtrt.bundle.manifest import read_manifest, sha256_file
 from mmtrt.cli import main
 from mmtrt.runtime import load
 from mmtrt.runtime.executors import llm_engine_choice
-from mmtrt.runtime.trtllm import prompt_table
+from mmtrt.handoff.trtllm_runner import prompt_table
 
 H100 = LlmTarget("9.0", "0.20.0")
 HAS_TRTLLM = importlib.util.find_spec("tensorrt_llm") is not None

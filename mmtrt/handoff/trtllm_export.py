@@ -26,14 +26,14 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
-from mmtrt.backends.tensorrt_llm import CHECKPOINT_DIR
+from mmtrt.handoff.trtllm_plan import CHECKPOINT_DIR
 from mmtrt.ir.graph import ModelIR
 from mmtrt.ir.rewrite import attr
 from mmtrt.quant import TRTLLM_GROUPS
 from mmtrt.quant.int4 import dequantize_groups
 from mmtrt.quant.linears import Linear, find_linears
 from mmtrt.quant.quantize import QuantizedLinear
-from mmtrt.quant.trtllm_checkpoint import (DEFAULT_EXCLUDED, DTYPES, float_linear_tensors, linear_tensors, llama_name,
+from mmtrt.handoff.trtllm_checkpoint import (DEFAULT_EXCLUDED, DTYPES, float_linear_tensors, linear_tensors, llama_name,
                                            qwen2_config, qwen2_vl_config, trtllm_config, write_checkpoint)
 
 LOGITS_FROM = "logits_from"  # the LLM input of a kv_layout bundle: the first position whose logits are returned

@@ -62,7 +62,7 @@ def _exactly(stream, n: int) -> bytes:
 
 
 def engine_mrope(pretrained: dict) -> dict | None:
-    """What the runner needs to compute an M-RoPE engine's cos/sin (mmtrt/runtime/trtllm.py: mrope_cos_sin), from
+    """What the runner needs to compute an M-RoPE engine's cos/sin (mmtrt/handoff/trtllm_runner.py: mrope_cos_sin), from
     the checkpoint config the engine was built from (QWenConfig, qwen_type qwen2_vl); None for any other engine."""
     if pretrained.get("position_embedding_type") != "mrope":
         return None
@@ -126,7 +126,7 @@ class Worker:
 
 
 def main() -> int:
-    # run as a script, this file's folder leads sys.path, and mmtrt's own tensorrt_llm.py sits in it
+    # run as a script, this file's folder leads sys.path: keep mmtrt's modules beside it out of the import path
     here = Path(__file__).resolve().parent
     sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != here]
     protocol = os.fdopen(os.dup(1), "wb")

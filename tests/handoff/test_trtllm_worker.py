@@ -8,12 +8,12 @@ import sys
 import numpy as np
 import pytest
 
-from mmtrt.backends import trtllm_process
-from mmtrt.backends.trtllm_engines import probe_llm_target
-from mmtrt.backends.trtllm_process import ENV, TrtllmProcess, WorkerUnavailable, probe
-from mmtrt.backends.trtllm_worker import read_message, write_message
+from mmtrt.handoff import trtllm_process
+from mmtrt.handoff.trtllm_engines import probe_llm_target
+from mmtrt.handoff.trtllm_process import ENV, TrtllmProcess, WorkerUnavailable, probe
+from mmtrt.handoff.trtllm_worker import read_message, write_message
 from mmtrt.runtime.batch import Prepared
-from mmtrt.runtime.trtllm import TrtllmLLM, mrope_cos_sin
+from mmtrt.handoff.trtllm_runner import TrtllmLLM, mrope_cos_sin
 
 IMAGE, VOCAB = 7, 100
 

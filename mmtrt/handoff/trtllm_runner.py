@@ -3,7 +3,7 @@
 TensorRT-LLM takes image features as a prompt table (prompt tuning): the image tokens of a prompt become virtual
 token ids vocab_size + i, and the engine embeds id v as row v - vocab_size of the request's table instead of the
 vocabulary's row (examples/multimodal, LLaVA; `--max_multimodal_len` sizes the table). `prompt_table` does that
-mapping. The engine runs in the TensorRT-LLM worker (mmtrt/backends/trtllm_worker.py), a process in TensorRT-LLM's
+mapping. The engine runs in the TensorRT-LLM worker (mmtrt/handoff/trtllm_worker.py), a process in TensorRT-LLM's
 own environment that drives `tensorrt_llm.runtime.ModelRunnerCpp` (from_dir, then generate with prompt_table /
 prompt_tasks, one task per request); requests go to it in chunks of at most the engine's max_batch_size, which a
 larger generate() call would exceed.
@@ -24,7 +24,7 @@ from typing import Any
 
 import numpy as np
 
-from mmtrt.backends.trtllm_process import TrtllmProcess
+from mmtrt.handoff.trtllm_process import TrtllmProcess
 from mmtrt.runtime.batch import Prepared, Sequence
 
 
