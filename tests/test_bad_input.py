@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
+import hostile
 from builders import random_image
 from mmtrt.cli import main
 from mmtrt.errors import UserError
@@ -223,3 +224,30 @@ def test_an_unwritable_home_adds_no_line(tiny_bundle, tmp_path, rng):
                            "--prompt", "hi", "--max-new-tokens", "99"], capture_output=True, text=True, timeout=120,
                           env={**env, "HOME": str(tmp_path / "home")})
     assert proc.returncode == 2 and len(proc.stderr.splitlines()) == 1, proc.stderr
+
+
+def test_a_folder_as_the_image(tiny_bundle, tmp_path, capsys):
+    one_line_error(capsys, ["run", tiny_bundle, "--image", tmp_path, "--prompt", "hi"],
+                   "is a folder, not an image file")
+
+
+@pytest.mark.parametrize("kind", sorted(hostile.BAD_IMAGES))
+def test_image_files_that_trip_the_decoders(tiny_bundle, tmp_path, rng, capsys, kind):
+    path = tmp_path / "bad.png"
+    path.write_bytes(hostile.BAD_IMAGES[kind](rng))
+    one_line_error(capsys, ["run", tiny_bundle, "--image", path, "--prompt", "hi"], "cannot read image", str(path))
+
+
+def test_a_manifest_whose_kv_cache_is_not_its_graphs(tiny_paged_bundle, tiny_bundle, tmp_path, image, capsys):
+    """The paged bundle's manifest over the plain (hf) bundle's LLM graph, its hashes updated to match."""
+    import hashlib
+
+    copy = shutil.copytree(tiny_paged_bundle, tmp_path / "mixed.bundle")
+    manifest = json.loads((copy / "manifest.json").read_text())
+    for name in ("llm.onnx", "llm.onnx.data"):
+        shutil.copyfile(tiny_bundle / name, copy / name)
+        manifest["artifacts"][name] = hashlib.sha256((copy / name).read_bytes()).hexdigest()
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    one_line_error(capsys, ["run", copy, "--image", image, "--prompt", "hi"], "model.kv_cache (paged)",
+                   "seqlens_k" if "seqlens_k" in json.dumps(manifest["components"]["llm"]) else "block_table",
+                   "does not match its graphs")

@@ -20,13 +20,15 @@ from mmtrt.runtime.sampling import Sampler, SamplingParams
 @dataclass
 class Request:
     """`image`: one image (a path or a PIL image), a list of them (one placeholder each in the prompt) or None
-    (text only). `sampling.max_new_tokens`, when set, wins over `max_new_tokens`."""
+    (text only). `sampling.max_new_tokens`, when set, wins over `max_new_tokens`. `text_spans`: the (start, end)
+    character ranges of a raw prompt that are a client's text, tokenized with special tokens split (chat.py)."""
 
     image: Any
     prompt: str
     max_new_tokens: int | None = None
     raw_prompt: bool = False
     sampling: SamplingParams | None = None
+    text_spans: tuple[tuple[int, int], ...] = ()
 
     def images(self) -> list[Any]:
         if self.image is None:

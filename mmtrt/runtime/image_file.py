@@ -22,8 +22,9 @@ def upright_8bit(img: Image.Image) -> Image.Image:
     return img
 
 
-def open_image(image, name: str | None = None) -> Image.Image:
-    """A PIL image from itself, a path or a binary file object; `name` stands for it in messages."""
+def open_image(image, name: str | None = None, max_pixels: int | None = None) -> Image.Image:
+    """A PIL image from itself, a path or a binary file object; `name` stands for it in messages. `max_pixels`
+    refuses a larger image from its header, before its pixels are decoded."""
     if isinstance(image, Image.Image):
         return image
     if not isinstance(image, (str, Path)) and not hasattr(image, "read"):
@@ -31,11 +32,21 @@ def open_image(image, name: str | None = None) -> Image.Image:
     label = name or image
     try:
         with Image.open(image) as img:
+            if max_pixels and img.width * img.height > max_pixels:
+                raise UserError(f"image {label} is {img.width}x{img.height} pixels, more than the {max_pixels} this "
+                                "server decodes; send a smaller image")
             img.load()
             return upright_8bit(img)
-    except (FileNotFoundError, IsADirectoryError):
+    except UserError:
+        raise
+    except IsADirectoryError:
+        raise UserError(f"image {label} is a folder, not an image file; pass the path of a PNG or JPEG file") from None
+    except FileNotFoundError:
         raise UserError(f"image {label} does not exist; pass the path of a PNG or JPEG file") from None
     except Image.DecompressionBombError as exc:
         raise UserError(f"image {label} is refused as a decompression bomb ({exc}); pass a smaller image") from None
-    except (UnidentifiedImageError, OSError) as exc:
-        raise UserError(f"cannot read image {label} ({exc}); pass a PNG or JPEG file") from None
+    except UnidentifiedImageError:
+        raise UserError(f"cannot read image {label} (not an image format PIL reads); pass a PNG or JPEG file") from None
+    except Exception as exc:  # PIL's plugins raise OSError, ValueError, SyntaxError, struct.error... on bad files
+        reason = " ".join(str(exc).split())[:160] or type(exc).__name__
+        raise UserError(f"cannot read image {label} ({reason}); pass a PNG or JPEG file") from None

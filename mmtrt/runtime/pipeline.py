@@ -127,12 +127,23 @@ class Pipeline(RequestInputs):
 
     def _static_stepper(self):
         runner = self.runners["llm"]
+        self._check_llm_inputs(runner.session)
         if self.kv["layout"] == "paged":
             return PagedStepper(runner.session, PagedCache(self.kv, self.model["llm"], self.dims),
                                 self.dims["batch"]["max"])
         cache = StaticCache(self.kv, self.model["llm"], self.dims["batch"]["max"], self.dims["capacity"]["max"],
                             cache_device(runner.providers), cache_providers(runner.providers))
         return StaticStepper(runner.session, cache)
+
+    def _check_llm_inputs(self, session) -> None:
+        """The KV layout binds the manifest's LLM inputs by name: a graph that takes others is refused at load."""
+        listed = {spec.name for spec in self.specs["llm"]}
+        taken = {i.name for i in session.get_inputs()}
+        if listed != taken:
+            raise UserError(f"{self.path}/manifest.json: model.kv_cache ({self.kv['layout']}) and components.llm list "
+                            f"the inputs {', '.join(sorted(listed - taken)) or 'none'} that the LLM graph does not take"
+                            f" (it takes {', '.join(sorted(taken - listed)) or 'no others'}); the manifest does not "
+                            "match its graphs: restore the bundle or recompile it")
 
     def _run(self, name: str, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         for spec in self.specs[name]:

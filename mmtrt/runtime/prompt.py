@@ -57,6 +57,30 @@ def tokenize_user_text(tokenizer, chat_template: str, prompt: str, image_token: 
     return head + text + (tokenizer(after, add_special_tokens=False)["input_ids"] if after else [])
 
 
+def tokenize_spans(tokenizer, text: str, spans, image_token: str, tokens_per_image: int, images: int = 1
+                   ) -> list[int]:
+    """A rendered conversation's ids: the template's text with its special tokens parsed and each image
+    placeholder expanded, the `spans` of the messages' own text between with special tokens split."""
+    pieces, at = [], 0
+    for start, end in spans:
+        pieces += [(text[at:start], False), (text[start:end], True)]
+        at = end
+    pieces.append((text[at:], False))
+    count = sum(piece.count(image_token) for piece, user in pieces if not user)
+    if count != images:
+        raise UserError(f"the chat template renders {count} {image_token} placeholders for {images} image(s); it "
+                        "needs one per image")
+    bos, ids = tokenizer.bos_token, []
+    for i, (piece, user) in enumerate(pieces):
+        if user:
+            ids += tokenizer(piece, add_special_tokens=False, split_special_tokens=True)["input_ids"]
+        elif piece or i == 0:
+            expanded = piece.replace(image_token, image_token * tokens_per_image)
+            first = i == 0 and not (bos and expanded.startswith(bos))
+            ids += tokenizer(expanded, add_special_tokens=first)["input_ids"]
+    return ids
+
+
 def holds_special_tokens(tokenizer, text: str) -> bool:
     """Whether `text` holds a special added token's text (BundleTokenizer and transformers' tokenizers alike)."""
     return any(t.special and t.content in text for t in tokenizer.added_tokens_decoder.values())

@@ -17,17 +17,21 @@ from mmtrt.runtime.image_bounds import check_image
 from mmtrt.runtime.image_file import open_image
 from mmtrt.runtime.paged import PagedStepper
 from mmtrt.runtime.prefix import prefix_key, prefix_length
-from mmtrt.runtime.prompt import check_prompt, format_prompt, holds_special_tokens, tokenize, tokenize_user_text
+from mmtrt.runtime.prompt import (check_prompt, format_prompt, holds_special_tokens, tokenize, tokenize_spans,
+                                  tokenize_user_text)
 from mmtrt.runtime.sampling import SamplingParams
 
 
 class RequestInputs:
     """What can be refused before the encoders run (`check`, on any thread), then the embedding (`embed_request`)."""
 
-    def prompt_ids(self, prompt: str, raw_prompt: bool = False, images: int = 1) -> list[int]:
+    def prompt_ids(self, prompt: str, raw_prompt: bool = False, images: int = 1, text_spans=()) -> list[int]:
+        """`text_spans` of a raw prompt: a client's text in it (special tokens split, see Request)."""
         check_prompt(prompt)
         image_token, count = self.model["image_token"], self.model["vision"]["image_tokens"]
-        if raw_prompt or self.parse_special_tokens or not holds_special_tokens(self.tokenizer, prompt):
+        if raw_prompt and text_spans and not self.parse_special_tokens:
+            ids = tokenize_spans(self.tokenizer, prompt, text_spans, image_token, count, images)
+        elif raw_prompt or self.parse_special_tokens or not holds_special_tokens(self.tokenizer, prompt):
             text = format_prompt(self.tokenizer, self.model["chat_template"], prompt, raw_prompt, images)
             ids = tokenize(self.tokenizer, text, image_token, count, images)
         else:
@@ -114,7 +118,7 @@ class RequestInputs:
         images = req.images()
         if len(images) > (most := self.dims.get("num_images", {}).get("max") or 1):
             raise UserError(f"the request holds {len(images)} images; this bundle takes at most {most}")
-        ids = self.prompt_ids(req.prompt, req.raw_prompt, len(images))
+        ids = self.prompt_ids(req.prompt, req.raw_prompt, len(images), req.text_spans)
         t0 = time.perf_counter()
         opened = [open_image(image) for image in images]
         prep = Prepared(index, ids, None, max_new, {"preprocess_ms": 1e3 * (time.perf_counter() - t0)},

@@ -26,9 +26,8 @@ class BundleTokenizer:
     """The subset of a transformers fast tokenizer the runtime and the eval suites call."""
 
     def __init__(self, folder: Path):
-        self.backend = Tokenizer.from_file(str(folder / "tokenizer.json"))
-        self.backend.no_padding()
-        self.backend.no_truncation()
+        self.backend = _backend(folder, split_special_tokens=False)
+        self.splitting = _backend(folder, split_special_tokens=True)  # its own: no flag flipped under other threads
         config = json.loads((folder / "tokenizer_config.json").read_text())
         self.special_tokens = {name: _content(config[name]) for name in NAMED_TOKENS if config.get(name) is not None}
         self.bos_token = self.special_tokens.get("bos_token")
@@ -44,11 +43,8 @@ class BundleTokenizer:
     def __call__(self, text: str, add_special_tokens: bool = True, split_special_tokens: bool = False
                  ) -> dict[str, list[int]]:
         """`split_special_tokens`: special tokens in `text` are text, as transformers' option of that name."""
-        self.backend.encode_special_tokens = split_special_tokens
-        try:
-            return {"input_ids": self.backend.encode(text, add_special_tokens=add_special_tokens).ids}
-        finally:
-            self.backend.encode_special_tokens = False
+        backend = self.splitting if split_special_tokens else self.backend
+        return {"input_ids": backend.encode(text, add_special_tokens=add_special_tokens).ids}
 
     def decode(self, ids: list[int], skip_special_tokens: bool = False) -> str:
         text = self.backend.decode(list(ids), skip_special_tokens=skip_special_tokens)
@@ -61,6 +57,14 @@ class BundleTokenizer:
         messages = [{k: v for k, v in m.items() if v is not None} for m in messages]
         return _compile(chat_template).render(messages=messages, tools=None, documents=None,
                                               add_generation_prompt=add_generation_prompt, **self.special_tokens)
+
+
+def _backend(folder: Path, split_special_tokens: bool) -> Tokenizer:
+    backend = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    backend.no_padding()
+    backend.no_truncation()
+    backend.encode_special_tokens = split_special_tokens
+    return backend
 
 
 def _content(token: Any) -> str:

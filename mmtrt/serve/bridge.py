@@ -18,16 +18,16 @@ class DeltaStream:
         self.handle, self.queue = handle, queue
 
     @classmethod
-    async def submit(cls, loop, request) -> DeltaStream:
-        """Queue `request` on the serving loop; raises what `ServingLoop.submit` raises (UserError, QueueFull,
-        Unavailable)."""
+    async def submit(cls, loop, request, executor=None) -> DeltaStream:
+        """Queue `request` on the serving loop (its checks, the prompt's tokenizing and the images' preprocessing,
+        run on `executor`'s threads); raises what `ServingLoop.submit` raises (UserError, QueueFull, Unavailable)."""
         events = asyncio.get_running_loop()
         queue: asyncio.Queue[Delta] = asyncio.Queue()
 
         def on_delta(delta: Delta) -> None:
             events.call_soon_threadsafe(queue.put_nowait, delta)
 
-        handle = await events.run_in_executor(None, lambda: loop.submit(request, None, on_delta))
+        handle = await events.run_in_executor(executor, lambda: loop.submit(request, None, on_delta))
         return cls(handle, queue)
 
     async def deltas(self) -> AsyncIterator[Delta]:

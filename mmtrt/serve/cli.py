@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from mmtrt.errors import UserError
+from mmtrt.serve import limits
 from mmtrt.terminal import show
 
 
@@ -42,6 +43,9 @@ def add_commands(sub, positive_int, natural_int, examples) -> None:
                    "is this sha256")
     p.add_argument("--public-key", type=Path, metavar="PEM", help="refuse the bundle unless it carries a valid "
                    "signature (`mmtrt sign`) by this PEM public key")
+    p.add_argument("--parse-special-tokens", action="store_true", help="special tokens typed in the messages act as "
+                   "special tokens (default: they are text, so a client cannot forge a turn)")
+    limits.add_arguments(p)
     p.set_defaults(func=_serve)
 
     p = sub.add_parser("export", help="write a deployable form of a bundle: `export triton BUNDLE REPO`, a Triton "
@@ -83,7 +87,8 @@ def _serve(args) -> int:
     return serve(ServeOptions(args.bundle, args.host, args.port, args.max_batch, args.max_queue,
                               args.triton_http_port, args.triton_grpc_port, args.triton_metrics_port,
                               args.allow_images, args.threads, not args.no_spin, not args.no_triton,
-                              args.expect_digest, args.public_key))
+                              args.expect_digest, args.public_key, limits.from_arguments(args),
+                              args.parse_special_tokens))
 
 
 def _export(args) -> int:

@@ -1,8 +1,11 @@
 """The OpenAI-compatible HTTP endpoint (FastAPI): /v1/models, /v1/chat/completions (JSON, or server-sent events
 with `stream: true`), /health, /ready and /metrics (Prometheus text: the serving loop's figures).
 
-Status codes: 400 for a bad request (one line in error.message), 429 when the queue is full, 503 while draining.
-A streaming client that disconnects has its request cancelled, which frees its KV blocks.
+Status codes: 400 for a bad request (one line in error.message), 413 for a body over --max-body-bytes, 404 and 405
+for another route or method (serve/errors.py: OpenAI's error shape for all), 429 when the queue is full, 503 while
+draining. The body is parsed, its images decoded and its prompt tokenized on the limits' thread pool
+(serve/limits.py), never on the event loop. A streaming client that disconnects has its request cancelled, which
+frees its KV blocks.
 """
 
 from __future__ import annotations
@@ -17,25 +20,24 @@ from fastapi.responses import JSONResponse, PlainTextResponse, StreamingResponse
 
 from mmtrt.errors import UserError
 from mmtrt.runtime.serving_loop import QueueFull, Unavailable
+from mmtrt.serve import errors
 from mmtrt.serve.bridge import DeltaStream
+from mmtrt.serve.errors import error, one_line
+from mmtrt.serve.limits import Limits, TooLarge
 from mmtrt.serve.metrics import prometheus_text
-from mmtrt.serve.protocol import ChatCall, ImageSource, chat_call, parse_body
+from mmtrt.serve.protocol import ChatCall, ImageSource, prepare
 
 DISCONNECT_POLL_S = 0.5
 
 
-def one_line(message: str) -> str:
-    return " ".join(str(message).split())
-
-
-def error(status: int, message: str, kind: str) -> JSONResponse:
-    return JSONResponse({"error": {"message": one_line(message), "type": kind, "code": status}}, status_code=status)
-
-
-def create_app(loop, pipe, model_name: str, images: ImageSource, state=lambda: "open") -> FastAPI:
-    """`state()`: "open", or "draining" after SIGTERM (then /ready answers 503)."""
+def create_app(loop, pipe, model_name: str, images: ImageSource, state=lambda: "open", limits: Limits = Limits(),
+               pool=None) -> FastAPI:
+    """`state()`: "open", or "draining" after SIGTERM (then /ready answers 503). `pool`: the threads that prepare
+    requests (default: the limits' own)."""
     app = FastAPI(title="mmtrt", docs_url=None, redoc_url=None, openapi_url=None)
+    errors.install(app)
     created = int(time.time())
+    pool = pool or limits.pool()
 
     @app.get("/v1/models")
     async def models():
@@ -58,8 +60,12 @@ def create_app(loop, pipe, model_name: str, images: ImageSource, state=lambda: "
     @app.post("/v1/chat/completions")
     async def chat_completions(request: Request):
         try:
-            call = chat_call(pipe, model_name, parse_body(await request.body()), images)
-            stream = await DeltaStream.submit(loop, call.request)
+            raw = await _body(request, limits)
+            call = await asyncio.get_running_loop().run_in_executor(
+                pool, prepare, pipe, model_name, raw, images, limits)
+            stream = await DeltaStream.submit(loop, call.request, pool)
+        except TooLarge as exc:
+            return error(413, str(exc), "invalid_request_error")
         except UserError as exc:
             return error(400, str(exc), "invalid_request_error")
         except QueueFull as exc:
@@ -72,6 +78,19 @@ def create_app(loop, pipe, model_name: str, images: ImageSource, state=lambda: "
         return await _complete(request, stream, reply)
 
     return app
+
+
+async def _body(request: Request, limits: Limits) -> bytes:
+    """The body, read no further than the limit (a Content-Length over it is refused before any is read)."""
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit():
+        limits.check_body(int(declared))
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        limits.check_body(size)
+        chunks.append(chunk)
+    return b"".join(chunks)
 
 
 class Reply:

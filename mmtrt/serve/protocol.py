@@ -2,22 +2,22 @@
 
 The body is checked here and by the runtime before anything is queued, so a bad request is refused in one line
 (HTTP 400) and never reaches the loop. Images are `data:` URIs, or paths of files inside the server's allow-list
-folder (`--allow-images DIR`, given as a plain path or a `file://` URL); a web address is never fetched.
+folder (`--allow-images DIR`, given as a plain path or a `file://` URL; runtime/image_source.py), in `image_url` and
+`image` parts alike; a web address is never fetched. `prepare` does all of it, on a thread of its own.
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
-from urllib.parse import unquote, urlparse
 
 from mmtrt.errors import UserError
 from mmtrt.runtime.batch import Request
-from mmtrt.runtime.chat import chat_request, load_data_uri
-from mmtrt.runtime.image_file import open_image
+from mmtrt.runtime.chat import chat_request
+from mmtrt.runtime.image_source import ImageSource
 from mmtrt.runtime.sampling import SamplingParams
+from mmtrt.serve.limits import Limits
 
 # OpenAI's fields, plus vLLM's top_k and repetition_penalty; others (tools, logprobs, n > 1, ...) are refused
 SAMPLING_FIELDS = ("temperature", "top_p", "top_k", "seed", "repetition_penalty", "stop")
@@ -32,40 +32,30 @@ class ChatCall:
     include_usage: bool  # stream_options.include_usage: a last chunk with the token counts
 
 
-class ImageSource:
-    """Opens the image_url of a message part: a `data:` URI, or a file inside `allowed` (None: no files)."""
-
-    def __init__(self, allowed: Path | None):
-        self.allowed = allowed.resolve() if allowed else None
-
-    def __call__(self, url: str):
-        if url.startswith("data:"):
-            return load_data_uri(url)
-        parsed = urlparse(url)
-        if parsed.scheme not in ("", "file"):
-            raise UserError(f"image url {url[:60]!r} is refused: this server reads data: URIs and files in its "
-                            "allow-list folder only, and never fetches web addresses")
-        if self.allowed is None:
-            raise UserError("image files are refused: this server was started without --allow-images; send the "
-                            "image as a data:image/png;base64,... URI")
-        path = Path(unquote(parsed.path) if parsed.scheme == "file" else url).resolve()
-        if not path.is_relative_to(self.allowed):
-            raise UserError(f"image {url[:60]!r} is outside the allowed folder {self.allowed}; move it there or send "
-                            "it as a data: URI")
-        return open_image(path, f"{url[:60]!r}")
-
-
-def parse_body(raw: bytes | str) -> dict[str, Any]:
+def parse_body(raw: bytes | str, limits: Limits = Limits()) -> dict[str, Any]:
+    limits.check_body(len(raw))
     try:
         body = json.loads(raw)
-    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+    except RecursionError:
+        raise UserError("the request body is JSON nested too deep to read; send a chat completion body") from None
+    except ValueError as exc:  # JSONDecodeError, UnicodeDecodeError, an integer of more digits than Python reads
         raise UserError(f"the request body is not valid JSON ({exc}); send a JSON object") from None
     if not isinstance(body, dict):
         raise UserError("the request body must be a JSON object with model and messages")
     return body
 
 
-def chat_call(pipe, model_name: str, body: dict[str, Any], images: ImageSource) -> ChatCall:
+def prepare(pipe, model_name: str, raw: bytes, images: ImageSource, limits: Limits, triton: bool = False) -> ChatCall:
+    """The checked call for a raw body (Triton's: `model` may be left out, `stream` is ignored)."""
+    body = parse_body(raw, limits)
+    if triton:
+        body.setdefault("model", model_name)
+        body.pop("stream", None)
+    return chat_call(pipe, model_name, body, images, limits)
+
+
+def chat_call(pipe, model_name: str, body: dict[str, Any], images: ImageSource, limits: Limits = Limits()
+              ) -> ChatCall:
     """The runtime request for an OpenAI chat completion body; UserError names the first problem."""
     unknown = sorted(set(body) - KNOWN_FIELDS)
     if unknown:
@@ -81,7 +71,7 @@ def chat_call(pipe, model_name: str, body: dict[str, Any], images: ImageSource) 
     if not isinstance(options, dict):
         raise UserError("stream_options must be an object such as {\"include_usage\": true}")
     sampling = sampling_params(body)
-    return ChatCall(chat_request(pipe, body.get("messages"), sampling, images), stream,
+    return ChatCall(chat_request(pipe, body.get("messages"), sampling, images, limits.max_text_chars), stream,
                     bool(options.get("include_usage")))
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from mmtrt.errors import UserError
+from mmtrt.serve.limits import Limits
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,8 @@ class ServeOptions:
     triton: bool = True
     expect_digest: str | None = None
     public_key: Path | None = None
+    limits: Limits = Limits()
+    parse_special_tokens: bool = False
 
 
 def model_name(bundle: Path) -> str:
@@ -69,36 +72,36 @@ def free_port(host: str, port: int) -> int:
 def serve(options: ServeOptions) -> int:
     from mmtrt.runtime import load
     from mmtrt.runtime.serving_loop import ServingLoop
-    from mmtrt.serve.protocol import ImageSource
-
     if options.allow_images is not None and not options.allow_images.is_dir():
         raise UserError(f"--allow-images {options.allow_images} is not a folder; pass the folder images may be read from")
-    name, images = model_name(options.bundle), ImageSource(options.allow_images)
+    name, images = model_name(options.bundle), options.limits.images(options.allow_images)
     sock = listening_socket(options.host, options.port)
     pipe = load(options.bundle, threads=options.threads, spin=options.spin, expect_digest=options.expect_digest,
-                public_key=options.public_key)
+                public_key=options.public_key, parse_special_tokens=options.parse_special_tokens)
     loop = ServingLoop(pipe, options.max_batch, options.max_queue)
+    pool = options.limits.pool()
     triton = None
     try:
         if options.triton:
-            triton = _start_triton(loop, pipe, name, images, options)
+            triton = _start_triton(loop, pipe, name, images, options, pool)
         print(f"mmtrt: serving {name} (max batch {loop.scheduler.max_batch}, queue {options.max_queue}); "
               f"OpenAI endpoint http://{_url_host(options.host)}:{sock.getsockname()[1]}/v1", flush=True)
-        asyncio.run(_run_http(loop, pipe, name, images, sock))
+        asyncio.run(_run_http(loop, pipe, name, images, sock, options.limits, pool))
     finally:
         if triton is not None:
             triton.stop()
         loop.close()
+        pool.shutdown(wait=False, cancel_futures=True)
     print("mmtrt: drained and stopped", flush=True)
     return 0
 
 
-def _start_triton(loop, pipe, name, images, options: ServeOptions):
+def _start_triton(loop, pipe, name, images, options: ServeOptions, pool):
     from mmtrt.serve.triton_binding import TritonPorts, start_triton
 
     ports = TritonPorts(*(free_port(options.host, p) for p in
                           (options.triton_http_port, options.triton_grpc_port, options.triton_metrics_port)))
-    triton = start_triton(loop, pipe, name, images, ports, options.host)
+    triton = start_triton(loop, pipe, name, images, ports, options.host, options.limits, pool)
     host = _url_host(options.host)
     print(f"mmtrt: Triton model {name!r}: HTTP {host}:{ports.http}, gRPC {host}:{ports.grpc}, "
           f"metrics http://{host}:{ports.metrics}/metrics", flush=True)
@@ -122,13 +125,13 @@ def _http_server(config):
     return Server(config)
 
 
-async def _run_http(loop, pipe, name, images, sock: socket.socket) -> None:
+async def _run_http(loop, pipe, name, images, sock: socket.socket, limits: Limits, pool) -> None:
     import uvicorn
 
     from mmtrt.serve.openai_app import create_app
 
     draining = threading.Event()
-    app = create_app(loop, pipe, name, images, lambda: "draining" if draining.is_set() else "open")
+    app = create_app(loop, pipe, name, images, lambda: "draining" if draining.is_set() else "open", limits, pool)
     server = _http_server(uvicorn.Config(app, log_level="warning", access_log=False, timeout_graceful_shutdown=30))
     events = asyncio.get_running_loop()
 

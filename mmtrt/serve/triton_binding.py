@@ -8,6 +8,7 @@ that goes away leaves its request to run to its token limit; the OpenAI endpoint
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import os
 import tempfile
@@ -18,7 +19,9 @@ from mmtrt.errors import UserError
 from mmtrt.runtime.serving_loop import Unavailable
 from mmtrt.serve import backend_env, triton_io
 from mmtrt.serve.bridge import DeltaStream
-from mmtrt.serve.protocol import ImageSource, chat_call, parse_body
+from mmtrt.serve.errors import one_line
+from mmtrt.serve.limits import Limits
+from mmtrt.serve.protocol import ImageSource, prepare
 
 log = logging.getLogger("mmtrt.serve")
 
@@ -30,23 +33,39 @@ class TritonPorts:
     metrics: int
 
 
-def infer_function(loop, pipe, model_name: str, images: ImageSource):
+def infer_function(loop, pipe, model_name: str, images: ImageSource, limits: Limits, pool):
     async def infer(requests):
         for request in requests:  # one per call: Triton's batching is off
-            async for outputs in _responses(loop, pipe, model_name, images, request.data["request"]):
+            async for outputs in _responses(loop, pipe, model_name, images, request.data.get("request"), limits,
+                                            pool):
                 yield [outputs]
 
     return infer
 
 
-async def _responses(loop, pipe, model_name: str, images: ImageSource, raw):
+def _raw(tensor) -> bytes:
     try:
-        body = parse_body(bytes(raw.reshape(-1)[0]))
-        body.setdefault("model", model_name)
-        body.pop("stream", None)
-        stream = await DeltaStream.submit(loop, chat_call(pipe, model_name, body, images).request)
+        [value] = tensor.reshape(-1)
+    except (AttributeError, ValueError):
+        value = None
+    if not isinstance(value, bytes):
+        raise UserError("input `request` must be one BYTES element holding a chat completion body's JSON")
+    return value
+
+
+async def _responses(loop, pipe, model_name: str, images: ImageSource, tensor, limits: Limits, pool):
+    try:
+        raw = _raw(tensor)
+        call = await asyncio.get_running_loop().run_in_executor(pool, prepare, pipe, model_name, raw, images, limits,
+                                                                True)
+        stream = await DeltaStream.submit(loop, call.request, pool)
     except (UserError, Unavailable) as exc:  # Unavailable includes QueueFull
-        yield triton_io.response(finish_reason="error", error=" ".join(str(exc).split()))
+        yield triton_io.response(finish_reason="error", error=one_line(str(exc)))
+        return
+    except Exception:
+        log.exception("a Triton request failed")
+        yield triton_io.response(finish_reason="error", error="the server failed on this request (an internal "
+                                 "error, logged on the server)")
         return
     try:
         async for delta in stream.deltas():
@@ -55,7 +74,8 @@ async def _responses(loop, pipe, model_name: str, images: ImageSource, raw):
         stream.close()
 
 
-def start_triton(loop, pipe, model_name: str, images: ImageSource, ports: TritonPorts, host: str):
+def start_triton(loop, pipe, model_name: str, images: ImageSource, ports: TritonPorts, host: str,
+                 limits: Limits = Limits(), pool=None):
     """Start tritonserver with the model bound and ready; returns the PyTriton `Triton` (call `stop()`)."""
     import numpy as np
     import pytriton.server.triton_server as triton_server
@@ -69,7 +89,8 @@ def start_triton(loop, pipe, model_name: str, images: ImageSource, ports: Triton
     config = TritonConfig(http_address=host, http_port=ports.http, grpc_address=host, grpc_port=ports.grpc,
                           metrics_address=host, metrics_port=ports.metrics, log_file=logs, exit_timeout_secs=5)
     triton = Triton(config=config)
-    triton.bind(model_name=model_name, infer_func=infer_function(loop, pipe, model_name, images),
+    triton.bind(model_name=model_name, infer_func=infer_function(loop, pipe, model_name, images, limits,
+                                                                           pool or limits.pool()),
                 inputs=[Tensor(name=n, dtype=_dtype(np, d), shape=s) for n, d, s in triton_io.INPUTS],
                 outputs=[Tensor(name=n, dtype=_dtype(np, d), shape=s) for n, d, s in triton_io.OUTPUTS],
                 config=ModelConfig(batching=False, decoupled=True))

@@ -17,6 +17,8 @@ import threading
 from pathlib import Path
 
 from mmtrt.errors import UserError
+from mmtrt.serve.errors import one_line
+from mmtrt.serve.limits import Limits
 
 
 class Worker:
@@ -37,7 +39,7 @@ class Worker:
 
     def handle(self, message: dict) -> None:
         from mmtrt.runtime.serving_loop import Unavailable
-        from mmtrt.serve.protocol import chat_call, parse_body
+        from mmtrt.serve.protocol import prepare
 
         rid = str(message.get("id"))
         if message.get("cancel"):
@@ -47,15 +49,13 @@ class Worker:
                 handle.cancel(timeout=0)
             return
         try:
-            body = parse_body(message.get("body") or "")
-            body.setdefault("model", self.name)
-            body.pop("stream", None)
-            request = chat_call(self.pipe, self.name, body, self.images).request
+            request = prepare(self.pipe, self.name, str(message.get("body") or "").encode(), self.images, Limits(),
+                              triton=True).request
             with self.lock:  # registered before its first delta can finish it
                 self.handles[rid] = self.loop.submit(request, None, lambda d: self.send(
                     rid, d.token_ids, d.text, d.finish_reason, d.error))
         except (UserError, Unavailable) as exc:
-            self.send(rid, finish_reason="error", error=" ".join(str(exc).split()))
+            self.send(rid, finish_reason="error", error=one_line(str(exc)))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -71,11 +71,9 @@ def main(argv: list[str] | None = None) -> int:
 
     from mmtrt.runtime import load
     from mmtrt.runtime.serving_loop import ServingLoop
-    from mmtrt.serve.protocol import ImageSource
-
     pipe = load(args.bundle)
     with ServingLoop(pipe, args.max_batch, args.max_queue) as loop:
-        worker = Worker(loop, pipe, args.name, ImageSource(args.allow_images), out)
+        worker = Worker(loop, pipe, args.name, Limits().images(args.allow_images), out)
         out.write(json.dumps({"ready": True, "max_batch": loop.scheduler.max_batch}) + "\n")
         out.flush()
         for line in sys.stdin:
