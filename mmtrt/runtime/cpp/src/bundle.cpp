@@ -11,6 +11,7 @@
 #include "engines.hpp"
 #include "image.hpp"
 #include "image_tokens.hpp"
+#include "jinja_whitespace.hpp"
 #include "kv_cache.hpp"
 #include "manifest.hpp"
 #include "preprocess.hpp"
@@ -91,7 +92,7 @@ struct ModelFacts {
 
   explicit ModelFacts(const json& manifest) {
     const json& model = manifest.at("model");
-    chat_template = model.at("chat_template").get<std::string>();
+    chat_template = with_jinja_whitespace(model.at("chat_template").get<std::string>());
     image_token = model.at("image_token").get<std::string>();
     image_tokens = model.at("vision").at("image_tokens").get<int64_t>();
     image_token_id = model.at("image_token_id").get<int64_t>();
@@ -297,7 +298,11 @@ std::unique_ptr<Bundle::Impl> Bundle::load_impl(const std::string& path, const L
   refuse_modified(path, impl->manifest);
   const Manifest& m = impl->manifest;
   refuse_family(path, m);
-  impl->model = std::make_unique<ModelFacts>(m.raw);
+  try {
+    impl->model = std::make_unique<ModelFacts>(m.raw);
+  } catch (const Error& exc) {  // a chat template Jinja could not read either
+    throw Error(exc.kind(), path + "/manifest.json: model.chat_template: " + exc.what() + "; recompile the recipe");
+  }
   refuse_tiled_images(path, m);
   for (const char* dim : {"seq", "height"})
     if (!m.dims.count(dim)) throw Error(ErrorKind::BadBundle, path + "/manifest.json has no dim " + dim + "; recompile the recipe");

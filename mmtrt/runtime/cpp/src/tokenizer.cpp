@@ -145,8 +145,15 @@ std::string Tokenizer::format_prompt(const std::string& chat_template, const std
   const json messages = json::array(
       {{{"role", "user"}, {"content", json::array({{{"type", "image"}}, {{"type", "text"}, {"text", prompt}}})}}});
   const char* out = nullptr;
-  check(OgaTokenizerApplyChatTemplate(handle_, chat_template.c_str(), messages.dump().c_str(), nullptr, true, &out),
-        "cannot apply the chat template");
+  if (OgaResult* result =
+          OgaTokenizerApplyChatTemplate(handle_, chat_template.c_str(), messages.dump().c_str(), nullptr, true, &out)) {
+    const std::string message = OgaResultGetError(result);
+    OgaDestroyResult(result);
+    throw Error(ErrorKind::BadBundle, "the C++ runtime's template engine cannot render this bundle's chat template (" +
+                                          message.substr(0, message.find('\n')) + "); run the bundle with the "
+                                          "Python runtime (mmtrt run), or pass the prompt as the template renders it "
+                                          "with --raw-prompt");
+  }
   return take_string(out);
 }
 
