@@ -1,159 +1,269 @@
-"""The steps of scripts/gpu_check.sh, each ending in one line `PASS|FAIL|SKIP step: detail`; the exit code is 1 when
-a step failed. They run on the GPU host with what a device run carries (no virtual environment, no nvcc: prebuilt
-cubins and a compiled `kv_layout: static` bundle, see gpu_check.sh), and with `--dry-run` on a CPU host, where each
-step runs everything but the GPU (the same code paths on ONNX Runtime's CPU provider), so the script is checked
-before a GPU is lent.
+"""The GPU check's steps, in order, each with a time budget that keeps the whole run under 8 minutes, and one JSON
+report ($OUT/gpu_check.json, else out/gpu_check/report.json). A step is PASS, FAIL or SKIP (what it needs is not on
+this host: the reason says what); the exit code is 1 when a step failed. It runs with the image's python3 and what
+.gpu_check/ carries (scripts/gpu_payload.py builds it); `--dry` runs each step's host side on a CPU host, no GPU:
+the payload's size, every import found on the image, every script parses, every kernel in the PTX and cubins.
 
-  kernels CUBINS     the plugin kernels through CuPy against numpy and the CPU twin (gpu_kernel_check.py)
-  ort-cuda BUNDLE    the static bundle on ONNX Runtime's CUDA provider, its KV cache in GPU memory with rows copied
-                     on the device (an out-of-order finish, image prefixes saved and loaded), tokens against the CPU
-  engines BUNDLE...  every TensorRT engine against ONNX Runtime through Polygraphy, where tensorrt imports
+  env           the GPU, its driver, and the driver the PTX needs (its ISA)
+  kernels       every plugin kernel through CuPy, from the cubin and from the PTX, against the CPU twin
+  memcheck      compute-sanitizer's memcheck on the quick kernel cases
+  racecheck     compute-sanitizer's racecheck (shared memory) on the same
+  ncu           Nsight Compute's time per kernel against docs/results/plugin-roofline.md
+  ort-cuda      a static bundle on ONNX Runtime's CUDA provider (needs onnxruntime-gpu)
+  engines       TensorRT engines against ONNX Runtime (needs TensorRT, or TensorRT-RTX and one of its GPUs)
+  compile-cuda  `mmtrt compile --device cuda` against the CPU compile's bundle
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import importlib.util
-import statistics
+import json
+import os
+import re
+import shutil
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "scripts")]
-WORDS = ["red", "cat", "under", "the", "blue", "table"]
-TOLERANCE = {"fp32": 1e-3, "fp16": 2e-2, "bf16": 5e-2}
+import gpu_payload  # noqa: E402
+import gpu_roofline  # noqa: E402
+
+KERNELS = gpu_payload.PAYLOAD / "kernels"
+WORK = Path("/tmp/gpu_check")
+BUDGET_S = {"env": 15, "kernels": 75, "memcheck": 75, "racecheck": 100, "ncu": 60, "ort-cuda": 5, "engines": 5,
+            "compile-cuda": 120}
+# PTX ISA -> (the CUDA release whose nvcc writes it, the first driver branch of that release), NVIDIA's PTX ISA
+# and CUDA release notes; a driver JIT-compiles PTX of its own CUDA's ISA or older.
+PTX_DRIVERS = {"9.0": ("13.0", 580), "8.8": ("12.9", 575), "8.7": ("12.8", 570), "8.5": ("12.6", 560),
+               "8.4": ("12.5", 555), "8.3": ("12.4", 550)}
+COMPILE_TOLERANCE = {"fp32": 1e-4, "fp16": 2e-2, "bf16": 5e-2}
 
 
-def report(ok: bool | None, step: str, detail: str) -> bool:
-    print(f"{'SKIP' if ok is None else 'PASS' if ok else 'FAIL'} {step}: {detail}", flush=True)
-    return ok is not False
+class Run:
+    def __init__(self, python: str, dry: bool):
+        self.python, self.dry = python, dry
+
+    def sub(self, step: str, cmd: list[str], cwd: Path = ROOT) -> subprocess.CompletedProcess:
+        """cmd within the step's budget (subprocess.TimeoutExpired past it); output in the report's tail."""
+        env = {**os.environ, "MMTRT_KERNEL_TWIN": str(KERNELS / "libmmtrt_kernels_cpu.so"), "PYTHONUNBUFFERED": "1"}
+        return subprocess.run(cmd, cwd=cwd, capture_output=True, text=True, timeout=BUDGET_S[step], env=env)
 
 
-def kernels(cubins: Path, dry_run: bool) -> bool:
-    if dry_run or importlib.util.find_spec("cupy") is None:
-        found = sorted(p.name for p in cubins.glob("kernels.sm_*.cubin"))
-        return report(None if found else False, "kernels", f"CuPy {'not run (dry run)' if dry_run else 'absent'}; "
-                      f"cubins in {cubins}: {', '.join(found) or 'none'}")
-    import gpu_kernel_check
-
-    return report(gpu_kernel_check.main(["--cubins", str(cubins)]) == 0, "kernels", "every case against numpy and twin")
+def ptx_isa() -> str:
+    return re.search(r"^\.version (\d+\.\d+)", (KERNELS / "kernels.ptx").read_text(), re.M).group(1)
 
 
-def ort_cuda(bundle: Path, dry_run: bool) -> bool:
-    import numpy as np
+def driver_reason(isa: str, driver: str | None) -> str | None:
+    """None when an NVIDIA driver of this version ('580.159.03') loads PTX of this ISA; otherwise why not."""
+    cuda, branch = PTX_DRIVERS.get(isa, (None, None))
+    if branch is None:
+        return f"PTX ISA {isa} is not in the table of ISAs and drivers (scripts/gpu_check.py PTX_DRIVERS)"
+    if driver is None or int(driver.split(".")[0]) < branch:
+        return (f"the PTX (ISA {isa}, from CUDA {cuda}'s nvcc) needs an R{branch} driver or newer; this host's is "
+                f"{driver or 'absent'}: update the driver, or use the cubins")
+    return None
 
-    import mmtrt.backends.onnxruntime_backend as ort_backend
-    from PIL import Image
 
-    from mmtrt.runtime import load
-    from mmtrt.runtime.batch import Request, StaticStepper
-    from mmtrt.runtime.kv import StaticCache
+def step_env(run: Run):
+    isa = ptx_isa()
+    if run.dry:
+        return "PASS", f"PTX ISA {isa}: needs an R{PTX_DRIVERS.get(isa, ('?', '?'))[1]} driver (not read: dry run)", {}
+    query = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,compute_cap", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=BUDGET_S["env"])
+    name, driver, cc = [c.strip() for c in query.stdout.splitlines()[0].split(",")]
+    why = driver_reason(isa, driver)
+    facts = {"gpu": name, "driver": driver, "compute_capability": cc, "ptx_isa": isa}
+    return ("FAIL", why, facts) if why else ("PASS", f"{name}, driver {driver}, compute capability {cc}; the PTX "
+                                                       f"(ISA {isa}) loads on this driver", facts)
 
-    gpu = load(bundle)
-    if dry_run:  # the GPU's code path on the CPU: buffers ONNX Runtime owns, rows copied by its sessions
-        host = gpu.stepper.cache
-        gpu.stepper = StaticStepper(gpu.stepper.session, StaticCache(
-            gpu.kv, gpu.model["llm"], host.rows, host.capacity, "cpu", ["CPUExecutionProvider"]))
-    elif gpu.stepper.cache.device != "cuda":
-        return report(False, "ort-cuda", f"the LLM session got {gpu.runners['llm'].providers}: ONNX Runtime's CUDA "
-                      "provider did not load (an onnxruntime without CUDA, or no GPU)")
-    has_gpu = ort_backend._has_cuda_gpu
-    ort_backend._has_cuda_gpu = lambda: False
+
+def entries() -> set[str]:
+    """Every kernel the plugins launch: the extern "C" entries of kernels.cu."""
+    source = (ROOT / "mmtrt" / "kernels" / "csrc" / "kernels.cu").read_text()
+    prefixes = re.findall(r"mmtrt_(\w+?)_##SUFFIX", source)
+    suffixes = {"TOKEN_SELECT": re.findall(r"^MMTRT_TOKEN_SELECT\((\w+),", source, re.M),
+                "INT4_GEMM": re.findall(r"^MMTRT_INT4_GEMM\((\w+),", source, re.M)}
+    return {f"mmtrt_{p}_{s}" for p in prefixes for s in suffixes["INT4_GEMM" if p == "int4_gemm" else "TOKEN_SELECT"]}
+
+
+def step_kernels(run: Run):
+    wanted = entries()
+    ptx = set(re.findall(r"\.entry (\w+)\(", (KERNELS / "kernels.ptx").read_text()))
+    cubins = sorted(p.name for p in KERNELS.glob("kernels.sm_*.cubin"))
+    if wanted - ptx or not wanted or not cubins:
+        return "FAIL", f"kernels.cu's entries missing from the PTX: {sorted(wanted - ptx)}; cubins {cubins}", {}
+    if run.dry:
+        return "PASS", f"{len(wanted)} kernels in the PTX, cubins {', '.join(cubins)} (not launched: dry run)", {}
+    tails, ok = {}, True
+    for image in ("cubin", "ptx"):
+        done = run.sub("kernels", [run.python, "scripts/gpu_kernel_check.py", "--kernels", str(KERNELS), "--image", image])
+        tails[image] = done.stdout[-3000:] + done.stderr[-2000:]
+        ok &= done.returncode == 0
+    cases = sum(t.count("\nok ") + t.startswith("ok ") for t in tails.values())
+    return ("PASS" if ok else "FAIL"), f"{len(wanted)} kernels from cubin and PTX: {cases} cases bit-exact with the twin " \
+           f"and within the references' bounds" if ok else "a case MISMATCHed or a launch failed: see the tails", tails
+
+
+def step_sanitizer(run: Run, tool: str):
+    cmd = ["compute-sanitizer", "--tool", tool, "--error-exitcode", "3", run.python, "scripts/gpu_kernel_check.py",
+           "--kernels", str(KERNELS), "--quick"]
+    if run.dry:
+        return "PASS", f"would run: {' '.join(cmd[:5])} ... --quick (dry run)", {}
+    if shutil.which("compute-sanitizer") is None:
+        return "SKIP", "compute-sanitizer is not installed on this host", {}
+    done = run.sub(tool, cmd)
+    tail = {"tail": done.stdout[-4000:] + done.stderr[-2000:]}
+    if done.returncode == 0:
+        return "PASS", f"{tool} found no error in the quick case of every kernel and type", tail
+    if done.returncode == 3:
+        return "FAIL", f"{tool} reported errors: see the tail", tail
+    if "MISMATCH" in done.stdout:
+        return "FAIL", f"a case MISMATCHed under {tool}", tail
+    return "FAIL", f"{tool} could not run the check (exit {done.returncode})", tail
+
+
+def roofline_order() -> list[str]:
+    tree = ast.parse((ROOT / "scripts" / "gpu_kernel_check.py").read_text())
+    node = next(n for n in tree.body if isinstance(n, ast.Assign) and getattr(n.targets[0], "id", "") == "ROOFLINE")
+    return [name for name, _ in ast.literal_eval(node.value)]
+
+
+def step_ncu(run: Run):
+    rows = gpu_roofline.cases()
+    if [r["plugin"] for r in rows] != roofline_order():
+        return "FAIL", "gpu_kernel_check.py's ROOFLINE cases are not the roofline page's rows, in order", {}
+    if run.dry:
+        return "PASS", f"{len(rows)} cases read from {gpu_roofline.PAGE.name} with their bounds (not timed: dry run)", {}
+    if shutil.which("ncu") is None:
+        return "SKIP", "Nsight Compute (ncu) is not installed on this host", {}
+    WORK.mkdir(parents=True, exist_ok=True)
+    log = WORK / "ncu.csv"
+    done = run.sub("ncu", gpu_roofline.command(run.python, KERNELS, log))
+    if done.returncode or not log.is_file():
+        return "FAIL", f"ncu exited {done.returncode}", {"tail": done.stdout[-3000:] + done.stderr[-2000:]}
+    per_case = int(re.search(r"ROOFLINE_LAUNCHES = (\d+)", (ROOT / "scripts" / "gpu_kernel_check.py").read_text())[1])
+    ok, detail, results = gpu_roofline.judge(rows, gpu_roofline.launches(log.read_text()), per_case)
+    return ("PASS" if ok else "FAIL"), detail, {"cases": results}
+
+
+def step_ort_cuda(run: Run):
+    import onnxruntime
+
+    if "CUDAExecutionProvider" not in onnxruntime.get_available_providers():
+        return "SKIP", (f"onnxruntime {onnxruntime.__version__} here has no CUDA provider (it is the CPU package); "
+                        "onnxruntime-gpu is far over the 64 MiB a device call carries"), {}
+    if run.dry:
+        return "PASS", "onnxruntime lists the CUDA provider (not run: dry run)", {}
+    bundle = compile_bundle(run, "ort-cuda", "static", ["--device", "cpu"] if has_device_option(run) else [])
+    done = run.sub("ort-cuda", [run.python, "scripts/gpu_backend_check.py", "ort-cuda", str(bundle)])
+    return ("PASS" if done.returncode == 0 else "FAIL"), done.stdout.strip().splitlines()[-1], {"tail": done.stdout[-3000:]}
+
+
+def step_engines(run: Run):
+    if importlib.util.find_spec("tensorrt") is None:
+        rtx = "" if importlib.util.find_spec("tensorrt_rtx") is None else "; TensorRT-RTX is, see docs/gpu.md"
+        return "SKIP", ("TensorRT is not installed on this host (its libraries come from NVIDIA's package index, "
+                        f"which the lent machine cannot reach, and are far over 64 MiB){rtx}"), {}
+    if importlib.util.find_spec("polygraphy") is None:
+        return "SKIP", "Polygraphy is not installed on this host (pip install polygraphy)", {}
+    if run.dry:
+        return "PASS", "tensorrt and Polygraphy import (not built: dry run)", {}
+    bundle = compile_bundle(run, "engines", "engines", [])
+    built = run.sub("engines", [run.python, "-m", "mmtrt.cli", "build-engines", str(bundle)])
+    done = run.sub("engines", [run.python, "scripts/gpu_backend_check.py", "engines", str(bundle)])
+    ok = built.returncode == 0 and done.returncode == 0
+    return ("PASS" if ok else "FAIL"), (done.stdout.strip() or built.stderr.strip() or "no output").splitlines()[-1], \
+        {"tail": built.stderr[-2000:] + done.stdout[-3000:]}
+
+
+def has_device_option(run: Run) -> bool:
+    done = subprocess.run([run.python, "-m", "mmtrt.cli", "compile", "--help"], cwd=ROOT, capture_output=True,
+                          text=True, timeout=60, env={**os.environ, "PYTHONPATH": os.environ.get("PYTHONPATH", str(ROOT))})
+    return "--device" in done.stdout
+
+
+def compile_bundle(run: Run, step: str, name: str, flags: list[str]) -> Path:
+    recipe = (ROOT / "recipes" / "tiny-llava.yaml").read_text()
+    if name == "static":
+        recipe = recipe.replace("\nenvelope:", "\n  - kv_layout: {layout: static}\nenvelope:", 1)
+    WORK.mkdir(parents=True, exist_ok=True)
+    (WORK / f"{name}.yaml").write_text(recipe)
+    out = WORK / f"{name}.bundle"
+    done = run.sub(step, [run.python, "-m", "mmtrt.cli", "compile", str(WORK / f"{name}.yaml"), "-o", str(out),
+                          "--force", *flags])
+    if done.returncode:
+        raise RuntimeError(f"mmtrt compile {' '.join(flags)} failed: {done.stderr.strip().splitlines()[-1:]}")
+    return out
+
+
+def step_compile_cuda(run: Run):
+    if not has_device_option(run):
+        return "SKIP", "this tree's `mmtrt compile` has no --device option: the compile's CUDA path is not in it", {}
+    import torch
+
+    if not torch.cuda.is_available():
+        return ("PASS", "compile --device exists (not compiled: dry run)", {}) if run.dry else \
+            ("SKIP", f"torch {torch.__version__} sees no CUDA GPU here", {})
+    cpu = compile_bundle(run, "compile-cuda", "cpu", ["--device", "cpu"])
+    cuda = compile_bundle(run, "compile-cuda", "cuda", ["--device", "cuda"])
+    done = run.sub("compile-cuda", [run.python, "scripts/gpu_compile_compare.py", str(cpu), str(cuda)])
+    return ("PASS" if done.returncode == 0 else "FAIL"), (done.stdout.strip() or done.stderr.strip()).splitlines()[-1], \
+        {"tail": done.stdout[-3000:] + done.stderr[-2000:]}
+
+
+def step_dry(run: Run):
+    """The dry run's own checks: the payload's size, the imports, and that every script parses."""
+    ok_size, size_detail, sizes = gpu_payload.check_payload()
+    ok_imports, import_detail, imports = gpu_payload.check_imports()
+    parsed = subprocess.run(["bash", "-n", str(ROOT / "scripts" / "gpu_check.sh")], capture_output=True).returncode == 0
+    for script in gpu_payload.SCRIPTS:
+        compile((ROOT / "scripts" / script).read_text(), script, "exec")
+    ok = ok_size and ok_imports and parsed
+    return ("PASS" if ok else "FAIL"), f"{size_detail}; {import_detail}; gpu_check.sh parses: {parsed}", \
+        {"sizes": sizes, "imports": imports}
+
+
+STEPS = {"env": step_env, "kernels": step_kernels, "memcheck": lambda r: step_sanitizer(r, "memcheck"),
+         "racecheck": lambda r: step_sanitizer(r, "racecheck"), "ncu": step_ncu, "ort-cuda": step_ort_cuda,
+         "engines": step_engines, "compile-cuda": step_compile_cuda}
+
+
+def run_step(run: Run, name: str, fn) -> dict:
+    start = time.monotonic()
     try:
-        cpu = load(bundle)
-    finally:
-        ort_backend._has_cuda_gpu = has_gpu
-    rng = np.random.default_rng(0)
-    random_image = lambda h, w: Image.fromarray(rng.integers(0, 256, (h, w, 3), dtype=np.uint8))
-    image = random_image(70, 90)
-    requests = [Request(random_image(40, 60), " ".join(rng.choice(WORDS, int(rng.integers(1, 12)))),
-                        int(rng.integers(2, 20))) for _ in range(6)]
-    requests += [Request(image, q, 8) for q in ("What is it?", "What color is it?", "Where is it?")]
-    ours, reference = gpu.generate_batch(requests), cpu.generate_batch(requests)
-    ours.append(gpu.generate(image, "Is it round?", 8))  # the image's prefix, saved above, loaded into a row
-    reference.append(cpu.generate(image, "Is it round?", 8))
-    same = sum(a.token_ids == b.token_ids for a, b in zip(ours, reference))
-    firsts = all(a.token_ids[:1] == b.token_ids[:1] for a, b in zip(ours, reference))
-    return report(firsts and same >= len(ours) - 1 and gpu.prefixes.hits > 0, "ort-cuda",
-                  f"{gpu.stepper.cache.device} cache of {gpu.stepper.cache.nbytes} B, LLM on {gpu.runners['llm'].providers[0]}; "
-                  f"{same}/{len(ours)} requests give the CPU's tokens, {gpu.prefixes.hits} prefix hits")
-
-
-def accuracy_of(accuracy, pair: tuple[str, str]) -> list:
-    """The per-iteration results of one runner pair: Polygraphy's compare_accuracy returns an AccuracyResult keyed by
-    runner-name pairs (and, in 0.53, a list of them, one per comparison function)."""
-    result = accuracy if isinstance(accuracy, dict) else accuracy[0]
-    return result[pair]
-
-
-def compare(runners: list, feeds: list[dict], tol: float) -> tuple[bool, list[tuple], dict[str, float]]:
-    """Runners[0] against runners[1] on `feeds`: per output (name, max abs, max rel, ok), and each runner's median ms.
-    Polygraphy's simple comparison is `SimpleCompareFunc` from 0.53 on and `CompareFunc.simple` before."""
-    from polygraphy import comparator
-
-    simple = getattr(comparator, "SimpleCompareFunc", None) or comparator.CompareFunc.simple
-    results = comparator.Comparator.run(runners, data_loader=feeds, warm_up=2)
-    accuracy = comparator.Comparator.compare_accuracy(results, comparisons=[(0, 1)],
-                                                      compare_func=simple(atol=tol, rtol=tol))
-    iterations = accuracy_of(accuracy, (runners[0].name, runners[1].name))
-    rows = [(name, max(it[name].max_absdiff for it in iterations), max(it[name].max_reldiff for it in iterations),
-             all(bool(it[name]) for it in iterations)) for name in iterations[0]]
-    ms = {name: statistics.median(r.runtime for r in its) * 1e3 for name, its in results}
-    return all(ok for *_, ok in rows), rows, ms
-
-
-def engines(bundles: list[Path], dry_run: bool) -> bool:
-    import numpy as np
-    from polygraphy.backend.onnxrt import OnnxrtRunner, SessionFromOnnx
-
-    from mmtrt.bundle.manifest import read_manifest
-    from mmtrt.compare.inputs import generate
-
-    if not dry_run and importlib.util.find_spec("tensorrt") is None:
-        return report(None, "engines", "tensorrt is not importable on this host")
-    ok = True
-    for bundle in bundles:
-        manifest = read_manifest(bundle)
-        for entry in manifest["tensorrt"]["segments"]:
-            rng = np.random.default_rng(0)
-            try:
-                feeds = [f for _ in range(10) for f in generate(manifest, entry["component"], rng)][:20]
-            except KeyError as exc:  # mmtrt.compare generates a component's inputs, not every segment form's
-                report(None, f"engines {bundle.name} {entry['id']}", f"no generated inputs for dimension {exc}")
-                continue
-            reference = OnnxrtRunner(SessionFromOnnx(str(bundle / entry["onnx"]), providers=["cpu"]), name="ort-cpu")
-            if dry_run:  # Polygraphy's calls on two ONNX Runtime runners
-                first = OnnxrtRunner(SessionFromOnnx(str(bundle / entry["onnx"]), providers=["cpu"]), name="trt")
-            else:
-                from mmtrt.backends.tensorrt.engines import probe_target, read_index, select
-                from mmtrt.backends.tensorrt.runner import trt_runner
-
-                engine, why = select(bundle, entry, probe_target(), read_index(bundle))
-                if engine is None:
-                    ok &= report(False, f"engines {bundle.name} {entry['id']}", why)
-                    continue
-                first = trt_runner(engine, entry["profiles"], "trt")
-            passed, rows, ms = compare([first, reference], feeds, TOLERANCE[entry["precision"]["dtype"]])
-            worst = max(rows, key=lambda r: r[2])
-            ok &= report(passed, f"engines {bundle.name} {entry['id']}",
-                         f"{len(rows)} outputs, worst {worst[0]} abs {worst[1]:.2e} rel {worst[2]:.2e}; "
-                         f"trt {ms['trt']:.3f} ms, ort-cpu {ms['ort-cpu']:.3f} ms")
-    return ok
+        status, detail, extra = fn(run)
+    except subprocess.TimeoutExpired as exc:
+        status, detail, extra = "FAIL", f"past its budget of {exc.timeout:.0f} s", {}
+    except Exception as exc:  # a step's failure is its report line, and the other steps still run
+        status, detail, extra = "FAIL", f"{type(exc).__name__}: {exc}", {}
+    seconds = round(time.monotonic() - start, 1)
+    print(f"{status} {name}: {detail} [{seconds} s of {BUDGET_S.get(name, '-')}]", flush=True)
+    return {"step": name, "status": status, "detail": detail, "seconds": seconds, "budget_s": BUDGET_S.get(name),
+            **extra}
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("step", choices=["kernels", "ort-cuda", "engines"])
-    parser.add_argument("paths", nargs="+", type=Path)
-    parser.add_argument("--dry-run", action="store_true", help="run the host side on this CPU, no GPU")
+    parser.add_argument("--dry", action="store_true", help="the host side of every step, on a CPU host")
+    parser.add_argument("--steps", nargs="+", choices=list(STEPS), default=list(STEPS))
     args = parser.parse_args(argv)
-    if args.step == "kernels":
-        ok = kernels(args.paths[0], args.dry_run)
-    elif args.step == "ort-cuda":
-        ok = ort_cuda(args.paths[0], args.dry_run)
-    else:
-        ok = engines(args.paths, args.dry_run)
-    return 0 if ok else 1
+    run = Run(sys.executable, args.dry)
+    steps = ([run_step(run, "dry", step_dry)] if args.dry else []) + [run_step(run, n, STEPS[n]) for n in args.steps]
+    payload = gpu_payload.PAYLOAD / "payload.json"
+    report = {"date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime()), "dry": args.dry,
+              "commit": json.loads(payload.read_text())["commit"] if payload.is_file() else "unknown",
+              "python": sys.version.split()[0], "budget_s": sum(BUDGET_S[n] for n in args.steps), "steps": steps}
+    folder = Path(os.environ["OUT"]) if os.environ.get("OUT") else ROOT / "out" / "gpu_check"
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / ("gpu_check_dry.json" if args.dry else "gpu_check.json")).write_text(json.dumps(report, indent=1) + "\n")
+    failed = [s["step"] for s in steps if s["status"] == "FAIL"]
+    print(f"{'FAIL' if failed else 'PASS'}: {len(steps)} steps, {len(failed)} failed {failed or ''}; report in {folder}")
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -14,6 +14,7 @@ the same validators `_lib.py` runs on a decorated function, and keep what they v
 """
 
 import ast
+import contextlib
 import importlib
 import os
 import shutil
@@ -113,6 +114,8 @@ def facade(package: types.ModuleType) -> tuple[types.ModuleType, dict[str, types
         def decorator(fn):
             namespace, name = plugin_id.split("::")
             validate._validate_name_and_namespace(namespace, name)
+            if plugin_id in registry:  # as _lib.py's register: one definition per plugin and process
+                raise ValueError(f"'OpRegistry' already has a defintion for '{name}'")
             tensors, attrs, _, _ = validate._parse_register_inputs(fn, lazy_register)
             registry[plugin_id] = types.SimpleNamespace(desc=fn, input_tensor_names=tensors, input_attrs=attrs,
                                                         num_outputs=validate._parse_register_return(fn))
@@ -136,18 +139,25 @@ def facade(package: types.ModuleType) -> tuple[types.ModuleType, dict[str, types
 
 
 def import_registration(path: Path, trtp: types.ModuleType) -> types.ModuleType:
-    """Execute a registration module with `import tensorrt` giving tensorrt_rtx (a module that forwards every name to
-    it) and `import tensorrt.plugin` giving `trtp`."""
+    """Execute a registration module under as_tensorrt(trtp)."""
+    with as_tensorrt(trtp):
+        spec = importlib.util.spec_from_file_location(f"registration_{abs(hash(str(path)))}", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+
+@contextlib.contextmanager
+def as_tensorrt(trtp: types.ModuleType):
+    """`import tensorrt` gives tensorrt_rtx (a module that forwards every name to it) and `import tensorrt.plugin`
+    gives `trtp`, until the block ends."""
     trt = importlib.import_module("tensorrt_rtx")
     alias = types.ModuleType("tensorrt")
     alias.__dict__.update(__getattr__=lambda name: getattr(trt, name), plugin=trtp)
     saved = {k: sys.modules.get(k) for k in ("tensorrt", "tensorrt.plugin")}
     sys.modules.update({"tensorrt": alias, "tensorrt.plugin": trtp})
     try:
-        spec = importlib.util.spec_from_file_location(f"registration_{abs(hash(str(path)))}", path)
-        module = importlib.util.module_from_spec(spec)
-        spec.loader.exec_module(module)
-        return module
+        yield
     finally:
         for key, value in saved.items():
             if value is None:

@@ -76,7 +76,10 @@ def _publish(tmp: Path, folder: Path) -> Path:
 
 
 def cpu_twin() -> Path:
-    """The CPU twin library, built on first use."""
+    """The CPU twin library, built on first use; MMTRT_KERNEL_TWIN names a prebuilt one instead (the GPU check
+    carries one to a host that may lack g++)."""
+    if os.environ.get("MMTRT_KERNEL_TWIN"):
+        return Path(os.environ["MMTRT_KERNEL_TWIN"])
     cxx = shutil.which("g++") or shutil.which("c++")
     if cxx is None:
         raise UserError("building the CPU twin of the plugin kernels needs a C++ compiler; install g++")

@@ -11,6 +11,7 @@ newer one) loads it; the cubins need no JIT. nvcc has no option to write an olde
 from __future__ import annotations
 
 import importlib.util
+import json
 import re
 import shutil
 from pathlib import Path
@@ -24,6 +25,7 @@ from mmtrt.kernels.catalog import BY_NAME, NAMESPACE
 PLUGIN_DIR = "plugins"
 REGISTRATION = Path(__file__).with_name("registration.py")
 LAUNCH = Path(__file__).with_name("launch.py")
+_REGISTERED: dict[str, str] = {}  # the plugin files TensorRT 11 registered in this process, and from which bundle
 
 
 def write_plugins(folder: Path, plugin_ids: list[str]) -> dict[str, dict[str, Any]]:
@@ -73,17 +75,37 @@ def check_plugins(bundle: Path, plugins: dict[str, dict[str, Any]]) -> None:
                                 f"bundle (mmtrt compile) to rewrite it")
 
 
-def register_plugins(bundle: Path, plugins: dict[str, dict[str, Any]], trt=None) -> None:
+def register_plugins(bundle: Path, plugins: dict[str, dict[str, Any]], trt=None, parsing: bool = True) -> None:
     """Check the files, then register the plugins with TensorRT: TensorRT 11 imports the bundle's registration module
-    (AOT plugins, tensorrt.plugin); TensorRT-RTX (`trt` is the tensorrt_rtx module) takes mmtrt.kernels.rtx's
-    creators, whose kernels come from the bundle's PTX at run time."""
+    (AOT plugins, tensorrt.plugin) once per process; TensorRT-RTX (`trt` is the tensorrt_rtx module) takes
+    mmtrt.kernels.rtx's creators, whose kernels come from the bundle's PTX at run time (`parsing` False: only
+    engines are deserialized, so its ONNX parser's library is not needed)."""
     check_plugins(bundle, plugins)
     if plugins and trt is not None and trt.__name__ == "tensorrt_rtx":
         from mmtrt.kernels import rtx
 
-        rtx.register(trt, bundle / next(iter(plugins.values()))["ptx"])
+        rtx.register(trt, bundle / next(iter(plugins.values()))["ptx"], parsing)
         return
     for path in sorted({entry["registration"] for entry in plugins.values()}):
-        spec = importlib.util.spec_from_file_location(f"mmtrt_bundle_plugins_{abs(hash(str(bundle)))}", bundle / path)
-        module = importlib.util.module_from_spec(spec)
+        _import_registration(bundle, path, plugins)
+
+
+def _import_registration(bundle: Path, path: str, plugins: dict[str, dict[str, Any]]) -> None:
+    """tensorrt.plugin keeps one definition of a plugin per process and raises ValueError ("already has a
+    definition") on a second: a registration of the same files is done already; one of other files cannot be."""
+    build_key = json.dumps(sorted({name: digest for e in plugins.values() for name, digest in e["sha256"].items()}.items()))
+    if _REGISTERED.get("key") == build_key:
+        return
+    if _REGISTERED:
+        raise UserError(f"mmtrt's plugins from another build ({_REGISTERED['bundle']}) are registered in this process "
+                        f"and TensorRT keeps one definition per plugin; build {bundle}'s engines in a process of its own")
+    spec = importlib.util.spec_from_file_location(f"mmtrt_bundle_plugins_{abs(hash(str(bundle)))}", bundle / path)
+    module = importlib.util.module_from_spec(spec)
+    try:
         spec.loader.exec_module(module)
+    except ValueError as exc:
+        if "already has a defin" not in str(exc):  # tensorrt.plugin spells it "defintion"
+            raise
+        raise UserError(f"mmtrt's plugins are already defined in this process by code other than {bundle}'s "
+                        f"registration ({exc}); build its engines in a process of its own") from None
+    _REGISTERED.update(key=build_key, bundle=str(bundle))

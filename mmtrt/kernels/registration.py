@@ -10,8 +10,9 @@ Python.
 tensorrt.plugin validates these functions when they are decorated (tensorrt/plugin/_validate.py): annotations must
 be classes, not strings (so this file must not use `from __future__ import annotations`), every `aot_impl` must
 declare its return type `tuple[str | bytes, str | bytes, KernelLaunchParams, SymIntExprs]`, and its symbolic sizes
-have no reflected operators. tests/kernels/test_trt_plugin_sources.py runs these checks with the TensorRT 11.4
-Python sources; TensorRT-RTX has no AOT plugin interface (see rtx.py), so no engine of ours has run this file.
+have no reflected operators. tests/kernels/test_registration.py runs these checks with the TensorRT 11.4 Python
+sources (tests/trt11_plugin.py loads them); TensorRT-RTX has no AOT plugin interface (see rtx.py), so no engine of
+ours has run this file.
 """
 
 import importlib.util

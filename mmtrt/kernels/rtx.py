@@ -67,10 +67,12 @@ def _stub(library: str) -> Path:
     return folder / "libtensorrt_rtx.so"
 
 
-def register(trt, ptx: Path | None = None) -> list[str]:
-    """Register every catalog plugin's creator with TensorRT-RTX (`trt` is the tensorrt_rtx module) and make the
-    parser's library resolvable; `ptx` is the bundle's kernels.ptx, which enqueue loads. Returns the plugin ids."""
-    provide_parser_library(trt)
+def register(trt, ptx: Path | None = None, parsing: bool = True) -> list[str]:
+    """Register every catalog plugin's creator with TensorRT-RTX (`trt` is the tensorrt_rtx module) and, for a
+    build (`parsing`), make the parser's library resolvable; `ptx` is the bundle's kernels.ptx, which enqueue
+    loads. Returns the plugin ids."""
+    if parsing:
+        provide_parser_library(trt)
     registry = trt.get_plugin_registry()
     for spec in BY_NAME.values():
         creator = _CREATORS.get(spec.plugin_id)

@@ -107,3 +107,53 @@ def test_shared_memory_matches_the_headers():
     assert found.args == [6, 1, 257, 64, 1, 256, 384, 64, launch.float_bits(0.125), 10]
     gemm = launch.int4_gemm((2, 3, 576), (9, 1536), 64, "f16", "f32")
     assert gemm.grid == (24, 1) and gemm.args == [6, 576, 1536, 64] and gemm.kernel == "mmtrt_int4_gemm_f16_f32"
+
+
+@pytest.fixture
+def plugin_bundle(tmp_path, monkeypatch):
+    """A folder holding a bundle's plugins/ files and their manifest entries; no TensorRT 11 registration yet."""
+    from mmtrt.kernels import bundle
+
+    if build.nvcc() is None:
+        pytest.skip("the plugin files need nvcc")
+    monkeypatch.setattr(bundle, "_REGISTERED", {})
+    return tmp_path, bundle.write_plugins(tmp_path, ["mmtrt::TokenSelect", "mmtrt::Int4GroupGemm"])
+
+
+def test_registering_a_bundles_plugins_twice_in_a_process_registers_them_once(sources, plugin_bundle):
+    """tensorrt.plugin refuses a second definition of a plugin (ValueError 'already has a defintion', as _lib.py
+    raises it): build-engines registers before every build, so the second must find them registered."""
+    from mmtrt.kernels.bundle import register_plugins
+
+    folder, plugins = plugin_bundle
+    trtp, registry = trt11_plugin.facade(sources)
+    with trt11_plugin.as_tensorrt(trtp):
+        register_plugins(folder, plugins)
+        register_plugins(folder, plugins)
+    assert set(registry) == {spec.plugin_id for spec in BY_NAME.values()}
+
+
+def test_plugins_of_another_build_are_refused_in_one_line(sources, plugin_bundle, tmp_path_factory):
+    from mmtrt.errors import UserError
+    from mmtrt.kernels.bundle import register_plugins
+
+    folder, plugins = plugin_bundle
+    other = tmp_path_factory.mktemp("other")
+    (other / "plugins").mkdir()
+    for name in {n for e in plugins.values() for n in e["sha256"]}:
+        (other / name).write_bytes((folder / name).read_bytes())
+    with open(other / "plugins" / "launch.py", "a") as f:
+        f.write("\n# another build\n")
+    changed = {pid: {**e, "sha256": {**e["sha256"], "plugins/launch.py": build_digest(other / "plugins/launch.py")}}
+               for pid, e in plugins.items()}
+    trtp, _ = trt11_plugin.facade(sources)
+    with trt11_plugin.as_tensorrt(trtp):
+        register_plugins(folder, plugins)
+        with pytest.raises(UserError, match="another build .* process of its own"):
+            register_plugins(other, changed)
+
+
+def build_digest(path):
+    from mmtrt.bundle.manifest import sha256_file
+
+    return sha256_file(path)
