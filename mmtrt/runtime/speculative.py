@@ -8,7 +8,7 @@ distribution. The first position that differs gives the target's own token, then
 positions kept. Each kept token is one event, as plain steps give, so EOS, stop strings and the limit end a
 sequence inside an accepted run. A step where no sequence has a draft is the scheduler's plain batched step.
 
-k adapts per sequence to its acceptance rate so far (a mean accepted run of a / (1 - a) tokens is expected,
+k adapts per sequence to its acceptance rate once k tokens were proposed (a mean accepted run of a / (1 - a) tokens is expected,
 proposing one more than that, within 1..k). The bundle's manifest says which draft (`model.speculative`, written
 by the `speculative` pass); `Pipeline.speculative` may be set to another configuration or None.
 """
@@ -49,7 +49,10 @@ class Counts:
 
 
 def next_k(counts: Counts, k_max: int) -> int:
-    """Proposals per step from the acceptance rate so far (a prior of one accepted in two proposed)."""
+    """Proposals per step: k until k have been proposed, then from the acceptance rate so far (a prior of one
+    accepted in two proposed)."""
+    if counts.proposed < k_max:
+        return k_max
     rate = (counts.accepted + 1) / (counts.proposed + 2)
     return max(1, min(k_max, math.ceil(rate / (1 - rate)) + 1))
 
