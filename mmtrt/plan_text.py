@@ -52,8 +52,8 @@ def _passes(plan, data: dict[str, Any]) -> list[str]:
 
 
 def _speculative(draft: dict[str, Any]) -> str:
-    return (f"draft {draft['draft']} ({draft['what']}; {draft['draft_params']:,} parameters), up to {draft['k']} "
-            f"tokens per step; the bundle grows by {draft['bundle_growth_bytes']:,} bytes")
+    growth = "" if draft["bundle_growth_bytes"] is None else f"; the bundle grows by {draft['bundle_growth_bytes']:,} bytes"
+    return f"draft {draft['draft']} ({draft['what']}), up to {draft['k']} tokens per step{growth}"
 
 
 def _envelope(envelope: dict[str, Any]) -> str:

@@ -245,7 +245,8 @@ class Pipeline(RequestInputs):
         return Generation(text, seq.tokens, len(seq.prep.ids), {k: round(v, 3) for k, v in timings.items()},
                           seq.prep.ids.count(self.model["image_token_id"]), dict(self.backends),
                           dict(self.fallbacks), seq.margins, reason,
-                          seq.speculative.to_json() if seq.speculative is not None else None)
+                          seq.speculative.to_json() if seq.speculative is not None
+                          else {"proposed": 0, "accepted": 0} if self.speculative else None)
 
 
 def _log_fallbacks(fallbacks: dict[str, str]) -> None:

@@ -58,6 +58,9 @@ def next_k(counts: Counts, k_max: int) -> int:
 
 
 def make_draft(pipe, config: dict):
+    """The draft a configuration names, or the caller's own object (with `propose` and `commit`) given as draft."""
+    if not isinstance(config["draft"], str):
+        return config["draft"]
     if config["draft"] == "prompt_lookup":
         return PromptLookup(config["max_ngram"], pipe.model["image_token_id"])
     from mmtrt.runtime.speculative_early_exit import EarlyExitDraft
@@ -70,13 +73,14 @@ class Speculator:
 
     def __init__(self, pipe, config: dict):
         self.pipe, self.k_max = pipe, config["k"]
-        self.draft = make_draft(pipe, config)
         self.verifier = verifier_for(pipe)
+        self.draft = make_draft(pipe, config)
+        self.draft.verifier = self.verifier  # an early-exit draft reads the full model's cache of its layers
         self.totals = Counts()
 
     def step(self, scheduler) -> list[tuple[Sequence, Delta]]:
         active = list(scheduler.active)
-        drafts = [self._propose(seq) for seq in active]
+        drafts = [self._propose(seq, row) for row, seq in enumerate(active)]
         if not any(tokens for tokens, _ in drafts):
             return None  # the plain batched step
         events = []
@@ -89,12 +93,12 @@ class Speculator:
                 scheduler.release(seq)
         return events
 
-    def _propose(self, seq: Sequence):
+    def _propose(self, seq: Sequence, row: int):
         if seq.speculative is None:
             seq.speculative = Counts()
         room = seq.prep.limit - len(seq.tokens) - 1  # every kept token plus the target's own fit the limit
         count = min(next_k(seq.speculative, self.k_max), room)
-        return self.draft.propose(seq, count) if count > 0 else ([], None)
+        return self.draft.propose(seq, count, row) if count > 0 else ([], None)
 
     def _verify(self, scheduler, seq: Sequence, row: int, tokens: list[int], q) -> list[tuple[Sequence, Delta]]:
         """One sequence's verification call: its events and its cache cut back to what was kept."""
@@ -107,9 +111,9 @@ class Speculator:
             accepted = self._choose(seq, row_logits, drafted, None if q is None or drafted is None else q[i])
             delta = scheduler.emit(seq)
             events.append((seq, delta))
+            kept += accepted
             if not accepted or delta.finish_reason:
                 break
-            kept += 1
         seq.speculative.add(len(tokens), kept)
         self.totals.add(len(tokens), kept)
         self.verifier.rollback(seq, row, start + 1 + kept)

@@ -20,7 +20,7 @@ class PromptLookup:
     def __init__(self, max_ngram: int, skip_token: int | None = None):
         self.max_ngram, self.skip_token = max_ngram, skip_token
 
-    def propose(self, seq: Sequence, count: int) -> tuple[list[int], None]:
+    def propose(self, seq: Sequence, count: int, _row: int) -> tuple[list[int], None]:
         return lookup(seq.prep.ids + seq.tokens, count, self.max_ngram, self.skip_token), None
 
     def commit(self, seq: Sequence, kept: int) -> None:

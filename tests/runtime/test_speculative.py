@@ -52,14 +52,52 @@ def test_a_batch_with_different_acceptance_gives_every_request_its_solo_tokens(b
     assert len({g.speculative["accepted"] for g in batch}) > 1
 
 
+class Continuation:
+    """A draft that proposes a known answer's next tokens (`shift` 0: all accepted), or tokens that differ from
+    them (`shift` > 0: every one rejected)."""
+
+    def __init__(self, answer, vocab, shift=0):
+        self.answer, self.vocab, self.shift = answer, vocab, shift
+
+    def propose(self, seq, count, _row):
+        ahead = self.answer[len(seq.tokens):len(seq.tokens) + count]
+        return [(t + self.shift) % self.vocab for t in ahead], None
+
+    def commit(self, seq, kept):
+        pass
+
+
+def all_accepted_until(eos_at, limit, k):
+    """Drafted tokens accepted when every one is right up to the EOS at index `eos_at` (the first token comes from
+    the prefill; a step proposes min(k, limit - tokens - 1) and adds the target's own token after a full run)."""
+    emitted, accepted = 1, 0
+    while emitted <= eos_at:
+        drafted = min(k, limit - emitted - 1)
+        if drafted <= 0:  # no room for a draft: a plain step
+            emitted += 1
+            continue
+        if eos_at < emitted + drafted:
+            return accepted + eos_at - emitted + 1
+        accepted, emitted = accepted + drafted, emitted + drafted + 1
+    return accepted
+
+
+def vocab(pipe):
+    return pipe.model["llm"]["vocab_size"]
+
+
 def test_a_request_after_heavy_rejection_gives_its_solo_answer(bundle, rng):
-    """k 16 proposes long runs that are mostly rejected; the rolled-back KV must not leak into the next request."""
+    """Long drafts that are all rejected leave KV past the kept length; the next requests must not see it."""
     pipe, image = load(bundle, prefix_cache_mib=0), random_image(rng, 64, 64)
-    solo = pipe.generate(image, PROMPTS[0], 24).token_ids
+    solo = [pipe.generate(image, p, 24).token_ids for p in PROMPTS]
+    pipe.speculative = {"draft": Continuation(solo[1] + [0] * 16, vocab(pipe), shift=1), "k": 16}
+    heavy = pipe.generate(image, PROMPTS[1], 24)
+    assert heavy.token_ids == solo[1]
+    assert heavy.speculative["accepted"] == 0 and heavy.speculative["proposed"] > 16  # the first step drafts 16
     pipe.speculative = {**LOOKUP, "k": 16}
-    heavy = pipe.generate(image, PROMPTS[1], 31)
-    assert heavy.speculative["proposed"] - heavy.speculative["accepted"] >= 10
-    assert pipe.generate(image, PROMPTS[0], 24).token_ids == solo
+    assert [pipe.generate(image, p, 24).token_ids for p in PROMPTS] == solo
+    batch = pipe.generate_batch([Request(image, p, 24) for p in PROMPTS])
+    assert [g.token_ids for g in batch] == solo
 
 
 def test_later_questions_on_an_image_reuse_its_prefix_and_equal_fresh_plain_runs(tiny_static_bundle, rng):
@@ -72,33 +110,39 @@ def test_later_questions_on_an_image_reuse_its_prefix_and_equal_fresh_plain_runs
 
 
 def test_eos_inside_an_accepted_run_ends_the_answer_where_plain_decoding_does(bundle, rng):
-    """Each token of the plain answer in turn is made the end-of-sequence token: some of them are drafted and
-    accepted, and the answer must end at the same token either way."""
+    """Each token of the answer in turn is made the end-of-sequence token while a draft proposes the whole
+    answer: the EOS is accepted inside a run whose later tokens must not be emitted."""
     pipe, image = load(bundle, prefix_cache_mib=0), random_image(rng, 64, 64)
-    prompt = PROMPTS[2]
-    answer = pipe.generate(image, prompt, 24).token_ids
+    answer = pipe.generate(image, PROMPTS[2], 24).token_ids
     eos = pipe.model["eos_token_ids"]
-    accepted = 0
     for token in dict.fromkeys(answer[1:]):
         pipe.model["eos_token_ids"] = [token]
-        (plain,), (spec,) = both(pipe, image, [prompt])
-        ends = (answer[:answer.index(token) + 1], "stop")
-        assert (spec.token_ids, spec.finish_reason) == (plain.token_ids, plain.finish_reason) == ends
-        accepted += spec.speculative["accepted"]
+        pipe.speculative = None
+        plain = pipe.generate(image, PROMPTS[2], 24)
+        pipe.speculative = {"draft": Continuation(answer, vocab(pipe)), "k": 8}
+        spec = pipe.generate(image, PROMPTS[2], 24)
+        assert (spec.token_ids, spec.finish_reason) == (plain.token_ids, plain.finish_reason)
+        assert spec.token_ids == answer[:answer.index(token) + 1] and spec.finish_reason == "stop"
+        assert spec.speculative["accepted"] == all_accepted_until(answer.index(token), 24, 8)
     pipe.model["eos_token_ids"] = eos
-    assert accepted > 0
 
 
-def test_stop_strings_inside_an_accepted_run_cut_the_text_where_plain_decoding_does(bundle, rng):
+@pytest.mark.parametrize("draft", ["continuation", "lookup"])
+def test_stop_strings_inside_an_accepted_run_cut_the_text_where_plain_decoding_does(bundle, rng, draft):
     pipe, image = load(bundle, prefix_cache_mib=0), random_image(rng, 64, 64)
-    prompt = PROMPTS[2]
-    text = pipe.generate(image, prompt, 24).text
+    plain_full = pipe.generate(image, PROMPTS[2], 24)
+    text = plain_full.text
     stops = {text[i:i + 2] for i in range(2, len(text) - 2, 3) if text[i:i + 2].strip()}
     assert len(stops) >= 3
+    config = {"draft": Continuation(plain_full.token_ids, vocab(pipe)), "k": 8} if draft == "continuation" else LOOKUP
     for stop in stops:
-        (plain,), (spec,) = both(pipe, image, [prompt], stop=(stop,))
-        assert (spec.text, spec.token_ids) == (plain.text, plain.token_ids)
-        assert stop not in spec.text and spec.finish_reason == "stop"
+        params = SamplingParams(stop=(stop,))
+        pipe.speculative = None
+        plain = pipe.generate(image, PROMPTS[2], 24, sampling=params)
+        pipe.speculative = config
+        spec = pipe.generate(image, PROMPTS[2], 24, sampling=params)
+        assert (spec.text, spec.token_ids, spec.finish_reason) == (plain.text, plain.token_ids, "stop")
+        assert stop not in spec.text
 
 
 @pytest.fixture(scope="module")
