@@ -19,6 +19,8 @@ def describe_plan(plan, recipe_path: str, bundle: str) -> str:
     dims = data["dims_after_passes"]
     lines.append(f"shapes      {data['image_tokens_after_passes']} image tokens per image; sequences up to "
                  f"{dims['seq']['max']} tokens; KV cache up to {dims['total']['max']} positions")
+    if plan.passes.facts_after.get("speculative"):
+        lines.append(f"speculative {_speculative(plan.passes.facts_after['speculative'])}")
     lines.append(f"next: mmtrt compile {recipe_path} -o {bundle}")
     return "\n".join(lines)
 
@@ -47,6 +49,11 @@ def _passes(plan, data: dict[str, Any]) -> list[str]:
     if before != after:
         rows.append(f"image tokens per image: {before} -> {after}")
     return ["passes      " + rows[0]] + [" " * 12 + row for row in rows[1:]]
+
+
+def _speculative(draft: dict[str, Any]) -> str:
+    growth = "" if draft["bundle_growth_bytes"] is None else f"; the bundle grows by {draft['bundle_growth_bytes']:,} bytes"
+    return f"draft {draft['draft']} ({draft['what']}), up to {draft['k']} tokens per step{growth}"
 
 
 def _envelope(envelope: dict[str, Any]) -> str:

@@ -143,11 +143,33 @@ def save_onnx(model: onnx.ModelProto, path: Path, threshold: int) -> list[str]:
     return [path.name, data] if (path.parent / data).exists() else [path.name]
 
 
+def share_external_data(model: onnx.ModelProto, owner: onnx.ModelProto, owner_path: Path) -> tuple[onnx.ModelProto, list[str]]:
+    """A copy of `model` whose initializers equal to `owner`'s (same name and bytes) read the owner's saved external
+    data at its offsets (a component cut from another keeps its weights once in the bundle); the files it reads."""
+    saved = {t.name: t for t in onnx.load(owner_path, load_external_data=False).graph.initializer
+             if t.data_location == onnx.TensorProto.EXTERNAL}
+    raw = {t.name: t.raw_data for t in owner.graph.initializer if t.name in saved}
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    shared = set()
+    for tensor in copy.graph.initializer:
+        if tensor.name in raw and tensor.HasField("raw_data") and tensor.raw_data == raw[tensor.name]:
+            tensor.ClearField("raw_data")
+            tensor.data_location = onnx.TensorProto.EXTERNAL
+            tensor.external_data.extend(saved[tensor.name].external_data)
+            shared |= {e.value for e in tensor.external_data if e.key == "location"}
+    return copy, sorted(shared)
+
+
 def write_artifacts(ir: ModelIR, folder: Path, threshold: int) -> dict[str, dict[str, Any]]:
     """Every component's artifact and the tokenizer assets; returns where each component lives."""
     files = {}
     for comp in ir.components.values():
-        if comp.onnx is not None:
+        owner = comp.metadata.get("shares_weights_with")
+        if comp.onnx is not None and owner:
+            model, shared = share_external_data(comp.onnx, ir.components[owner].onnx, folder / f"{owner}.onnx")
+            written = save_onnx(model, folder / f"{comp.name}.onnx", threshold) + shared
+        elif comp.onnx is not None:
             written = save_onnx(comp.onnx, folder / f"{comp.name}.onnx", threshold)
         else:
             (folder / f"{comp.name}.json").write_text(dumps(comp.spec))

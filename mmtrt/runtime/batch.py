@@ -72,6 +72,7 @@ class Sequence:
     text: Any = None  # a streaming.TextStream when text is streamed or stop strings are watched
     finish_reason: str | None = None
     cache: Any = None  # the hf layout's grown cache arrays
+    speculative: Any = None  # speculative.Counts: drafted tokens proposed and accepted, when a draft runs
 
     def choose(self, logits: np.ndarray) -> None:
         """Append the next token of one position's logits and how near it was to flipping. Greedy: the argmax and

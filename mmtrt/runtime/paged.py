@@ -72,6 +72,16 @@ class PagedCache:
                 pool[new:new + rest] = pool[old:old + rest]
         self.lengths[dst] = tokens
 
+    def truncate(self, seq: int, tokens: int) -> None:
+        """`seq` keeps its first `tokens` positions (a rejected draft's go): the blocks past them return to the
+        pool and to what the sequence was promised."""
+        keep = self.blocks_for(tokens)
+        for block in self.tables[seq][keep:]:
+            self.allocator.release(block)
+        self.promised[seq] += len(self.tables[seq]) - keep
+        del self.tables[seq][keep:]
+        self.lengths[seq] = tokens
+
     def close(self, seq: int) -> None:
         for block in self.tables.pop(seq):
             self.allocator.release(block)

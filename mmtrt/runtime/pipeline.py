@@ -50,11 +50,14 @@ class Generation:
     # per token, the top-2 logit margin of the step that chose it (a near tie may flip between kernels)
     margins: list[float] = field(default_factory=list, repr=False)
     finish_reason: str = "stop"  # "stop": an end-of-sequence token or a stop string; "length": max_new_tokens
+    speculative: dict[str, int] | None = None  # drafted tokens proposed and accepted, when a draft ran
 
     def to_json(self) -> dict[str, Any]:
+        speculative = {"speculative": self.speculative} if self.speculative is not None else {}
         return {"text": self.text, "token_ids": self.token_ids, "finish_reason": self.finish_reason,
                 "prompt_tokens": self.prompt_tokens,
-                "image_tokens": self.image_tokens, "timings": self.timings, "backends": self.backends, "fallbacks": self.fallbacks}
+                "image_tokens": self.image_tokens, "timings": self.timings, "backends": self.backends, "fallbacks": self.fallbacks,
+                **speculative}
 
 
 @dataclass
@@ -111,6 +114,8 @@ class Pipeline(RequestInputs):
         self.dynamic_tokens = self.family is not None or any(
             o["name"] == "image_token_count" for o in self.manifest["components"]["vision"]["outputs"])
         self.trtllm = self._trtllm()
+        # the speculative pass's draft and k (a caller may set another or None before decoding starts)
+        self.speculative = None if self.trtllm else self.model.get("speculative")
 
     def _trtllm(self):
         """The TensorRT-LLM runner of the LLM where an engine matches this host, else None (the reason logged once).
@@ -250,7 +255,9 @@ class Pipeline(RequestInputs):
         reason = seq.finish_reason or ("stop" if seq.tokens[-1] in self.model["eos_token_ids"] else "length")
         return Generation(text, seq.tokens, len(seq.prep.ids), {k: round(v, 3) for k, v in timings.items()},
                           seq.prep.ids.count(self.model["image_token_id"]), dict(self.backends),
-                          dict(self.fallbacks), seq.margins, reason)
+                          dict(self.fallbacks), seq.margins, reason,
+                          seq.speculative.to_json() if seq.speculative is not None
+                          else {"proposed": 0, "accepted": 0} if self.speculative else None)
 
 
 def _log_fallbacks(fallbacks: dict[str, str]) -> None:

@@ -23,6 +23,7 @@ import numpy as np
 from mmtrt.errors import UserError
 from mmtrt.runtime.batch import Prepared, Sequence
 from mmtrt.runtime.paged import PagedStepper, prefill_sharing
+from mmtrt.runtime.speculative import Speculator
 from mmtrt.runtime.streaming import Delta, TextStream
 
 
@@ -42,6 +43,7 @@ class Scheduler:
                                "or close it first, or load the bundle again")
         self.eos = set(pipe.model["eos_token_ids"])
         self.active: list[Sequence] = []
+        self.speculator = Speculator(pipe, pipe.speculative) if pipe.speculative else None
 
     def fits(self, prep: Prepared) -> bool:
         """Whether `prep` can be admitted now (a batch place, and blocks for its worst case under paged)."""
@@ -70,6 +72,9 @@ class Scheduler:
         """One token for every running sequence; the finished ones leave."""
         if not self.active:
             return []
+        events = self.speculator.step(self) if self.speculator else None
+        if events is not None:
+            return events
         t0 = time.perf_counter()
         logits = self.places.decode(self.active)
         spent = time.perf_counter() - t0
@@ -99,6 +104,10 @@ class Scheduler:
 
     def _advance(self, seq: Sequence, logits: np.ndarray) -> Delta:
         seq.choose(logits)
+        return self.emit(seq)
+
+    def emit(self, seq: Sequence) -> Delta:
+        """The event of the sequence's newest token: its text, and whether it ends the sequence."""
         token = seq.tokens[-1]
         text = seq.text.push(token) if seq.text else ""
         if token in self.eos or (seq.text and seq.text.stopped):

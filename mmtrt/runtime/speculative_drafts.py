@@ -1,0 +1,44 @@
+"""Drafts that propose the next tokens for the full LLM to verify.
+
+`prompt_lookup` needs no model: the last n tokens of the text so far (prompt and answer) are looked up in it, longest
+n first, and the tokens that followed their latest earlier occurrence are proposed. Answers that quote the prompt,
+repeat a phrase or continue a list accept long runs; elsewhere nothing is proposed and the step is a plain one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from mmtrt.runtime.batch import Sequence
+
+
+class PromptLookup:
+    """Proposals are point masses (no distribution): speculative sampling keeps a token with probability p."""
+
+    name = "prompt_lookup"
+
+    def __init__(self, max_ngram: int, skip_token: int | None = None):
+        self.max_ngram, self.skip_token = max_ngram, skip_token
+
+    def propose(self, seq: Sequence, count: int, _row: int) -> tuple[list[int], None]:
+        return lookup(seq.prep.ids + seq.tokens, count, self.max_ngram, self.skip_token), None
+
+    def commit(self, seq: Sequence, kept: int) -> None:
+        """Nothing to roll back: the lookup keeps no state."""
+
+
+def lookup(context: list[int], count: int, max_ngram: int, skip_token: int | None = None) -> list[int]:
+    """Up to `count` tokens that followed the latest earlier occurrence of the context's last n tokens (n from
+    `max_ngram` down to 1); cut before `skip_token` (the image placeholder, whose embeddings are not a token's)."""
+    ids = np.asarray(context, np.int64)
+    for n in range(min(max_ngram, len(ids) - 1), 0, -1):
+        windows = np.lib.stride_tricks.sliding_window_view(ids[:-1], n)  # every occurrence before the suffix
+        hits = np.flatnonzero((windows == ids[-n:]).all(axis=1))
+        if len(hits):
+            start = int(hits[-1]) + n
+            proposal = ids[start:start + count].tolist()
+            if skip_token in proposal:
+                proposal = proposal[:proposal.index(skip_token)]
+            if proposal:
+                return proposal
+    return []

@@ -1,0 +1,1 @@
+"""Passes that change how the LLM decodes."""

@@ -1,0 +1,56 @@
+"""The early-exit draft cut from the LLM's own graph: its first K decoder layers, then its final norm and lm_head.
+
+A decoder layer of the exported LLM holds two RMS norms (before attention, before the MLP) and the model one more
+before the lm_head, so in graph order norm 2K reads the residual stream after K layers. The cut feeds that tensor
+to the final norm; layers K.. are then dead, and their cache inputs and outputs go. The draft keeps the LLM's
+initializer names, so the bundle writer can point its weights at the LLM's external data (no copy).
+
+Its first K layers compute exactly the full model's keys and values there, so the draft needs no cache of its
+own beyond the drafted tokens: the runtime feeds it the full model's cache of those layers.
+"""
+
+from __future__ import annotations
+
+import re
+
+import onnx
+
+from mmtrt.errors import UserError
+from mmtrt.ir.graph import Component
+from mmtrt.ir.rewrite import cleanup
+
+NORMS = ("RMSNormalization", "SimplifiedLayerNormalization")
+CACHE = re.compile(r"(past|present)\.(\d+)\.(key|value)$")
+
+
+def cut_early_exit(llm: Component, num_layers: int, keep: int, name: str = "draft") -> Component:
+    """A component running the first `keep` of `num_layers` decoder layers of `llm` (hf cache layout)."""
+    if not 1 <= keep < num_layers:
+        raise UserError(f"speculative: layers {keep} must be 1..{num_layers - 1} (the LLM has {num_layers} decoder "
+                        "layers); pick fewer layers")
+    model = onnx.ModelProto()
+    model.CopyFrom(llm.onnx)
+    graph = model.graph
+    norms = [n for n in graph.node if n.op_type in NORMS]
+    if len(norms) != 2 * num_layers + 1:
+        raise UserError(f"speculative early_exit: the LLM graph has {len(norms)} RMS norms where {num_layers} "
+                        f"decoder layers give {2 * num_layers + 1} (a fusion rewrote them); put speculative before "
+                        "fuse_skip_norm and kv_layout")
+    norms[-1].input[0] = norms[2 * keep].input[0]
+    kept = [o for o in graph.output if not _later_layer(o.name, keep)]
+    del graph.output[:]
+    graph.output.extend(kept)
+    model = cleanup(model)
+    inputs = [i for i in model.graph.input if not _later_layer(i.name, keep)]
+    del model.graph.input[:]
+    model.graph.input.extend(inputs)
+    draft = Component(name, [], [], metadata={"placement": {"targeted": False, "min_segment_size": 1,
+                                                             "backends": ["onnxruntime"]},
+                                              "shares_weights_with": llm.name})
+    draft.set_graph(model)
+    return draft
+
+
+def _later_layer(tensor: str, keep: int) -> bool:
+    match = CACHE.match(tensor)
+    return bool(match) and int(match.group(2)) >= keep

@@ -1,0 +1,66 @@
+"""speculative: write into the bundle which draft the runtime proposes with and how many tokens it may propose.
+
+The full LLM verifies every drafted token in one call per step, so greedy output stays token for token what plain
+decoding gives and sampling keeps its distribution (mmtrt/runtime/speculative.py); what a draft changes is how many
+tokens each full forward yields. `prompt_lookup` needs no weights. `early_exit` adds a component `draft`, the LLM's
+first layers with its final norm and lm_head (early_exit_graph.py), whose weights are the LLM's own in the bundle.
+The manifest's `model.speculative` carries the configuration the runtime reads.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mmtrt.errors import UserError
+from mmtrt.ir.graph import ModelIR
+from mmtrt.pipeline.pass_base import Pass
+from passes.decode.early_exit_graph import cut_early_exit
+from passes.decode.speculative_config import SpeculativeConfig
+
+DRAFT = "draft"
+
+
+class Speculative(Pass):
+    name = "speculative"
+    Config = SpeculativeConfig
+    components = ("llm",)
+    provides = frozenset({"speculative"})
+
+    def plan_facts(self, facts: dict[str, Any]) -> dict[str, Any]:
+        if self.config.draft == "early_exit" and facts.get("kv_cache"):
+            raise UserError("draft early_exit is cut from the LLM's graph before its KV layout is rewritten; put "
+                            "speculative before kv_layout")
+        return {**facts, "speculative": draft_facts(self.config, facts["llm"])}
+
+    def run(self, ir: ModelIR) -> dict:
+        ir.config["speculative"] = runtime_config(self.config)
+        if self.config.draft == "early_exit":
+            draft = cut_early_exit(ir.components["llm"], ir.config["llm"]["num_layers"], self.config.layers, DRAFT)
+            ir.components[DRAFT] = draft
+            ir.config["speculative"]["component"] = DRAFT
+        facts = draft_facts(self.config, ir.config["llm"])
+        if self.config.draft == "early_exit":
+            facts.update(draft_nodes=draft.node_count(), draft_params=draft.param_count(),
+                         llm_params=ir.components["llm"].param_count())
+        return {"llm": facts}
+
+
+def runtime_config(config: SpeculativeConfig) -> dict[str, Any]:
+    """What the runtime reads from the manifest's model.speculative."""
+    keys = ("draft", "k", "max_ngram") if config.draft == "prompt_lookup" else ("draft", "k", "layers")
+    return {key: getattr(config, key) for key in keys}
+
+
+def draft_facts(config: SpeculativeConfig, llm: dict[str, Any]) -> dict[str, Any]:
+    """The draft for `compile --plan`: what it is and what it adds to the bundle (early_exit's exact parameters and
+    graph size are in the compile's pass report)."""
+    if config.draft == "prompt_lookup":
+        return {"draft": config.draft, "k": config.k, "draft_params": 0, "bundle_growth_bytes": 0,
+                "what": f"prompt lookup of up to {config.max_ngram}-token suffixes, no weights"}
+    if config.layers >= llm["num_layers"]:
+        raise UserError(f"speculative: layers {config.layers} must be fewer than the LLM's {llm['num_layers']} "
+                        f"decoder layers; pick 1..{llm['num_layers'] - 1}")
+    return {"draft": config.draft, "k": config.k, "draft_params": None, "bundle_growth_bytes": None,
+            "what": f"the first {config.layers} of {llm['num_layers']} decoder layers ({config.layers / llm['num_layers']:.0%}"
+                    " of the layers' parameters), final norm and lm_head; its weights are the LLM's own in the bundle, "
+                    "which grows by the draft's graph file only"}

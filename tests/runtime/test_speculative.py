@@ -1,0 +1,174 @@
+"""Speculative decoding with the prompt-lookup draft: greedy tokens equal plain decoding's on every KV layout, in
+batches, with an image prefix reused, with EOS and stop strings inside an accepted run, and after heavy rejection."""
+
+import dataclasses
+import json
+import subprocess
+import sys
+
+import pytest
+
+from builders import random_image
+from conftest import ROOT, compile_to
+from mmtrt.runtime import load
+from mmtrt.runtime.batch import Request
+from mmtrt.runtime.sampling import SamplingParams
+
+LOOKUP = {"draft": "prompt_lookup", "k": 4, "max_ngram": 3}
+PROMPTS = ["What is in the picture?", "Describe the image in detail.", "one two three one two three one two"]
+
+
+@pytest.fixture(scope="module", params=["hf", "static", "paged"])
+def bundle(request):
+    return request.getfixturevalue("tiny_bundle" if request.param == "hf" else f"tiny_{request.param}_bundle")
+
+
+def both(pipe, image, prompts, new=24, **sampling):
+    """Each prompt's Generation without and with the draft, on the same pipeline."""
+    params = SamplingParams(**sampling) if sampling else None
+    pipe.speculative = None
+    plain = [pipe.generate(image, p, new, sampling=params) for p in prompts]
+    pipe.speculative = LOOKUP
+    return plain, [pipe.generate(image, p, new, sampling=params) for p in prompts]
+
+
+def test_greedy_tokens_equal_plain_decoding_and_drafts_are_accepted(bundle, rng):
+    pipe = load(bundle, prefix_cache_mib=0)
+    plain, spec = both(pipe, random_image(rng, 64, 64), PROMPTS)
+    assert [g.token_ids for g in spec] == [g.token_ids for g in plain]
+    assert [g.finish_reason for g in spec] == [g.finish_reason for g in plain]
+    assert sum(g.speculative["accepted"] for g in spec) > 0
+    assert all(g.speculative["accepted"] <= g.speculative["proposed"] for g in spec)
+    assert all(g.speculative is None for g in plain)
+
+
+def test_a_batch_with_different_acceptance_gives_every_request_its_solo_tokens(bundle, rng):
+    pipe = load(bundle, prefix_cache_mib=0)
+    images = [random_image(rng, 64, 64) for _ in PROMPTS]
+    solo = [pipe.generate(image, p, 20).token_ids for image, p in zip(images, PROMPTS)]
+    pipe.speculative = LOOKUP
+    batch = pipe.generate_batch([Request(image, p, 20) for image, p in zip(images, PROMPTS)])
+    assert [g.token_ids for g in batch] == solo
+    assert len({g.speculative["accepted"] for g in batch}) > 1
+
+
+class Continuation:
+    """A draft that proposes a known answer's next tokens (`shift` 0: all accepted), or tokens that differ from
+    them (`shift` > 0: every one rejected)."""
+
+    def __init__(self, answer, vocab, shift=0):
+        self.answer, self.vocab, self.shift = answer, vocab, shift
+
+    def propose(self, seq, count, _row):
+        ahead = self.answer[len(seq.tokens):len(seq.tokens) + count]
+        return [(t + self.shift) % self.vocab for t in ahead], None
+
+    def commit(self, seq, kept):
+        pass
+
+
+def all_accepted_until(eos_at, limit, k):
+    """Drafted tokens accepted when every one is right up to the EOS at index `eos_at` (the first token comes from
+    the prefill; a step proposes min(k, limit - tokens - 1) and adds the target's own token after a full run)."""
+    emitted, accepted = 1, 0
+    while emitted <= eos_at:
+        drafted = min(k, limit - emitted - 1)
+        if drafted <= 0:  # no room for a draft: a plain step
+            emitted += 1
+            continue
+        if eos_at < emitted + drafted:
+            return accepted + eos_at - emitted + 1
+        accepted, emitted = accepted + drafted, emitted + drafted + 1
+    return accepted
+
+
+def vocab(pipe):
+    return pipe.model["llm"]["vocab_size"]
+
+
+def test_a_request_after_heavy_rejection_gives_its_solo_answer(bundle, rng):
+    """Long drafts that are all rejected leave KV past the kept length; the next requests must not see it."""
+    pipe, image = load(bundle, prefix_cache_mib=0), random_image(rng, 64, 64)
+    solo = [pipe.generate(image, p, 24).token_ids for p in PROMPTS]
+    pipe.speculative = {"draft": Continuation(solo[1] + [0] * 16, vocab(pipe), shift=1), "k": 16}
+    heavy = pipe.generate(image, PROMPTS[1], 24)
+    assert heavy.token_ids == solo[1]
+    assert heavy.speculative["accepted"] == 0 and heavy.speculative["proposed"] > 16  # the first step drafts 16
+    pipe.speculative = {**LOOKUP, "k": 16}
+    assert [pipe.generate(image, p, 24).token_ids for p in PROMPTS] == solo
+    batch = pipe.generate_batch([Request(image, p, 24) for p in PROMPTS])
+    assert [g.token_ids for g in batch] == solo
+
+
+def test_later_questions_on_an_image_reuse_its_prefix_and_equal_fresh_plain_runs(tiny_static_bundle, rng):
+    pipe, fresh = load(tiny_static_bundle), load(tiny_static_bundle, prefix_cache_mib=0)
+    image = random_image(rng, 64, 64)
+    pipe.speculative = LOOKUP
+    ours = [pipe.generate(image, p, 20).token_ids for p in PROMPTS]
+    assert ours == [fresh.generate(image, p, 20).token_ids for p in PROMPTS]
+    assert pipe.prefixes.hits == len(PROMPTS) - 1
+
+
+def test_eos_inside_an_accepted_run_ends_the_answer_where_plain_decoding_does(bundle, rng):
+    """Each token of the answer in turn is made the end-of-sequence token while a draft proposes the whole
+    answer: the EOS is accepted inside a run whose later tokens must not be emitted."""
+    pipe, image = load(bundle, prefix_cache_mib=0), random_image(rng, 64, 64)
+    answer = pipe.generate(image, PROMPTS[2], 24).token_ids
+    eos = pipe.model["eos_token_ids"]
+    for token in dict.fromkeys(answer[1:]):
+        pipe.model["eos_token_ids"] = [token]
+        pipe.speculative = None
+        plain = pipe.generate(image, PROMPTS[2], 24)
+        pipe.speculative = {"draft": Continuation(answer, vocab(pipe)), "k": 8}
+        spec = pipe.generate(image, PROMPTS[2], 24)
+        assert (spec.token_ids, spec.finish_reason) == (plain.token_ids, plain.finish_reason)
+        assert spec.token_ids == answer[:answer.index(token) + 1] and spec.finish_reason == "stop"
+        assert spec.speculative["accepted"] == all_accepted_until(answer.index(token), 24, 8)
+    pipe.model["eos_token_ids"] = eos
+
+
+@pytest.mark.parametrize("draft", ["continuation", "lookup"])
+def test_stop_strings_inside_an_accepted_run_cut_the_text_where_plain_decoding_does(bundle, rng, draft):
+    pipe, image = load(bundle, prefix_cache_mib=0), random_image(rng, 64, 64)
+    plain_full = pipe.generate(image, PROMPTS[2], 24)
+    text = plain_full.text
+    stops = {text[i:i + 2] for i in range(2, len(text) - 2, 3) if text[i:i + 2].strip()}
+    assert len(stops) >= 3
+    config = {"draft": Continuation(plain_full.token_ids, vocab(pipe)), "k": 8} if draft == "continuation" else LOOKUP
+    for stop in stops:
+        params = SamplingParams(stop=(stop,))
+        pipe.speculative = None
+        plain = pipe.generate(image, PROMPTS[2], 24, sampling=params)
+        pipe.speculative = config
+        spec = pipe.generate(image, PROMPTS[2], 24, sampling=params)
+        assert (spec.text, spec.token_ids, spec.finish_reason) == (plain.text, plain.token_ids, "stop")
+        assert stop not in spec.text
+
+
+@pytest.fixture(scope="module")
+def lookup_bundle(tmp_path_factory):
+    recipe = (ROOT / "recipes" / "tiny-llava.yaml").read_text().replace(
+        "envelope:", "  - speculative: {draft: prompt_lookup, k: 4}\nenvelope:")
+    return compile_to(tmp_path_factory.mktemp("tiny-lookup"), recipe, "lookup.bundle")
+
+
+def test_the_pass_puts_the_draft_in_the_bundle_and_run_json_reports_it(lookup_bundle, tiny_bundle, rng):
+    pipe = load(lookup_bundle)
+    assert pipe.speculative == LOOKUP
+    image = ROOT / "examples" / "sample.png"
+    out = subprocess.run([sys.executable, "-m", "mmtrt.cli", "run", str(lookup_bundle), "--image", str(image),
+                          "--prompt", PROMPTS[2], "--max-new-tokens", "24", "--json"],
+                         capture_output=True, text=True, check=True, cwd=ROOT)
+    result = json.loads(out.stdout)
+    assert result["token_ids"] == load(tiny_bundle).generate(str(image), PROMPTS[2], 24).token_ids
+    assert set(result["speculative"]) == {"proposed", "accepted"} and result["speculative"]["proposed"] > 0
+
+
+def test_sampling_with_the_draft_keeps_the_seed_reproducible(tiny_bundle, rng):
+    pipe, image = load(tiny_bundle, prefix_cache_mib=0), random_image(rng, 64, 64)
+    pipe.speculative = LOOKUP
+    params = SamplingParams(temperature=0.7, top_k=20, seed=11)
+    first, again = (pipe.generate(image, PROMPTS[2], 20, sampling=params) for _ in range(2))
+    assert first.token_ids == again.token_ids and first.speculative == again.speculative
+    other = pipe.generate(image, PROMPTS[2], 20, sampling=dataclasses.replace(params, seed=12))
+    assert other.token_ids != first.token_ids
