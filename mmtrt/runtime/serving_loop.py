@@ -45,6 +45,9 @@ class Metrics:
     tokens_generated: int
     time_to_first_token_s: float | None  # mean over the requests that got a first token
     tokens_per_s: float | None  # tokens generated per second of the loop's busy time (some sequence running)
+    encoder_cache_hits: int = 0  # images whose features came from the encoder cache
+    encoder_cache_misses: int = 0  # images the vision encoder ran for (the cache on)
+    encoder_cache_bytes: int = 0
 
 
 class Handle:
@@ -127,9 +130,11 @@ class ServingLoop:
         with self._cv:
             c = self._counts
             used, total = self._usage
+            cache = self.pipe.encoder_cache
             return Metrics(len(self._queue), len(self._running), used, total, c["finished"], c["refused"],
                            c["tokens"], self._ttft_sum / c["first_tokens"] if c["first_tokens"] else None,
-                           c["tokens"] / self._busy_s if self._busy_s else None)
+                           c["tokens"] / self._busy_s if self._busy_s else None, cache.hits, cache.misses,
+                           cache.nbytes)
 
     def drain(self, timeout: float | None = None) -> bool:
         """Refuse new requests; wait until the queued and running ones have finished. False on timeout."""

@@ -40,6 +40,8 @@ def add_commands(sub, positive_int, natural_int, examples) -> None:
                    "spinning (hosts shared with other work)")
     p.add_argument("--expect-digest", metavar="SHA256", help="refuse the bundle unless its digest (`mmtrt inspect`) "
                    "is this sha256")
+    p.add_argument("--encoder-cache-mb", type=natural_int, default=256, metavar="MIB", help="image features kept by "
+                   "the image's content for later requests, least recently used evicted beyond this (0: none)")
     p.add_argument("--public-key", type=Path, metavar="PEM", help="refuse the bundle unless it carries a valid "
                    "signature (`mmtrt sign`) by this PEM public key")
     p.set_defaults(func=_serve)
@@ -83,7 +85,7 @@ def _serve(args) -> int:
     return serve(ServeOptions(args.bundle, args.host, args.port, args.max_batch, args.max_queue,
                               args.triton_http_port, args.triton_grpc_port, args.triton_metrics_port,
                               args.allow_images, args.threads, not args.no_spin, not args.no_triton,
-                              args.expect_digest, args.public_key))
+                              args.expect_digest, args.public_key, args.encoder_cache_mb))
 
 
 def _export(args) -> int:

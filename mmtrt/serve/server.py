@@ -36,6 +36,7 @@ class ServeOptions:
     triton: bool = True
     expect_digest: str | None = None
     public_key: Path | None = None
+    encoder_cache_mib: float = 256
 
 
 def model_name(bundle: Path) -> str:
@@ -76,7 +77,7 @@ def serve(options: ServeOptions) -> int:
     name, images = model_name(options.bundle), ImageSource(options.allow_images)
     sock = listening_socket(options.host, options.port)
     pipe = load(options.bundle, threads=options.threads, spin=options.spin, expect_digest=options.expect_digest,
-                public_key=options.public_key)
+                public_key=options.public_key, encoder_cache_mib=options.encoder_cache_mib)
     loop = ServingLoop(pipe, options.max_batch, options.max_queue)
     triton = None
     try:
