@@ -264,9 +264,9 @@ def load(path: str | Path, threads: int | None = None, spin: bool = True, prefix
          parse_special_tokens: bool = False, encoder_cache_mib: float = 256) -> Pipeline:
     """Load a bundle written by `mmtrt compile`. Under a kv_layout, image prefixes are kept for later questions in
     an LRU of `prefix_cache_mib` MiB (0: none); every image's features (the vision encoder's output) are kept by
-    the image's content for any later request in an LRU of `encoder_cache_mib` MiB (0: none). `expect_digest`: the bundle's identity (its manifest's sha256, which
-    `mmtrt compile` and `mmtrt inspect` print) it must have; `public_key`: a PEM public key whose signature
-    (`mmtrt sign`) it must carry. `parse_special_tokens`: special tokens typed in a prompt act as special tokens
+    the image's content for any later request in an LRU of `encoder_cache_mib` MiB (0: none). `expect_digest`:
+    the bundle's identity (its manifest's sha256, which `mmtrt compile` and `mmtrt inspect` print) it must have;
+    `public_key`: a PEM public key whose signature (`mmtrt sign`) it must carry. `parse_special_tokens`: special tokens typed in a prompt act as special tokens
     (the default keeps them text; docs/security.md)."""
     return Pipeline(path, threads, spin, prefix_cache_mib, Trust(expect_digest, public_key), parse_special_tokens,
                     encoder_cache_mib)
