@@ -21,6 +21,7 @@ from mmtrt.errors import UserError
 from mmtrt.ir.spec import TensorSpec
 from mmtrt.partition.shapes import check_shape
 from mmtrt.runtime.batch import Prepared, Request, Sequence, StaticStepper
+from mmtrt.runtime.encoder_cache import EncoderCache
 from mmtrt.runtime.executors import TRTLLM, component_runner, engine_choices, llm_engine_choice
 from mmtrt.runtime.kv import StaticCache, cache_device, cache_providers
 from mmtrt.runtime.paged import PagedCache, PagedStepper
@@ -75,7 +76,7 @@ class Pipeline(RequestInputs):
     """A loaded bundle. `generate` takes one image and one prompt, `generate_batch` a list of `Request`s."""
 
     def __init__(self, path: str | Path, threads: int | None = None, spin: bool = True, prefix_cache_mib: float = 256,
-                 trust: Trust = Trust(), parse_special_tokens: bool = False):
+                 trust: Trust = Trust(), parse_special_tokens: bool = False, encoder_cache_mib: float = 256):
         self.path = Path(path)
         self.hash = check_trust(self.path, trust)
         self.manifest = read_manifest(self.path)
@@ -109,6 +110,7 @@ class Pipeline(RequestInputs):
         self.backends["preprocess"] = "numpy" if covers(self.preprocess_spec) else "torchvision"
         self.stepper = self._static_stepper() if self.kv else None
         self.prefixes = PrefixCache(prefix_cache_mib)
+        self.encoder_cache = EncoderCache(encoder_cache_mib)
         self.decoding = threading.Lock()  # held by the one Scheduler driving the KV cache
         # token_prune's dynamic budget: the vision output is a padded block with a per-image count
         self.dynamic_tokens = self.family is not None or any(
@@ -277,10 +279,12 @@ def read_json(path: Path) -> Any:
 
 def load(path: str | Path, threads: int | None = None, spin: bool = True, prefix_cache_mib: float = 256, *,
          expect_digest: str | None = None, public_key: str | Path | None = None,
-         parse_special_tokens: bool = False) -> Pipeline:
+         parse_special_tokens: bool = False, encoder_cache_mib: float = 256) -> Pipeline:
     """Load a bundle written by `mmtrt compile`. Under a kv_layout, image prefixes are kept for later questions in
-    an LRU of `prefix_cache_mib` MiB (0: none). `expect_digest`: the bundle's identity (its manifest's sha256, which
-    `mmtrt compile` and `mmtrt inspect` print) it must have; `public_key`: a PEM public key whose signature
-    (`mmtrt sign`) it must carry. `parse_special_tokens`: special tokens typed in a prompt act as special tokens
+    an LRU of `prefix_cache_mib` MiB (0: none); every image's features (the vision encoder's output) are kept by
+    the image's content for any later request in an LRU of `encoder_cache_mib` MiB (0: none). `expect_digest`:
+    the bundle's identity (its manifest's sha256, which `mmtrt compile` and `mmtrt inspect` print) it must have;
+    `public_key`: a PEM public key whose signature (`mmtrt sign`) it must carry. `parse_special_tokens`: special tokens typed in a prompt act as special tokens
     (the default keeps them text; docs/security.md)."""
-    return Pipeline(path, threads, spin, prefix_cache_mib, Trust(expect_digest, public_key), parse_special_tokens)
+    return Pipeline(path, threads, spin, prefix_cache_mib, Trust(expect_digest, public_key), parse_special_tokens,
+                    encoder_cache_mib)

@@ -4,7 +4,6 @@ prefix's key. `Pipeline` takes these methods; they read its manifest, tokenizer,
 
 from __future__ import annotations
 
-import hashlib
 import time
 
 import numpy as np
@@ -13,6 +12,7 @@ from PIL import Image
 from mmtrt.preprocess.anyres import grid_tiles, pack
 from mmtrt.errors import UserError
 from mmtrt.runtime.batch import Prepared, Request
+from mmtrt.runtime.encoder_cache import encoder_key
 from mmtrt.runtime.image_bounds import check_image
 from mmtrt.runtime.image_file import open_image
 from mmtrt.runtime.paged import PagedStepper
@@ -131,8 +131,8 @@ class RequestInputs:
         return prep
 
     def embed_request(self, prep: Prepared, seen: dict[str, np.ndarray] | None = None) -> Prepared:
-        """Embed a checked request: the vision encoder is skipped when the image's prefix is stored, or when
-        `seen` (by pixel digest, filled here) has the same pixels' already."""
+        """Embed a checked request: the vision encoder is skipped when the image's prefix is stored, or when the
+        encoder cache or `seen` (by `encoder_key`, filled here) has the same pixels' features already."""
         t1 = time.perf_counter()
         features = self._all_features(prep, seen) if self.variable_tokens else None
         if features is not None:
@@ -174,10 +174,15 @@ class RequestInputs:
         key = pixels.tobytes()
         return key + np.asarray(size, np.int64).tobytes() if self.anyres else key
 
-    def _features(self, pixels: np.ndarray, size: tuple[int, int], seen: dict[str, np.ndarray] | None) -> np.ndarray:
-        if seen is None:
-            return self.image_features(pixels, size)
-        digest = hashlib.sha256(self._keyed(pixels, size)).hexdigest()
-        if digest not in seen:
-            seen[digest] = self.image_features(pixels, size)
-        return seen[digest]
+    def _features(self, pixels, size: tuple[int, int], seen: dict[str, np.ndarray] | None) -> np.ndarray:
+        """The image's features from `seen` (this batch's), the encoder cache (every request's), or the encoder."""
+        key = encoder_key(self.hash, pixels, size if self.anyres else None)
+        features = seen.get(key) if seen is not None else None
+        if features is None and self.encoder_cache.limit:
+            features = self.encoder_cache.get(key)
+        if features is None:
+            features = self.image_features(pixels, size)
+            self.encoder_cache.put(key, features)
+        if seen is not None:
+            seen[key] = features
+        return features

@@ -9,7 +9,8 @@ The places, per layout:
   holds forks that sequence's blocks and prefills only what follows the image;
 - static: a row of the shared buffers; a leaving row is refilled from the last one, so rows 0..n-1 run;
 - hf (no kv_layout): a grown cache per sequence, each decoded by its own LLM call in the step (any batch).
-`generate_batch`, `Pipeline.stream` and the serving loop all drive this one class.
+`admit_together` prefills several requests in one LLM call where the layout allows it (paged:
+batched_prefill.py); `generate_batch`, `Pipeline.stream` and the serving loop all drive this one class.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import numpy as np
 
 from mmtrt.errors import UserError
 from mmtrt.runtime.batch import Prepared, Sequence
+from mmtrt.runtime.batched_prefill import prefill_together
 from mmtrt.runtime.paged import PagedStepper, prefill_sharing
 from mmtrt.runtime.speculative import Speculator
 from mmtrt.runtime.streaming import Delta, TextStream
@@ -45,28 +47,48 @@ class Scheduler:
         self.active: list[Sequence] = []
         self.speculator = Speculator(pipe, pipe.speculative) if pipe.speculative else None
 
-    def fits(self, prep: Prepared) -> bool:
-        """Whether `prep` can be admitted now (a batch place, and blocks for its worst case under paged)."""
-        return len(self.active) < self.max_batch and self.places.fits(prep)
+    def fits(self, prep: Prepared, joining: tuple[Prepared, ...] = ()) -> bool:
+        """Whether `prep` can be admitted now (a batch place, and blocks for its worst case under paged) beside
+        the `joining` ones admitted with it."""
+        return len(self.active) + len(joining) < self.max_batch and self.places.fits(prep, joining)
+
+    def joins(self, prep: Prepared, joining: tuple[Prepared, ...]) -> bool:
+        """Whether `prep` may be prefilled in one call with `joining`: the layout batches prefills, and no fresh
+        one of them holds its image prefix (it then forks that one's blocks once it is admitted)."""
+        return self.places.batches and not (prep.prefix_key and prep.prefix_key in {p.prefix_key for p in joining})
 
     def admit(self, prep: Prepared) -> tuple[Sequence, Delta]:
         """Prefill `prep` and choose its first token; the sequence runs unless that token already ends it."""
+        return self.admit_together([prep])[0]
+
+    def admit_together(self, preps: list[Prepared]) -> list[tuple[Sequence, Delta]]:
+        """Prefill several requests (one LLM call where `joins` allowed them) and choose their first tokens."""
+        seqs = [self._sequence(prep) for prep in preps]
+        t0 = time.perf_counter()
+        try:
+            rows = (self.places.prefill_together(seqs) if len(seqs) > 1 else
+                    [self.places.prefill(seqs[0], len(self.active))])
+        except BaseException:
+            for seq in seqs:
+                self.places.close(seq)
+            raise
+        spent = 1e3 * (time.perf_counter() - t0)
+        events = []
+        for seq, logits in zip(seqs, rows):
+            seq.prep.timings["prefill_ms"] = spent
+            delta = self._advance(seq, logits)
+            if delta.finish_reason:
+                self.places.close(seq)
+            else:
+                self.active.append(seq)
+            events.append((seq, delta))
+        return events
+
+    def _sequence(self, prep: Prepared) -> Sequence:
         seq = Sequence(prep)
         if self.text or prep.sampling.stop:
             seq.text = TextStream(self.pipe.tokenizer, prep.sampling.stop)
-        t0 = time.perf_counter()
-        try:
-            logits = self.places.prefill(seq, len(self.active))
-        except BaseException:
-            self.places.close(seq)
-            raise
-        prep.timings["prefill_ms"] = 1e3 * (time.perf_counter() - t0)
-        delta = self._advance(seq, logits)
-        if delta.finish_reason:
-            self.places.close(seq)
-        else:
-            self.active.append(seq)
-        return seq, delta
+        return seq
 
     def step(self) -> list[tuple[Sequence, Delta]]:
         """One token for every running sequence; the finished ones leave."""
@@ -138,8 +160,9 @@ class Rows:
     def __init__(self, pipe):
         self.pipe, self.stepper = pipe, pipe.stepper
         self.batch = self.stepper.cache.rows
+        self.batches = False
 
-    def fits(self, prep: Prepared) -> bool:
+    def fits(self, prep: Prepared, joining: tuple[Prepared, ...]) -> bool:
         return True
 
     def prefill(self, seq: Sequence, row: int) -> np.ndarray:
@@ -171,15 +194,26 @@ class Blocks:
         self.pipe, self.stepper, self.cache = pipe, pipe.stepper, pipe.stepper.cache
         self.batch = self.stepper.batch_max
         self.holders: dict[str, list[int]] = {}  # running sequences holding each image prefix, by its key
+        self.batches = True
 
-    def fits(self, prep: Prepared) -> bool:
+    def fits(self, prep: Prepared, joining: tuple[Prepared, ...]) -> bool:
+        """The blocks of `prep`'s worst case fit beside the worst cases of the running and `joining` ones."""
+        need = sum(self._need(p) for p in (*joining, prep))
+        return need <= self.cache.allocator.available - sum(self.cache.promised.values())
+
+    def _need(self, prep: Prepared) -> int:
         shared = prep.prefix_len if self.holders.get(prep.prefix_key) else 0
-        return self.cache.can_open(len(prep.ids) + prep.limit, shared)
+        return self.cache.blocks_for(len(prep.ids) + prep.limit) - shared // self.cache.block_tokens
 
     def prefill(self, seq: Sequence, _row: int) -> np.ndarray:
         prep = seq.prep
         self.cache.open(prep.index, len(prep.ids) + prep.limit)
         return prefill_sharing(self.pipe, self.stepper, self.holders, prep)[0, -1]
+
+    def prefill_together(self, seqs: list[Sequence]) -> list[np.ndarray]:
+        for seq in seqs:
+            self.cache.open(seq.prep.index, len(seq.prep.ids) + seq.prep.limit)
+        return prefill_together(self.pipe, self.stepper, self.holders, [seq.prep for seq in seqs])
 
     def decode(self, active: list[Sequence]) -> np.ndarray:
         embeds = self.pipe.embed(np.array([[s.tokens[-1]] for s in active], np.int64))
@@ -209,8 +243,9 @@ class OwnCaches:
     def __init__(self, pipe):
         self.pipe = pipe
         self.batch = pipe.dims["batch"]["max"]
+        self.batches = False
 
-    def fits(self, prep: Prepared) -> bool:
+    def fits(self, prep: Prepared, joining: tuple[Prepared, ...]) -> bool:
         return True
 
     def prefill(self, seq: Sequence, _row: int) -> np.ndarray:

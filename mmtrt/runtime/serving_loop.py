@@ -2,10 +2,11 @@
 
 `submit` checks a request on the caller's thread (token limit, sampling values, prompt, images: a UserError at
 once) and queues it in a bounded queue (`QueueFull` when full, so an overloaded server refuses rather than times
-out): it holds `max_queue` requests beyond the batch places free now, since admission runs one request at a time
-between decode steps and a burst that fits the free places is no overload. Between decode steps the loop thread cancels what was cancelled, admits queued requests while the scheduler
-has places (the vision encoder runs then, the image-prefix cache shared by every request), and decodes one token
-for every running sequence. Each step's `Delta`s go to the requests' handles (iterate one) or callbacks.
+out): it holds `max_queue` requests beyond the batch places free now, since a burst that fits the free places is
+no overload. Between decode steps the loop thread cancels what was cancelled, admits queued requests while the
+scheduler has places (the vision encoder runs then, the encoder and image-prefix caches shared by every request;
+the prefills of the admitted ones in one LLM call where the KV layout allows it), and decodes one token for every
+running sequence. Each step's `Delta`s go to the requests' handles (iterate one) or callbacks.
 """
 
 from __future__ import annotations
@@ -16,13 +17,13 @@ import threading
 import time
 from collections import deque
 from dataclasses import dataclass
-from queue import SimpleQueue
-from typing import Callable, Iterator
+from typing import Callable
 
 from mmtrt.errors import UserError
-from mmtrt.runtime.batch import Prepared, Request, Sequence
+from mmtrt.runtime.batch import Request, Sequence
 from mmtrt.runtime.sampling import SamplingParams
 from mmtrt.runtime.scheduler import Scheduler
+from mmtrt.runtime.serving_handle import Handle
 from mmtrt.runtime.streaming import Delta
 
 
@@ -45,56 +46,18 @@ class Metrics:
     tokens_generated: int
     time_to_first_token_s: float | None  # mean over the requests that got a first token
     tokens_per_s: float | None  # tokens generated per second of the loop's busy time (some sequence running)
-
-
-class Handle:
-    """One submitted request. Iterate it for its `Delta`s (the last has a finish_reason; a request that failed
-    inside the loop raises its error instead), or wait for `result()`. With a callback, the callback gets every
-    Delta (an error as finish_reason "error" with its message) and iterating gets none."""
-
-    def __init__(self, loop: ServingLoop, prep: Prepared, on_delta: Callable[[Delta], None] | None):
-        self.loop, self.prep, self.on_delta = loop, prep, on_delta
-        self.id, self.prompt_tokens = prep.index, len(prep.ids)
-        self.seq = None
-        self.finish_reason: str | None = None
-        self.generation = None  # a runtime.pipeline.Generation once finished (not after an error)
-        self.error: BaseException | None = None
-        self.submitted = time.monotonic()
-        self.time_to_first_token_s: float | None = None
-        self._deltas: SimpleQueue[Delta] = SimpleQueue()
-        self._done = threading.Event()
-
-    @property
-    def done(self) -> bool:
-        return self._done.is_set()
-
-    def __iter__(self) -> Iterator[Delta]:
-        while True:
-            delta = self._deltas.get()
-            if delta.finish_reason == "error":
-                raise self.error
-            yield delta
-            if delta.finish_reason:
-                return
-
-    def cancel(self, timeout: float | None = 30) -> None:
-        """Stop the request: its KV blocks (or row) are free when this returns (on the loop's thread, at once)."""
-        self.loop._cancel(self, timeout)
-
-    def result(self, timeout: float | None = None):
-        """The finished request's Generation (finish_reason "abort" when cancelled); its error if it failed."""
-        if not self._done.wait(timeout):
-            raise TimeoutError(f"request {self.id} is still running")
-        if self.error is not None:
-            raise self.error
-        return self.generation
+    encoder_cache_hits: int = 0  # images whose features came from the encoder cache
+    encoder_cache_misses: int = 0  # images the vision encoder ran for (the cache on)
+    encoder_cache_bytes: int = 0
 
 
 class ServingLoop:
     """Continuous batching over one loaded pipeline (it holds the pipeline's KV cache until `close`)."""
 
-    def __init__(self, pipeline, max_batch: int | None = None, max_queue: int = 64):
-        self.pipe, self.max_queue = pipeline, max_queue
+    def __init__(self, pipeline, max_batch: int | None = None, max_queue: int = 64, batch_admissions: bool = True):
+        """`batch_admissions`: the requests waiting between two decode steps are prefilled in one LLM call where
+        the KV layout allows it (paged); off, each is prefilled alone."""
+        self.pipe, self.max_queue, self.batch_admissions = pipeline, max_queue, batch_admissions
         self.scheduler = Scheduler(pipeline, max_batch, text=True)
         self._cv = threading.Condition()
         self._queue: deque[Handle] = deque()
@@ -127,9 +90,11 @@ class ServingLoop:
         with self._cv:
             c = self._counts
             used, total = self._usage
+            cache = self.pipe.encoder_cache
             return Metrics(len(self._queue), len(self._running), used, total, c["finished"], c["refused"],
                            c["tokens"], self._ttft_sum / c["first_tokens"] if c["first_tokens"] else None,
-                           c["tokens"] / self._busy_s if self._busy_s else None)
+                           c["tokens"] / self._busy_s if self._busy_s else None, cache.hits, cache.misses,
+                           cache.nbytes)
 
     def drain(self, timeout: float | None = None) -> bool:
         """Refuse new requests; wait until the queued and running ones have finished. False on timeout."""
@@ -215,24 +180,43 @@ class ServingLoop:
             self._abort(handle)
 
     def _admit(self) -> None:
-        while True:
-            with self._cv:
-                if not self._queue:
-                    return
-                if not self.scheduler.fits(self._queue[0].prep):
-                    if self.scheduler.active:
-                        return  # it waits for places to free up
+        while group := self._take_admissions():
+            embedded = []
+            for handle in group:
+                try:
+                    embedded.append((handle, self.pipe.embed_request(handle.prep)))
+                except Exception as exc:  # this request's failure (its places are already free); the others run on
+                    self._fail(handle, exc)
+            if not embedded:
+                continue
+            try:
+                events = self.scheduler.admit_together([prep for _, prep in embedded])
+            except Exception as exc:  # the call's requests fail (their places are free again); the others run on
+                for handle, _ in embedded:
+                    self._fail(handle, exc)
+                continue
+            for (handle, _), (seq, delta) in zip(embedded, events):
+                handle.seq = seq
+                self._deliver(handle, delta)
+
+    def _take_admissions(self) -> list[Handle]:
+        """The queued requests admitted in one prefill call next: from the head on, while each fits beside the
+        ones before it (one at a time where the layout or `batch_admissions` does not batch them)."""
+        with self._cv:
+            group: list[Handle] = []
+            while self._queue:
+                prep, joining = self._queue[0].prep, tuple(h.prep for h in group)
+                if group and not (self.batch_admissions and self.scheduler.joins(prep, joining)):
+                    break
+                if not self.scheduler.fits(prep, joining):
+                    if group or self.scheduler.active:
+                        break  # it waits for places to free up
                     handle = self._queue.popleft()  # it would wait forever
                     self._fail(handle, UserError("the request needs more KV cache than the bundle has free"))
                     continue
-                handle = self._queue.popleft()
-                self._running[handle.id] = handle  # drain waits for it from here on
-            try:
-                handle.seq, delta = self.scheduler.admit(self.pipe.embed_request(handle.prep))
-            except Exception as exc:  # this request's failure (its places are already free); the others run on
-                self._fail(handle, exc)
-                continue
-            self._deliver(handle, delta)
+                group.append(self._queue.popleft())
+                self._running[group[-1].id] = group[-1]  # drain waits for it from here on
+            return group
 
     def _step(self) -> None:
         try:

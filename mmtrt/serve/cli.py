@@ -41,6 +41,8 @@ def add_commands(sub, positive_int, natural_int, examples) -> None:
                    "spinning (hosts shared with other work)")
     p.add_argument("--expect-digest", metavar="SHA256", help="refuse the bundle unless its digest (`mmtrt inspect`) "
                    "is this sha256")
+    p.add_argument("--encoder-cache-mb", type=natural_int, default=256, metavar="MIB", help="image features kept by "
+                   "the image's content for later requests, least recently used evicted beyond this (0: none)")
     p.add_argument("--public-key", type=Path, metavar="PEM", help="refuse the bundle unless it carries a valid "
                    "signature (`mmtrt sign`) by this PEM public key")
     p.add_argument("--parse-special-tokens", action="store_true", help="special tokens typed in the messages act as "
@@ -88,7 +90,7 @@ def _serve(args) -> int:
                               args.triton_http_port, args.triton_grpc_port, args.triton_metrics_port,
                               args.allow_images, args.threads, not args.no_spin, not args.no_triton,
                               args.expect_digest, args.public_key, limits.from_arguments(args),
-                              args.parse_special_tokens))
+                              args.parse_special_tokens, args.encoder_cache_mb))
 
 
 def _export(args) -> int:

@@ -15,6 +15,10 @@ FIGURES = (  # name, type, help, Metrics field
     ("mmtrt_requests_refused_total", "counter", "requests refused at submit (queue full, draining)",
      "requests_refused"),
     ("mmtrt_tokens_generated_total", "counter", "tokens generated", "tokens_generated"),
+    ("mmtrt_encoder_cache_hits_total", "counter", "images whose features came from the encoder cache",
+     "encoder_cache_hits"),
+    ("mmtrt_encoder_cache_misses_total", "counter", "images not found in the encoder cache", "encoder_cache_misses"),
+    ("mmtrt_encoder_cache_bytes", "gauge", "bytes of image features the encoder cache holds", "encoder_cache_bytes"),
 )
 
 

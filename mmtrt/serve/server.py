@@ -39,6 +39,7 @@ class ServeOptions:
     public_key: Path | None = None
     limits: Limits = Limits()
     parse_special_tokens: bool = False
+    encoder_cache_mib: float = 256
 
 
 def model_name(bundle: Path) -> str:
@@ -77,7 +78,8 @@ def serve(options: ServeOptions) -> int:
     name, images = model_name(options.bundle), options.limits.images(options.allow_images)
     sock = listening_socket(options.host, options.port)
     pipe = load(options.bundle, threads=options.threads, spin=options.spin, expect_digest=options.expect_digest,
-                public_key=options.public_key, parse_special_tokens=options.parse_special_tokens)
+                public_key=options.public_key, parse_special_tokens=options.parse_special_tokens,
+                encoder_cache_mib=options.encoder_cache_mib)
     loop = ServingLoop(pipe, options.max_batch, options.max_queue)
     pool = options.limits.pool()
     triton = None

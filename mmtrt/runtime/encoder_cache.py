@@ -1,0 +1,70 @@
+"""The encoder-output cache: an image's features (what the vision component gives the LLM, after its token
+pruning and projector, laid out for the image) kept by the image's content, so a repeated image skips the vision
+encoder whatever the request, prompt or chat template around it.
+
+The key is the sha256 of the bundle's digest (which covers the preprocessing spec and the vision graph), the
+preprocessed pixel tensor's dtype, shape and every byte (a Qwen2-VL image's patches with their grid), and for an
+any-resolution model the image's size (which places the tiles' padding). Neither a file name nor a prefix of the
+file enters it: two images share features only when the vision encoder would see the same input. Entries are
+evicted least recently used beyond a bound in bytes; an entry larger than the bound is not kept.
+
+Beside the prefix-KV cache (prefix.py): that one keeps the KV of the template text before the image plus the
+image's tokens, so it serves only a request with the same image *and* the same text before it; this one serves
+any request with the same image, which then still prefills its prompt.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+
+import numpy as np
+
+
+def encoder_key(bundle_digest: str, pixels, size: tuple[int, int] | None) -> str:
+    """The cache key of one image's features (`pixels`: an array, or Qwen2-VL's `Patches`)."""
+    h = hashlib.sha256(bundle_digest.encode())
+    values = getattr(pixels, "values", pixels)
+    h.update(f"{values.dtype.str}{values.shape}".encode())
+    h.update(pixels.tobytes())
+    if size is not None:
+        h.update(np.asarray(size, np.int64).tobytes())
+    return h.hexdigest()
+
+
+class EncoderCache:
+    """Image features by `encoder_key`, least recently used evicted beyond `mib` MiB (0: nothing kept)."""
+
+    def __init__(self, mib: float):
+        if mib < 0:
+            raise ValueError(f"encoder cache size {mib} MiB is negative; pass 0 to keep no image features")
+        self.limit = int(mib * 2**20)
+        self.entries: OrderedDict[str, np.ndarray] = OrderedDict()
+        self.nbytes = 0
+        self.hits = self.misses = 0
+        self._lock = threading.Lock()  # a serving loop's thread and a caller's generate may share the pipeline
+
+    def get(self, key: str) -> np.ndarray | None:
+        with self._lock:
+            entry = self.entries.get(key)
+            if entry is None:
+                self.misses += 1
+                return None
+            self.hits += 1
+            self.entries.move_to_end(key)
+            return entry
+
+    def put(self, key: str, features: np.ndarray) -> None:
+        if features.nbytes > self.limit:
+            return
+        features = features.copy()  # the caller's array may be a view of a runner's output buffer
+        features.flags.writeable = False
+        with self._lock:
+            if key in self.entries:
+                return
+            while self.nbytes + features.nbytes > self.limit:
+                _, old = self.entries.popitem(last=False)
+                self.nbytes -= old.nbytes
+            self.entries[key] = features
+            self.nbytes += features.nbytes
