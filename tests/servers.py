@@ -121,21 +121,34 @@ def solo(pipe, body: dict):
 
 def triton_stream(grpc_url: str, model: str, bodies: list[dict], timeout: float = 120) -> list[dict]:
     """Each body through Triton's gRPC streaming API (tritonclient): its tokens, text, finish_reason and error."""
+    outs = triton_raw(grpc_url, model, [json.dumps(body).encode() for body in bodies], timeout)
+    for out in outs:
+        assert not out.pop("stream_error"), out
+    return outs
+
+
+def triton_raw(grpc_url: str, model: str, payloads: list[bytes], timeout: float = 120) -> list[dict]:
+    """Each payload as the `request` input: its tokens, text, finish_reason, error, and any error Triton's stream
+    reported instead of a response ("stream_error")."""
     import tritonclient.grpc as grpcclient
 
     events: queue.Queue = queue.Queue()
     client = grpcclient.InferenceServerClient(grpc_url)
     client.start_stream(callback=lambda result, error: events.put((result, error)))
-    out = {str(i): {"token_ids": [], "text": "", "finish_reason": "", "error": ""} for i in range(len(bodies))}
-    for i, body in enumerate(bodies):
+    out = {str(i): {"token_ids": [], "text": "", "finish_reason": "", "error": "", "stream_error": ""}
+           for i in range(len(payloads))}
+    for i, payload in enumerate(payloads):
         tensor = grpcclient.InferInput("request", [1], "BYTES")
-        tensor.set_data_from_numpy(np.array([json.dumps(body).encode()], dtype=np.object_))
+        tensor.set_data_from_numpy(np.array([payload], dtype=np.object_))
         client.async_stream_infer(model, [tensor], request_id=str(i), enable_empty_final_response=True)
     finals = 0
     try:
-        while finals < len(bodies):
+        while finals < len(payloads):
             result, error = events.get(timeout=timeout)
-            assert error is None, error
+            if error is not None:  # it names no request: send one payload to know whose it is
+                out[str(finals)]["stream_error"] = str(error)
+                finals += 1
+                continue
             response = result.get_response()
             if response.parameters["triton_final_response"].bool_param:
                 finals += 1
@@ -148,4 +161,4 @@ def triton_stream(grpc_url: str, model: str, bodies: list[dict], timeout: float 
     finally:
         client.stop_stream()
         client.close()
-    return [out[str(i)] for i in range(len(bodies))]
+    return [out[str(i)] for i in range(len(payloads))]

@@ -47,7 +47,7 @@ def add_commands(sub, positive_int, natural_int, examples) -> None:
                    "signature (`mmtrt sign`) by this PEM public key")
     p.add_argument("--parse-special-tokens", action="store_true", help="special tokens typed in the messages act as "
                    "special tokens (default: they are text, so a client cannot forge a turn)")
-    limits.add_arguments(p)
+    limits.add_arguments(p, positive_int)
     p.set_defaults(func=_serve)
 
     p = sub.add_parser("export", help="write a deployable form of a bundle: `export triton BUNDLE REPO`, a Triton "

@@ -42,26 +42,22 @@ class TooLarge(UserError):
     """A request over a size limit (HTTP 413)."""
 
 
-def add_arguments(parser) -> None:
+def add_arguments(parser, positive_int) -> None:
     """The limits as `mmtrt serve` options."""
     d = Limits()
-    parser.add_argument("--max-body-bytes", type=int, default=d.max_body_bytes, metavar="N", help="the most bytes "
+    parser.add_argument("--max-body-bytes", type=positive_int, default=d.max_body_bytes, metavar="N", help="the most bytes "
                         f"a request body may hold; a larger one is refused with HTTP 413 (default {d.max_body_bytes})")
-    parser.add_argument("--max-text-chars", type=int, default=d.max_text_chars, metavar="N", help="the most "
+    parser.add_argument("--max-text-chars", type=positive_int, default=d.max_text_chars, metavar="N", help="the most "
                         f"characters of text a request's messages may hold, counted before tokenizing "
                         f"(default {d.max_text_chars})")
-    parser.add_argument("--max-image-pixels", type=int, default=d.max_image_pixels, metavar="N", help="the most "
+    parser.add_argument("--max-image-pixels", type=positive_int, default=d.max_image_pixels, metavar="N", help="the most "
                         f"pixels (width x height) an image may have, read from its header before it is decoded "
                         f"(default {d.max_image_pixels})")
-    parser.add_argument("--max-image-file-bytes", type=int, default=d.max_image_file_bytes, metavar="N",
+    parser.add_argument("--max-image-file-bytes", type=positive_int, default=d.max_image_file_bytes, metavar="N",
                         help=f"the most bytes read from an --allow-images file (default {d.max_image_file_bytes})")
-    parser.add_argument("--prepare-threads", type=int, default=d.prepare_threads, metavar="N", help="threads that "
+    parser.add_argument("--prepare-threads", type=positive_int, default=d.prepare_threads, metavar="N", help="threads that "
                         f"parse, decode and tokenize requests off the event loop (default {d.prepare_threads})")
 
 
 def from_arguments(args) -> Limits:
-    values = {name: getattr(args, name) for name in Limits.__dataclass_fields__}
-    for name, value in values.items():
-        if value < 1:
-            raise UserError(f"--{name.replace('_', '-')} {value} must be at least 1")
-    return Limits(**values)
+    return Limits(**{name: getattr(args, name) for name in Limits.__dataclass_fields__})

@@ -28,6 +28,7 @@ from mmtrt.serve.metrics import prometheus_text
 from mmtrt.serve.protocol import ChatCall, ImageSource, prepare
 
 DISCONNECT_POLL_S = 0.5
+DRAIN = 4
 
 
 def create_app(loop, pipe, model_name: str, images: ImageSource, state=lambda: "open", limits: Limits = Limits(),
@@ -81,15 +82,16 @@ def create_app(loop, pipe, model_name: str, images: ImageSource, state=lambda: "
 
 
 async def _body(request: Request, limits: Limits) -> bytes:
-    """The body, read no further than the limit (a Content-Length over it is refused before any is read)."""
-    declared = request.headers.get("content-length", "")
-    if declared.isdigit():
-        limits.check_body(int(declared))
+    """The body, kept no further than the limit. The rest of a larger one is read and dropped (up to DRAIN times the
+    limit, then the connection is dropped) so that its client reads the 413 rather than a reset connection."""
     chunks, size = [], 0
     async for chunk in request.stream():
         size += len(chunk)
-        limits.check_body(size)
-        chunks.append(chunk)
+        if size <= limits.max_body_bytes:
+            chunks.append(chunk)
+        elif size > DRAIN * limits.max_body_bytes:
+            break
+    limits.check_body(size)
     return b"".join(chunks)
 
 
