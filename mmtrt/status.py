@@ -41,9 +41,17 @@ ROWS = (
     Row("the LLM's engine: checkpoint, `trtllm-build`, runner in its own environment", "TensorRT-LLM",
         "checkpoint tested against numpy; build and runner " + NEVER_RUN,
         ("tests/backends/test_trtllm_engines.py", "mmtrt/backends/trtllm_worker.py")),
-    Row("custom plugins (TokenSelect, Int4GroupGemm)", "CUDA; TensorRT 11, TensorRT-RTX",
-        "compiled by nvcc and built into TensorRT-RTX engines, CPU twins tested; never run on a GPU",
-        ("tests/kernels", "tests/kernels/test_rtx_plugins.py", "mmtrt/kernels/csrc")),
+    Row("custom plugins (TokenSelect, TokenSelectMerge, TokenSelectScored, TokenSelectDynamic, Int4GroupGemm)",
+        "CUDA; TensorRT 11 (AOT plugins: the kernel in the engine), TensorRT-RTX (Python IPluginV3 plugins that "
+        "launch the bundle's PTX through CuPy; the engine records only their names, versions and fields)",
+        "compiled by nvcc, CPU twins tested, registered into TensorRT-RTX engines built here, TensorRT 11 "
+        "registration checked against TensorRT 11.4's validators; never run on a GPU",
+        ("tests/kernels", "tests/kernels/test_rtx_plugins.py", "tests/kernels/test_registration.py",
+         "mmtrt/kernels/csrc")),
+    Row("the GPU check (`scripts/gpu_check.sh`): the plugin kernels against their CPU twins, compute-sanitizer, "
+        "Nsight Compute against the roofline, the compile's CUDA path", "CUDA, CuPy on an H200",
+        "its dry run tested here (payload, imports, parsing); never run on a GPU",
+        ("tests/test_gpu_check.py", "scripts/gpu_check.py")),
     Row("the C++ runtime's TensorRT path", "TensorRT 11", "written, never compiled",
         ("mmtrt/runtime/cpp/src/trt_runner.cpp",)),
     Row("nightly GPU jobs and Docker images", "GitHub Actions, Docker", "linted, never run or built",
