@@ -35,6 +35,8 @@ def dry(tmp_path_factory):
     out = tmp_path_factory.mktemp("out")
     env = {**os.environ, "PYTHON": sys.executable, "OUT": str(out)}
     prepared = subprocess.run([str(SCRIPT), "prepare"], capture_output=True, text=True, env=env, timeout=900)
+    if prepared.returncode and "cannot download the wheels" in prepared.stderr:
+        pytest.skip(prepared.stderr.strip().splitlines()[-1])  # no package index reachable from here
     assert prepared.returncode == 0, prepared.stderr[-2000:]
     done = subprocess.run([str(SCRIPT), "run", "--dry"], capture_output=True, text=True, env=env, timeout=300)
     report = json.loads((out / "gpu_check_dry.json").read_text())
