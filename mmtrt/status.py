@@ -25,6 +25,9 @@ ROWS = (
     Row("`mmtrt run`, `mmtrt.runtime.load`: greedy decoding and sampling, streaming, chat messages, batches, KV "
         "layouts, prefix reuse", "ONNX Runtime, CPU",
         TESTED + ": tokens equal transformers' `generate`", ("tests/runtime/test_parity.py", "tests/runtime")),
+    Row("ONNX Runtime's CUDA provider, chosen when a CUDA GPU is visible and onnxruntime-gpu is installed; the "
+        "static KV cache in GPU memory", "ONNX Runtime, CUDA", NEVER_RUN + ": no GPU here, and the lent GPU's image "
+        "has the CPU onnxruntime only", ("mmtrt/backends/onnxruntime_backend.py", "scripts/gpu_backend_check.py")),
     Row("`mmtrt serve`: Triton and an OpenAI-compatible endpoint on one continuous-batching loop; `mmtrt export` "
         "to a Triton model repository", "Triton Inference Server (PyTriton), FastAPI; ONNX Runtime, CPU", TESTED,
         ("tests/serve",)),
@@ -33,7 +36,8 @@ ROWS = (
          "tests/nightly")),
     Row("C++ runtime (`mmtrt-run`, `libmmtrt`, C API): LLaVA 1.5-style bundles (it refuses the others)",
         "ONNX Runtime C API, CPU", TESTED + ": tokens equal the Python runtime's", ("tests/runtime/cpp",)),
-    Row("`mmtrt build-engines --target rtx`: every TensorRT segment built on any host", "TensorRT-RTX 1.7",
+    Row("`mmtrt build-engines --target rtx`: every TensorRT segment built on any host", "TensorRT-RTX 1.7: engines for GPUs of compute capability 8.0, "
+        "8.6, 8.9 and 12.0, none for Hopper (H100, H200)",
         "builds here on the CPU with the real builder, tested; no engine has run (no GPU)",
         ("tests/backends/test_rtx_build.py",)),
     Row("`mmtrt build-engines` and the engine runner", "TensorRT 11", NEVER_RUN + ": TensorRT 11 does not install here",
@@ -41,9 +45,17 @@ ROWS = (
     Row("the LLM's engine: checkpoint, `trtllm-build`, runner in its own environment", "TensorRT-LLM",
         "checkpoint tested against numpy; build and runner " + NEVER_RUN,
         ("tests/handoff/test_trtllm_engines.py", "mmtrt/handoff/trtllm_worker.py")),
-    Row("custom plugins (TokenSelect, Int4GroupGemm)", "CUDA; TensorRT 11, TensorRT-RTX",
-        "compiled by nvcc and built into TensorRT-RTX engines, CPU twins tested; never run on a GPU",
-        ("tests/kernels", "tests/kernels/test_rtx_plugins.py", "mmtrt/kernels/csrc")),
+    Row("custom plugins (TokenSelect, TokenSelectMerge, TokenSelectScored, TokenSelectDynamic, Int4GroupGemm)",
+        "CUDA; TensorRT 11 (AOT plugins: the kernel in the engine), TensorRT-RTX (Python IPluginV3 plugins that "
+        "launch the bundle's PTX through CuPy; the engine records only their names, versions and fields)",
+        "compiled by nvcc, CPU twins tested, registered into TensorRT-RTX engines built here, TensorRT 11 "
+        "registration checked against TensorRT 11.4's validators; never run on a GPU",
+        ("tests/kernels", "tests/kernels/test_rtx_plugins.py", "tests/kernels/test_registration.py",
+         "mmtrt/kernels/csrc")),
+    Row("the GPU check (`scripts/gpu_check.sh`): the plugin kernels against their CPU twins, compute-sanitizer, "
+        "Nsight Compute against the roofline, the compile's CUDA path", "CUDA, CuPy on an H200",
+        "its dry run tested here (payload, imports, parsing); never run on a GPU",
+        ("tests/test_gpu_check.py", "scripts/gpu_check.py")),
     Row("the C++ runtime's TensorRT path", "TensorRT 11", "written, never compiled",
         ("mmtrt/runtime/cpp/src/trt_runner.cpp",)),
     Row("nightly GPU jobs and Docker images", "GitHub Actions, Docker", "linted, never run or built",

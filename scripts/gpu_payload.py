@@ -57,7 +57,10 @@ def prepare() -> dict:
                "--python-version", "3.12", "--implementation", "cp", "-d", str(wheels), *missing]
         for platform in PLATFORMS:
             cmd[-len(missing):-len(missing)] = ["--platform", platform]
-        subprocess.run(cmd, check=True, timeout=600)
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+        if done.returncode:
+            sys.exit(f"gpu_payload: cannot download the wheels {', '.join(missing)} for Python 3.12: "
+                     f"{(done.stderr.strip().splitlines() or ['pip failed'])[-1]}")
     files = sorted(p for p in PAYLOAD.rglob("*") if p.is_file() and p.name != "payload.json")
     manifest = {"commit": commit(), "built_by": {"nvcc": device.folder.name, "cpu_twin": twin.parent.name},
                 "files": {str(p.relative_to(PAYLOAD)): {"bytes": p.stat().st_size,

@@ -35,6 +35,8 @@ def dry(tmp_path_factory):
     out = tmp_path_factory.mktemp("out")
     env = {**os.environ, "PYTHON": sys.executable, "OUT": str(out)}
     prepared = subprocess.run([str(SCRIPT), "prepare"], capture_output=True, text=True, env=env, timeout=900)
+    if prepared.returncode and "cannot download the wheels" in prepared.stderr:
+        pytest.skip(prepared.stderr.strip().splitlines()[-1])  # no package index reachable from here
     assert prepared.returncode == 0, prepared.stderr[-2000:]
     done = subprocess.run([str(SCRIPT), "run", "--dry"], capture_output=True, text=True, env=env, timeout=300)
     report = json.loads((out / "gpu_check_dry.json").read_text())
@@ -91,12 +93,9 @@ def test_the_steps_that_need_tensorrt_or_onnxruntime_gpu_skip_without_them(monke
         assert status == "SKIP" and "onnxruntime-gpu" in detail
 
 
-def test_the_ptx_isa_needs_an_r580_driver():
-    assert gpu_check.driver_reason("9.0", "580.159.03") is None
-    why = gpu_check.driver_reason("9.0", "575.57.08")
-    assert "R580" in why and "575.57.08" in why
-    assert "R580" in gpu_check.driver_reason("9.0", None)
-    assert "not in the table" in gpu_check.driver_reason("9.9", "600.1")
+def test_the_env_step_reads_the_ptxs_driver_need(dry):
+    env = next(s for s in dry[1]["steps"] if s["step"] == "env")
+    assert env["status"] == "PASS" and "R580 (CUDA 13.0) or newer" in env["detail"]
 
 
 NCU = '''==PROF== Connected to process 1

@@ -7,6 +7,7 @@ from pathlib import Path
 from typing import Any
 
 from mmtrt.backends.tensorrt.engines import read_index
+from mmtrt.backends.tensorrt.flavors import gpus_of
 from mmtrt.bundle.manifest import bundle_hash, read_build_report, read_manifest, verify_artifacts
 from mmtrt.runtime.host import host_backends
 
@@ -77,8 +78,12 @@ def _engines(index: dict[str, dict[str, Any]]) -> list[str]:
     """The engines built into engines/ (build-engines, or the recipe's output.engines), per segment and target."""
     if not index:
         return ["", "engines: none built (mmtrt build-engines BUNDLE --target rtx builds them on any host)"]
-    return ["", "engines:"] + [f"  {r['segment']:<10} {r.get('flavor', 'tensorrt'):<9} {r['target']:<30} {r['file']}"
-                               for r in sorted(index.values(), key=lambda r: (r["segment"], r["target"]))]
+    lines = ["", "engines:"]
+    for r in sorted(index.values(), key=lambda r: (r["segment"], r["target"])):
+        lines.append(f"  {r['segment']:<10} {r.get('flavor', 'tensorrt'):<9} {r['target']:<30} {r['file']}")
+        if r.get("compute_capability"):
+            lines.append(f"    runs on GPUs of compute capability {gpus_of(r['compute_capability'])}")
+    return lines
 
 
 PIPELINE_ORDER = ("vision", "embed", "llm")

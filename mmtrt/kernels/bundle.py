@@ -4,22 +4,20 @@ interface compiles into the engine, the cubins (sm_80 to sm_90, for CUDA-level c
 scripts/gpu_check.sh), the registration module `mmtrt build-engines` imports and the launch geometry it reads. All
 are built from the committed sources by mmtrt.kernels.build, so the same recipe gives the same bytes.
 
-The PTX carries the ISA version of the nvcc that wrote it (`.version 9.0` from CUDA 13): a driver JIT-compiles PTX
-only up to the ISA of its own CUDA version, so the entry records the ISA and the CUDA release whose driver (or a
-newer one) loads it; the cubins need no JIT. nvcc has no option to write an older ISA."""
+The PTX carries the ISA version of the nvcc that wrote it (`.version 9.0` from CUDA 13): the entry records the ISA
+and the driver that loads it (mmtrt/kernels/driver.py: R580 or newer for 9.0); the cubins need no JIT."""
 
 from __future__ import annotations
 
 import importlib.util
 import json
-import re
 import shutil
 from pathlib import Path
 from typing import Any
 
 from mmtrt.bundle.manifest import sha256_file
 from mmtrt.errors import UserError
-from mmtrt.kernels import build
+from mmtrt.kernels import build, driver
 from mmtrt.kernels.catalog import BY_NAME, NAMESPACE
 
 PLUGIN_DIR = "plugins"
@@ -40,29 +38,20 @@ def write_plugins(folder: Path, plugin_ids: list[str]) -> dict[str, dict[str, An
         files.append(f"{PLUGIN_DIR}/{src.name}")
     digests = {name: sha256_file(folder / name) for name in files}
     nvcc_version = build.tool_version(build.nvcc()).splitlines()[-1]
-    isa = ptx_isa(device.ptx.read_text())
+    isa = driver.ptx_isa(device.ptx.read_text())
     entries = {}
     for plugin_id in sorted(set(plugin_ids)):
         spec = BY_NAME[plugin_id.split("::", 1)[1]]
         entries[plugin_id] = {
             "name": spec.name, "version": spec.version, "namespace": NAMESPACE, "kernel": spec.kernel,
             "attributes": list(spec.attributes), "architectures": list(build.ARCHS), "ptx_target": build.PTX_ARCH,
-            "ptx_isa": isa, "ptx_driver": f"a driver for CUDA {cuda_release(nvcc_version)} or newer JIT-compiles the "
-                                          f"PTX (ISA {isa}); the cubins need none",
+            "ptx_isa": isa, "ptx_driver": f"an NVIDIA driver {driver.needs(isa)} JIT-compiles the PTX (ISA {isa}); "
+                                          "the cubins need none",
             "ptx": f"{PLUGIN_DIR}/{device.ptx.name}", "cubins": {a: f"{PLUGIN_DIR}/{p.name}" for a, p in device.cubins.items()},
             "registration": f"{PLUGIN_DIR}/{REGISTRATION.name}", "sha256": digests,
             "sources_sha256": build.source_digest(), "nvcc": nvcc_version, "why": spec.why,
         }
     return entries
-
-
-def ptx_isa(ptx: str) -> str:
-    return re.search(r"^\.version (\d+\.\d+)", ptx, re.M).group(1)
-
-
-def cuda_release(nvcc_version: str) -> str:
-    """'13.0' from nvcc's last version line ('Build cuda_13.0.r13.0/compiler...')."""
-    return re.search(r"cuda_(\d+\.\d+)", nvcc_version).group(1)
 
 
 def check_plugins(bundle: Path, plugins: dict[str, dict[str, Any]]) -> None:

@@ -15,11 +15,16 @@ The builds need one more thing: on every plugin node, TensorRT-RTX 1.7's parser 
 `libtensorrt_rtx.so.1`. `provide_parser_library` loads a stub library of that SONAME, linked to the wheel's
 library, before any parse, so the parser finds the library already loaded.
 
-NOT RUN: `enqueue` (no GPU here, and TensorRT-RTX runs on compute capability 8.0, 8.6, 8.9 and 12.0+ only).
+At run time `runtime_reason` says why such an engine cannot load on a host (no CuPy, a driver older than the PTX
+needs, a registration that fails), and the runtime runs its segment on ONNX Runtime with that reason instead.
+
+NOT RUN: `enqueue` (no GPU here; TensorRT-RTX engines run on compute capability 7.5, 8.0, 8.6, 8.9, 12.0 and 12.1
+only, mmtrt's are built for 8.0, 8.6, 8.9 and 12.0: never on a Hopper GPU such as the H200).
 """
 
 import ctypes
 import hashlib
+import importlib.util
 import shutil
 import subprocess
 import tempfile
@@ -29,7 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from mmtrt.errors import UserError
-from mmtrt.kernels import build, launch
+from mmtrt.kernels import build, driver, launch
 from mmtrt.kernels.catalog import BY_NAME, NAMESPACE, PluginSpec
 
 FLOAT_ATTRIBUTES = {"scale", "mass"}
@@ -83,6 +88,27 @@ def register(trt, ptx: Path | None = None, parsing: bool = True) -> list[str]:
                                 "registered in this process")
         creator.ptx = ptx
     return sorted(_CREATORS)
+
+
+def runtime_reason(bundle: Path, plugins: dict) -> str | None:
+    """None when the TensorRT-RTX engines of this bundle that call its plugins can load and run here: CuPy imports,
+    the driver loads the PTX, the creators register (no ONNX parsing, so no parser library); else why not."""
+    if importlib.util.find_spec("cupy") is None:
+        return ("their kernels launch through CuPy, which is not installed (pip install 'mmtrt[rtx-plugins]', "
+                "CuPy for CUDA 13)")
+    entry = next(iter(plugins.values()))
+    why = driver.reason(entry["ptx_isa"], driver_cuda=driver.cuda_driver_version()) if "ptx_isa" in entry else None
+    if why:
+        return why
+    try:
+        import tensorrt_rtx
+
+        from mmtrt.kernels.bundle import register_plugins
+
+        register_plugins(bundle, plugins, tensorrt_rtx, parsing=False)
+    except Exception as exc:  # an install or a registration that fails here is the reason, not the load's end
+        return f"registering them with TensorRT-RTX failed ({type(exc).__name__}: {exc})"
+    return None
 
 
 def io_types(name: str) -> set[tuple[str, ...]]:

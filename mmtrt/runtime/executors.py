@@ -46,7 +46,8 @@ def engine_choices(bundle: Path, manifest: dict[str, Any]) -> dict[str, tuple[Pa
     found = {TENSORRT.name: {e["id"]: select(bundle, e, probe_target(TENSORRT), index) for e in entries}}
     if any(r.get("flavor") == RTX.name for r in index.values()):  # importing tensorrt_rtx costs a second
         rtx = probe_target(RTX)
-        found[RTX.name] = {e["id"]: _rtx_choice(bundle, e, rtx, index) for e in entries}
+        found[RTX.name] = _plugins_runnable(bundle, manifest, entries,
+                                            {e["id"]: _rtx_choice(bundle, e, rtx, index) for e in entries})
     else:
         found[RTX.name] = {e["id"]: (None, "no TensorRT-RTX engine in this bundle (mmtrt build-engines BUNDLE "
                                            "--target rtx builds them on any host)") for e in entries}
@@ -64,6 +65,22 @@ def _rtx_choice(bundle: Path, entry: dict, target, index: dict) -> tuple[Path | 
     return select(bundle, entry, target, index)
 
 
+def _plugins_runnable(bundle: Path, manifest: dict[str, Any], entries: list[dict], choices: dict) -> dict:
+    """The choices, with each TensorRT-RTX engine that calls mmtrt's plugins given up, with the reason, where its
+    plugins cannot run here (mmtrt.kernels.rtx.runtime_reason): ONNX Runtime runs that segment."""
+    users = [e for e in entries if e.get("aot_plugins") and choices[e["id"]][0] is not None]
+    if not users:
+        return choices
+    from mmtrt.kernels.rtx import runtime_reason
+
+    why = runtime_reason(bundle, manifest["tensorrt"]["plugins"])
+    if why is None:
+        return choices
+    return {**choices, **{e["id"]: (None, f"TensorRT-RTX engine {Path(choices[e['id']][0]).name} not loaded: its "
+                                          f"plugins ({', '.join(e['aot_plugins'])}) cannot run here: {why}")
+                          for e in users}}
+
+
 def _register_rtx_plugins(bundle: Path, manifest: dict[str, Any], entries: list[dict]) -> None:
     """A TensorRT-RTX engine records mmtrt's plugins, not their kernels: their creators must be registered before
     it loads (TensorRT 11's AOT plugins carry the kernel in the engine and need nothing)."""
@@ -72,7 +89,7 @@ def _register_rtx_plugins(bundle: Path, manifest: dict[str, Any], entries: list[
 
         from mmtrt.kernels.bundle import register_plugins
 
-        register_plugins(bundle, manifest["tensorrt"]["plugins"], tensorrt_rtx)
+        register_plugins(bundle, manifest["tensorrt"]["plugins"], tensorrt_rtx, parsing=False)
 
 
 def engine_flavor(path: Path) -> str:

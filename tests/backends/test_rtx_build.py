@@ -237,3 +237,26 @@ def test_plan_names_real_files_and_says_why_a_target_is_not_resolved(tiny_bundle
     assert main(["build-engines", str(tiny_bundle), "--target", "rtx", "--plan", "--json"]) == 0
     report = json.loads(capsys.readouterr().out)
     assert report["resolved"] == "rtx1.7.1.116-sm80_86_89_120" and "trtexec" not in report["segments"][0]
+
+
+def test_the_targets_are_among_what_tensorrt_rtx_can_target():
+    from mmtrt.backends.tensorrt.flavors import RTX_COMPUTE_CAPABILITIES, RTX_SUPPORTED
+
+    members = [m[2:] for m in trt.ComputeCapability.__members__ if m.startswith("SM")]
+    assert set(RTX_SUPPORTED) == {f"{m[:-1]}.{m[-1]}" for m in members}
+    assert set(RTX_COMPUTE_CAPABILITIES) <= set(RTX_SUPPORTED) and "9.0" not in RTX_SUPPORTED
+
+
+def test_build_engines_says_when_the_hosts_gpu_is_not_a_target(tiny_bundle, tmp_path, capsys, monkeypatch):
+    """An H200 (9.0) host: the engines build, and the builder is told they will not run there."""
+    from mmtrt.backends.tensorrt import build
+
+    bundle = shutil.copytree(tiny_bundle, tmp_path / "b")
+    monkeypatch.setattr(build, "gpu_capability", lambda: "9.0")
+    assert main(["build-engines", str(bundle), "--target", "rtx", "--segment", "vision.0"]) == 0
+    out = capsys.readouterr().out
+    assert "compute capability 9.0: Hopper: H100, H200) is not among the TensorRT-RTX engines' targets" in out
+    assert "runs on GPUs of compute capability 8.0 (Ampere: A100, A30), 8.6" in describe(bundle)
+    monkeypatch.setattr(build, "gpu_capability", lambda: "8.6")
+    assert main(["build-engines", str(bundle), "--target", "rtx", "--segment", "vision.0", "--force"]) == 0
+    assert "not among" not in capsys.readouterr().out

@@ -1,6 +1,7 @@
 """A bundle compiled with fuse_plugins: it carries the plugin files with their digests, the engine plan lists the
 plugins per segment (`build-engines --plan` shows them), tampering is caught, and the bundle still runs on the CPU."""
 
+import importlib.util
 import json
 import shutil
 import subprocess
@@ -101,3 +102,36 @@ def test_bundle_with_plugin_nodes_runs_on_the_cpu(bundle):
     assert len(result.token_ids) == 3
     # no TensorRT here: the plugin nodes ran as their functions; no TensorRT-LLM either
     assert set(result.fallbacks) == {"vision.0", "llm.0", "llm (tensorrt-llm)"}
+
+
+def test_loading_rtx_plugins_builds_no_parser_library(bundle, tmp_path, monkeypatch):
+    """Only a build parses ONNX: a load registers the creators without g++ and writes nothing (a read-only
+    install), where the parser's link library would need both."""
+    trt = pytest.importorskip("tensorrt_rtx")
+    from mmtrt.kernels import rtx
+    from mmtrt.kernels.bundle import register_plugins
+
+    monkeypatch.setattr(build, "BUILD_ROOT", tmp_path / "kernels")
+    monkeypatch.setenv("PATH", str(tmp_path))  # no g++ on it
+    rtx._stub.cache_clear()
+    register_plugins(bundle, read_manifest(bundle)["tensorrt"]["plugins"], trt, parsing=False)
+    assert not (tmp_path / "kernels").exists()
+    with pytest.raises(UserError, match="install g\\+\\+"):
+        rtx.provide_parser_library(trt)
+    rtx._stub.cache_clear()
+
+
+def test_an_rtx_engine_with_plugins_falls_back_to_onnx_runtime_with_the_reason(bundle):
+    """Where CuPy is missing, a TensorRT-RTX engine that would match is given up for ONNX Runtime, saying why."""
+    if importlib.util.find_spec("cupy") is not None:
+        pytest.skip("CuPy is installed here")
+    from mmtrt.runtime.executors import _plugins_runnable
+
+    manifest = read_manifest(bundle)
+    entries = manifest["tensorrt"]["segments"]
+    matched = {e["id"]: (bundle / "engines" / f"{e['id']}-rtx.engine", "matches this host") for e in entries}
+    choices = _plugins_runnable(bundle, manifest, entries, matched)
+    users = {e["id"] for e in entries if e.get("aot_plugins")}
+    assert users and all(choices[s][0] is None and "CuPy, which is not installed" in choices[s][1] for s in users)
+    assert "not loaded: its plugins (mmtrt::" in choices[min(users)][1]
+    assert {s: c for s, c in choices.items() if s not in users} == {s: c for s, c in matched.items() if s not in users}

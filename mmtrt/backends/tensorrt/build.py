@@ -19,6 +19,7 @@ from mmtrt.backends.tensorrt.engines import (
     Target,
     engine_file,
     engine_key,
+    gpu_capability,
     probe_target,
     read_index,
     rtx_target,
@@ -26,7 +27,7 @@ from mmtrt.backends.tensorrt.engines import (
     write_bytes,
     write_index,
 )
-from mmtrt.backends.tensorrt.flavors import FLAVORS, RTX, Flavor, set_rtx_targets
+from mmtrt.backends.tensorrt.flavors import FLAVORS, RTX, Flavor, rtx_host_note, set_rtx_targets
 from mmtrt.bundle.manifest import read_manifest, sha256_file
 from mmtrt.errors import UserError
 from mmtrt.kernels.bundle import register_plugins
@@ -63,6 +64,9 @@ def build_engines(bundle: str | Path, only: list[str] | None = None, force: bool
     entries = _selected(manifest["tensorrt"]["segments"], only)
     trt = import_flavor(flavor)
     goal = build_target(trt, flavor)
+    note = rtx_host_note(gpu_capability()) if flavor is RTX else None
+    if note:
+        log(f"note: {note}")
     index = read_index(bundle)
     cache_path = bundle / timing_cache_file(goal)
     plugins_missing = _register_plugins(trt, flavor, bundle, manifest, entries)

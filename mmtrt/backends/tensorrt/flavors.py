@@ -51,8 +51,28 @@ RTX = Flavor(
 FLAVORS = {f.name: f for f in (TENSORRT, RTX)}
 
 # TensorRT-RTX's default targets when none is set (its documentation: "CPU-Only AOT and TensorRT-RTX Engines"),
-# set explicitly so the engine key names what the engine runs on.
+# set explicitly so the engine key names what the engine runs on. TensorRT-RTX 1.7 can target these and 7.5 and
+# 12.1 too (`tensorrt_rtx.ComputeCapability`: SM75, SM80, SM86, SM89, SM120, SM121), never 9.0 or 10.x: no
+# TensorRT-RTX engine runs on a Hopper (H100, H200) or data-centre Blackwell (B200) GPU.
 RTX_COMPUTE_CAPABILITIES = ("8.0", "8.6", "8.9", "12.0")
+RTX_SUPPORTED = ("7.5", "8.0", "8.6", "8.9", "12.0", "12.1")
+GPUS = {"7.5": "Turing: RTX 20, T4", "8.0": "Ampere: A100, A30", "8.6": "Ampere: RTX 30, A10, A40, RTX A6000",
+        "8.7": "Jetson Orin", "8.9": "Ada: RTX 40, L4, L40S", "9.0": "Hopper: H100, H200",
+        "10.0": "Blackwell: B200, GB200", "12.0": "Blackwell: RTX 50, RTX PRO 6000", "12.1": "Blackwell: GB10"}
+
+
+def gpus_of(capabilities: str) -> str:
+    """'8.0 (Ampere: A100, A30), 8.6 (...)' for '8.0,8.6'."""
+    return ", ".join(f"{cc} ({GPUS[cc]})" if cc in GPUS else cc for cc in capabilities.split(","))
+
+
+def rtx_host_note(capability: str | None) -> str | None:
+    """What to tell the builder of TensorRT-RTX engines whose host GPU (capability, None without one) they skip."""
+    if capability is None or capability in RTX_COMPUTE_CAPABILITIES:
+        return None
+    return (f"this host's GPU (compute capability {capability}: {GPUS.get(capability, 'unknown')}) is not among the "
+            f"TensorRT-RTX engines' targets ({', '.join(RTX_COMPUTE_CAPABILITIES)}): they will not run here; "
+            f"ONNX Runtime runs these segments on this host")
 
 
 def flavor(name: str) -> Flavor:
