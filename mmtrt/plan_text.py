@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from mmtrt.partition.needs import needs
+
 
 def describe_plan(plan, recipe_path: str, bundle: str) -> str:
     """The model, the passes with the options the recipe sets, a backend per component, the envelope and the
@@ -13,8 +15,7 @@ def describe_plan(plan, recipe_path: str, bundle: str) -> str:
     lines = [f"{recipe_path}: valid; nothing was built (--plan)",
              f"model       {_source(data['model'])}: {_facts(plan.facts)}"]
     lines += _passes(plan, data)
-    lines.append("backends    " + "; ".join(f"{name} {p['planned']}" for name, p in data["partitions"].items())
-                 + "  (the first of each recipe list that can run it)")
+    lines += _backends(data["partitions"])
     lines.append(f"envelope    {_envelope(data['envelope'])}")
     dims = data["dims_after_passes"]
     lines.append(f"shapes      {data['image_tokens_after_passes']} image tokens per image; sequences up to "
@@ -54,6 +55,12 @@ def _passes(plan, data: dict[str, Any]) -> list[str]:
 def _speculative(draft: dict[str, Any]) -> str:
     growth = "" if draft["bundle_growth_bytes"] is None else f"; the bundle grows by {draft['bundle_growth_bytes']:,} bytes"
     return f"draft {draft['draft']} ({draft['what']}), up to {draft['k']} tokens per step{growth}"
+
+
+def _backends(partitions: dict[str, Any]) -> list[str]:
+    """A line per partition: the first backend of its recipe list that can run it, and what that needs where."""
+    rows = [f"{name} {p['planned']}: {needs(p['planned'])}" for name, p in partitions.items()]
+    return ["backends    " + rows[0]] + [" " * 12 + row for row in rows[1:]]
 
 
 def _envelope(envelope: dict[str, Any]) -> str:

@@ -67,7 +67,7 @@ class PartitionPolicy(Strict):
     preprocess: list[Backend] = Field(["torchvision"], description="Backends for image preprocessing, most preferred first.")
     vision: list[Backend] = Field(["tensorrt", "onnxruntime"], description="Backends for the vision encoder and projector, most preferred first.")
     embed: list[Backend] = Field(["onnxruntime"], description="Backends for the token embedding, most preferred first.")
-    llm: list[Backend] = Field(["tensorrt-llm", "tensorrt", "onnxruntime"], description="Backends for the LLM decoder, most preferred first.")
+    llm: list[Backend] = Field(["tensorrt", "onnxruntime"], description="Backends for the LLM decoder, most preferred first. `tensorrt-llm` opts in to a TensorRT-LLM checkpoint of the LLM in the bundle and its `trtllm-build` command (TensorRT-LLM 1.2 at most: its engine flow is gone from later releases); to hand the LLM to vLLM or TensorRT-LLM's LLM API, `mmtrt export hf`.")
     min_segment_size: int = Field(5, ge=1, description="A TensorRT segment with fewer nodes (Constant nodes not counted) runs on ONNX Runtime instead: a tiny island is not worth the transfers around it.")
 
 

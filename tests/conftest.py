@@ -40,6 +40,17 @@ def tiny_bundle(tmp_path_factory):
     return compile_recipe(ROOT / "recipes" / "tiny-llava.yaml", tmp_path_factory.mktemp("tiny") / "tiny.bundle")
 
 
+# The legacy TensorRT-LLM engine flow is opt-in: a recipe lists tensorrt-llm in partition.llm.
+TRTLLM_OPT_IN = "partition: {llm: [tensorrt-llm, tensorrt, onnxruntime]}\n"
+
+
+@pytest.fixture(scope="session")
+def tiny_trtllm_bundle(tmp_path_factory):
+    """The demo recipe opting in to TensorRT-LLM's checkpoint and trtllm-build command."""
+    recipe = (ROOT / "recipes" / "tiny-llava.yaml").read_text() + TRTLLM_OPT_IN
+    return compile_to(tmp_path_factory.mktemp("tiny-trtllm"), recipe, "trtllm.bundle")
+
+
 @pytest.fixture(scope="session")
 def tiny_paged_bundle(tmp_path_factory):
     """The tiny zoo model with the paged KV layout (blocks of 16 tokens)."""

@@ -56,7 +56,7 @@ def test_plan_is_a_short_summary_and_json_on_request(tmp_path, capsys):
     assert len(lines) <= 12 and lines[0] == f"{recipe}: valid; nothing was built (--plan)", text
     for words in ("model       zoo:tiny-llava: clip_vision_model 64x64/8, 64 image tokens; llama 4 layers",
                   '2. token_prune {"keep": 16, "method": "norm"}  (on vision, lossy)',
-                  "image tokens per image: 64 -> 16", "backends    preprocess torchvision; vision tensorrt",
+                  "image tokens per image: 64 -> 16", "backends    preprocess torchvision: any host", "vision tensorrt: a CUDA GPU",
                   "sequences up to 272 tokens", f"next: mmtrt compile {recipe} -o r.bundle"):
         assert words in text, text
     assert main(["compile", str(recipe), "--plan", "--json"]) == 0

@@ -9,6 +9,7 @@ from typing import Any
 from mmtrt.backends.tensorrt.engines import read_index
 from mmtrt.backends.tensorrt.flavors import gpus_of
 from mmtrt.bundle.manifest import bundle_hash, read_build_report, read_manifest, verify_artifacts
+from mmtrt.partition.needs import host_line
 from mmtrt.runtime.host import host_backends
 
 
@@ -55,7 +56,7 @@ def describe(bundle: str | Path) -> str:
     for name, p in m["partitions"].items():
         comp = m["components"][name]
         lines.append(f"  {name:<10} planned {p['planned']:<12} {comp['artifact']}: {p['reason']}")
-        lines.append(f"  {'':<10} this host: {host[name]}")
+        lines.append(f"  {'':<10} {host_line(p['planned'], host[name])}")
     if m.get("polygraphy"):
         lines += ["", "polygraphy (run in the bundle folder; consistent inputs: a prefill, then a decode step):"]
         lines += [f"  {p['command']}" if p["data_loader"] else f"  {name}: no loader ({p['why']})"

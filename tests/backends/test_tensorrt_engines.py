@@ -90,13 +90,13 @@ class Records(logging.Handler):
 
 @pytest.mark.skipif(RUNS_ENGINES or importlib.util.find_spec("tensorrt_llm") is not None,
                     reason="this host has TensorRT or TensorRT-LLM: the fallback under test does not happen")
-def test_runtime_falls_back_once_and_reports_why(tiny_bundle, rng):
+def test_runtime_falls_back_once_and_reports_why(tiny_trtllm_bundle, rng):
     handler = Records()
     logger = logging.getLogger("mmtrt.runtime")
     logger.addHandler(handler)
     logger.setLevel(logging.DEBUG)
     try:
-        pipe = load(tiny_bundle)
+        pipe = load(tiny_trtllm_bundle)
         first = pipe.generate(random_image(rng, 40, 50), "hi", max_new_tokens=3)
         second = pipe.generate(random_image(rng, 40, 50), "ho", max_new_tokens=3)
     finally:
@@ -132,8 +132,8 @@ def test_build_plan_prints_profiles_and_commands(tiny_bundle, capsys):
     assert "profile prefill:" in text and "{" not in text
 
 
-def test_trtllm_command_takes_its_limits_from_the_shape_plan(tiny_bundle):
-    m = read_manifest(tiny_bundle)
+def test_trtllm_command_takes_its_limits_from_the_shape_plan(tiny_trtllm_bundle):
+    m = read_manifest(tiny_trtllm_bundle)
     plan, dims = m["tensorrt_llm"], m["dims"]
     tokens = m["model"]["vision"]["image_tokens"]
     assert plan["limits"] == {"max_batch_size": dims["batch"]["max"], "max_input_len": dims["seq"]["max"],

@@ -33,8 +33,8 @@ HAS_TRTLLM = importlib.util.find_spec("tensorrt_llm") is not None
 RUNS_TRTLLM = isinstance(probe_llm_target(), LlmTarget)
 
 
-def test_the_key_changes_with_everything_an_engine_depends_on(tiny_bundle):
-    m = read_manifest(tiny_bundle)
+def test_the_key_changes_with_everything_an_engine_depends_on(tiny_trtllm_bundle):
+    m = read_manifest(tiny_trtllm_bundle)
     key = llm_engine_key(m, H100)
     other_weights = {**m, "artifacts": {**m["artifacts"], "trtllm/checkpoint/rank0.safetensors": "0" * 64}}
     plan = m["tensorrt_llm"]
@@ -46,13 +46,13 @@ def test_the_key_changes_with_everything_an_engine_depends_on(tiny_bundle):
     assert key.startswith("llm-") and key.endswith("-sm90-trtllm0.20.0")
 
 
-def test_the_command_on_this_host_is_the_planned_one_with_real_paths(tiny_bundle, tmp_path):
-    plan = read_manifest(tiny_bundle)["tensorrt_llm"]
-    words = build_command(tiny_bundle, plan, tmp_path / "out", H100)
+def test_the_command_on_this_host_is_the_planned_one_with_real_paths(tiny_trtllm_bundle, tmp_path):
+    plan = read_manifest(tiny_trtllm_bundle)["tensorrt_llm"]
+    words = build_command(tiny_trtllm_bundle, plan, tmp_path / "out", H100)
     assert not any("BUNDLE" in w for w in words)
-    assert words[words.index("--checkpoint_dir") + 1] == str(tiny_bundle / "trtllm" / "checkpoint")
+    assert words[words.index("--checkpoint_dir") + 1] == str(tiny_trtllm_bundle / "trtllm" / "checkpoint")
     assert words[words.index("--output_dir") + 1] == str(tmp_path / "out")
-    cache = str(tiny_bundle / "engines" / "timing-sm90-trtllm0.20.0.trtllm.cache")
+    cache = str(tiny_trtllm_bundle / "engines" / "timing-sm90-trtllm0.20.0.trtllm.cache")
     assert words[words.index("--input_timing_cache") + 1] == words[words.index("--output_timing_cache") + 1] == cache
     for name, value in plan["build_options"].items():
         assert words[words.index(f"--{name}") + 1] == str(value)
@@ -70,8 +70,8 @@ def fake_engine(bundle, target):
     return bundle / rel
 
 
-def test_selection_matches_the_host_or_says_why_not(tiny_bundle, tmp_path):
-    bundle = shutil.copytree(tiny_bundle, tmp_path / "b")
+def test_selection_matches_the_host_or_says_why_not(tiny_trtllm_bundle, tmp_path):
+    bundle = shutil.copytree(tiny_trtllm_bundle, tmp_path / "b")
     m = read_manifest(bundle)
     absent = "tensorrt_llm is not importable on this host (ModuleNotFoundError: x)"
     assert select_llm_engine(bundle, m, absent, {}) == (None, absent)
@@ -88,36 +88,36 @@ def test_selection_matches_the_host_or_says_why_not(tiny_bundle, tmp_path):
     assert path is None and "missing or modified" in why
 
 
-def test_a_bundle_without_checkpoint_gives_its_reason_before_any_probe(tiny_bundle):
-    m = read_manifest(tiny_bundle)
+def test_a_bundle_without_checkpoint_gives_its_reason_before_any_probe(tiny_trtllm_bundle):
+    m = read_manifest(tiny_trtllm_bundle)
     missing = {**m, "tensorrt_llm": {**m["tensorrt_llm"], "checkpoint": None, "checkpoint_missing": "why not"}}
-    assert select_llm_engine(tiny_bundle, missing, H100, {}) == (None, "why not")
-    assert llm_engine_choice(tiny_bundle, missing) == (None, "why not")
-    assert llm_engine_choice(tiny_bundle, {**m, "tensorrt_llm": None}) == (None, None)
+    assert select_llm_engine(tiny_trtllm_bundle, missing, H100, {}) == (None, "why not")
+    assert llm_engine_choice(tiny_trtllm_bundle, missing) == (None, "why not")
+    assert llm_engine_choice(tiny_trtllm_bundle, {**m, "tensorrt_llm": None}) == (None, None)
 
 
 @pytest.mark.skipif(HAS_TRTLLM, reason="tensorrt_llm is installed here: the skip under test does not happen")
-def test_build_is_skipped_with_the_reason_where_tensorrt_llm_is_absent(tiny_bundle, capsys):
+def test_build_is_skipped_with_the_reason_where_tensorrt_llm_is_absent(tiny_trtllm_bundle, capsys):
     lines = []
-    record = build_llm_engine(tiny_bundle, log=lines.append)
+    record = build_llm_engine(tiny_trtllm_bundle, log=lines.append)
     assert record["status"] == "skipped" and record["reason"].startswith("tensorrt_llm is not importable")
     assert lines == [f"{SEGMENT}: skipped, {record['reason']}"]
-    assert not (tiny_bundle / "engines").exists() or not any((tiny_bundle / "engines").glob("trtllm-*"))
-    assert main(["build-engines", str(tiny_bundle), "--plan", "--json"]) == 0
+    assert not (tiny_trtllm_bundle / "engines").exists() or not any((tiny_trtllm_bundle / "engines").glob("trtllm-*"))
+    assert main(["build-engines", str(tiny_trtllm_bundle), "--plan", "--json"]) == 0
     shown = json.loads(capsys.readouterr().out)["tensorrt_llm"]
-    assert shown["command"] == read_manifest(tiny_bundle)["tensorrt_llm"]["command"]
+    assert shown["command"] == read_manifest(tiny_trtllm_bundle)["tensorrt_llm"]["command"]
     assert shown["skipped"] == record["reason"]
 
 
-def test_prompt_table_gives_the_llm_the_onnx_paths_embeddings_row_by_row(tiny_bundle, rng):
+def test_prompt_table_gives_the_llm_the_onnx_paths_embeddings_row_by_row(tiny_trtllm_bundle, rng):
     """What TensorRT-LLM's prompt-tuning embedding computes (id < vocab_size: the vocabulary's row, else row
     id - vocab_size of the request's table), from the checkpoint's vocabulary, equals the ONNX path's
     inputs_embeds: image rows exactly, text rows as the float16 checkpoint stores them."""
-    pipe = load(tiny_bundle)
+    pipe = load(tiny_trtllm_bundle)
     ids = pipe.prompt_ids("what is in the picture?")
     features = pipe.image_features(pipe.pixel_values(random_image(rng, 40, 50)))
     onnx_rows = pipe.embed(np.array([ids], np.int64), features)[0]
-    folder = tiny_bundle / "trtllm" / "checkpoint"
+    folder = tiny_trtllm_bundle / "trtllm" / "checkpoint"
     vocab = json.loads((folder / "config.json").read_text())["vocab_size"]
     table_of_vocab = read_safetensors(folder / "rank0.safetensors")[0]["transformer.vocab_embedding.weight"]
     virtual, table = prompt_table(ids, features, pipe.model["image_token_id"], vocab)
@@ -137,8 +137,8 @@ def test_prompt_table_refuses_a_count_mismatch():
 
 
 @pytest.mark.skipif(not RUNS_TRTLLM, reason="needs tensorrt_llm and a CUDA GPU (scripts/gpu_check.sh runs it there)")
-def test_engine_generates_what_onnx_runtime_generates(tiny_bundle, tmp_path, rng):
-    bundle = shutil.copytree(tiny_bundle, tmp_path / "b")
+def test_engine_generates_what_onnx_runtime_generates(tiny_trtllm_bundle, tmp_path, rng):
+    bundle = shutil.copytree(tiny_trtllm_bundle, tmp_path / "b")
     image = random_image(rng, 40, 50)
     reference = load(bundle).generate(image, "hi", max_new_tokens=6)
     assert build_llm_engine(bundle, log=lambda line: None)["status"] == "built"

@@ -33,12 +33,12 @@ def llm_feeds(bundle, embeds):
     return feeds
 
 
-def test_float_checkpoint_reproduces_onnx_logits(tiny_bundle, rng):
-    manifest = json.loads((tiny_bundle / "manifest.json").read_text())
+def test_float_checkpoint_reproduces_onnx_logits(tiny_trtllm_bundle, rng):
+    manifest = json.loads((tiny_trtllm_bundle / "manifest.json").read_text())
     plan = manifest["tensorrt_llm"]
     assert plan["checkpoint"] == "trtllm/checkpoint" and plan["checkpoint_missing"] is None
     assert {"trtllm/checkpoint/config.json", "trtllm/checkpoint/rank0.safetensors"} <= set(manifest["artifacts"])
-    folder = tiny_bundle / "trtllm" / "checkpoint"
+    folder = tiny_trtllm_bundle / "trtllm" / "checkpoint"
     config = json.loads((folder / "config.json").read_text())
     llm = manifest["model"]["llm"]
     assert config["dtype"] == "float16"  # no cast_precision in this recipe: TensorRT-LLM's 16-bit default
@@ -48,10 +48,10 @@ def test_float_checkpoint_reproduces_onnx_logits(tiny_bundle, rng):
     assert set(dtypes.values()) == {"F16"}
 
     ids = rng.integers(0, config["vocab_size"], size=11)
-    embed = ort.InferenceSession(float16_weights(tiny_bundle / "embed.onnx"), providers=["CPUExecutionProvider"])
+    embed = ort.InferenceSession(float16_weights(tiny_trtllm_bundle / "embed.onnx"), providers=["CPUExecutionProvider"])
     embeds = embed.run(None, {"input_ids": ids[None]})[0]
-    session = ort.InferenceSession(float16_weights(tiny_bundle / "llm.onnx"), providers=["CPUExecutionProvider"])
-    onnx_logits = session.run(["logits"], llm_feeds(tiny_bundle, embeds))[0][0]
+    session = ort.InferenceSession(float16_weights(tiny_trtllm_bundle / "llm.onnx"), providers=["CPUExecutionProvider"])
+    onnx_logits = session.run(["logits"], llm_feeds(tiny_trtllm_bundle, embeds))[0][0]
     np.testing.assert_allclose(numpy_llama(folder, ids), onnx_logits, rtol=1e-4, atol=1e-4 * np.abs(onnx_logits).max())
 
 

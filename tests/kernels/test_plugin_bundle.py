@@ -100,8 +100,8 @@ def test_plugin_files_are_rebuilt_byte_for_byte(bundle, tmp_path):
 def test_bundle_with_plugin_nodes_runs_on_the_cpu(bundle):
     result = load(bundle, threads=1).generate(random_image(np.random.default_rng(), 40, 56), "What is it?", max_new_tokens=3)
     assert len(result.token_ids) == 3
-    # no TensorRT here: the plugin nodes ran as their functions; no TensorRT-LLM either
-    assert set(result.fallbacks) == {"vision.0", "llm.0", "llm (tensorrt-llm)"}
+    # no TensorRT here: the plugin nodes ran as their functions (the recipe does not opt in to TensorRT-LLM)
+    assert set(result.fallbacks) == {"vision.0", "llm.0"}
 
 
 def test_loading_rtx_plugins_builds_no_parser_library(bundle, tmp_path, monkeypatch):

@@ -13,7 +13,7 @@ COMPONENTS = ["preprocess", "vision", "embed", "llm"]
 
 def test_the_plan_is_the_first_capable_backend():
     parts = assign_backends(PartitionPolicy(), COMPONENTS)
-    assert parts["vision"]["planned"] == "tensorrt" and parts["llm"]["planned"] == "tensorrt-llm"
+    assert parts["vision"]["planned"] == "tensorrt" and parts["llm"]["planned"] == "tensorrt"
     assert parts["preprocess"]["reason"] == "first backend listed"
     assert all("host" not in p["reason"] and "importable" not in p["reason"] for p in parts.values())
 

@@ -20,7 +20,7 @@ import transformers
 from builders import (assert_same_up_to_near_ties, checkpoint_linear, declared_shapes, fake_quantized,
                       graph_logits_as_checkpoint, numpy_llama_logits, random_image, read_checkpoint, read_safetensors,
                       w4a16_shapes)
-from conftest import compile_to
+from conftest import TRTLLM_OPT_IN, compile_to
 from mmtrt.handoff.trtllm_worker import engine_mrope
 from mmtrt.preprocess.anyres import grid_tiles
 from mmtrt.compiler import make_plan
@@ -94,7 +94,7 @@ def test_channel_prune_on_the_vision_mlp_equals_pytorch_with_those_channels_remo
 
 def test_awq_int4_on_a_biased_qwen2_llm_equals_its_dequantized_pytorch_twin(anyres_compile, sources, rng):
     recipe = f"passes:\n  - awq_int4: {{group_size: 64, lowering: matmulnbits, accuracy_level: 0, {CALIBRATION}}}\n"
-    bundle = anyres_compile("llava_onevision", recipe, "onevision-awq.bundle")
+    bundle = anyres_compile("llava_onevision", recipe + TRTLLM_OPT_IN, "onevision-awq.bundle")
     checkpoint = report(bundle, "awq_int4")["changes"]["trtllm_checkpoint"]
     assert checkpoint["written"] is True and checkpoint["files"] == ["trtllm/checkpoint/config.json",
                                                                      "trtllm/checkpoint/rank0.safetensors"]
@@ -154,14 +154,14 @@ def test_max_tiles_on_a_fixed_size_model_is_refused_at_plan_time(tmp_path):
         make_plan(tmp_path / "recipe.yaml")
 
 
-TRTLLM_AWQ = f"passes:\n  - awq_int4: {{group_size: 64, {CALIBRATION}}}\n"
+TRTLLM_AWQ = f"passes:\n  - awq_int4: {{group_size: 64, {CALIBRATION}}}\n" + TRTLLM_OPT_IN
 
 
 @pytest.fixture(scope="module", params=["float", "awq"])
 def onevision_trtllm(request, anyres_compile):
-    """(float or awq, a LLaVA-OneVision bundle with its TensorRT-LLM checkpoint): float (the default recipe) or
-    W4A16_AWQ."""
-    recipe = "" if request.param == "float" else TRTLLM_AWQ
+    """(float or awq, a LLaVA-OneVision bundle with its TensorRT-LLM checkpoint): float (a recipe that only opts
+    in) or W4A16_AWQ."""
+    recipe = TRTLLM_OPT_IN if request.param == "float" else TRTLLM_AWQ
     return request.param, anyres_compile("llava_onevision", recipe, f"onevision-trtllm-{request.param}.bundle")
 
 
@@ -227,7 +227,7 @@ def test_a_qwen2_llm_with_scaled_rope_gets_no_checkpoint_and_the_plan_says_why(a
     config = json.loads((tmp_path / "checkpoint" / "config.json").read_text())
     config["text_config"]["rope_parameters"].update({"rope_type": "linear", "factor": 2.0})
     (tmp_path / "checkpoint" / "config.json").write_text(json.dumps(config))
-    bundle = compile_to(tmp_path, "model: {source: hf, path: checkpoint}\n")
+    bundle = compile_to(tmp_path, "model: {source: hf, path: checkpoint}\n" + TRTLLM_OPT_IN)
     trtllm = json.loads((bundle / "manifest.json").read_text())["tensorrt_llm"]
     assert trtllm["checkpoint"] is None and not (bundle / "trtllm").exists()
     assert "rotary frequencies are scaled" in trtllm["checkpoint_missing"]

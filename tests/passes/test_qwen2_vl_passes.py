@@ -21,7 +21,7 @@ import torch
 
 from builders import (checkpoint_linear, declared_shapes, dequantized_linears, fake_quantized,
                       graph_logits_as_checkpoint, numpy_llama_logits, read_checkpoint, read_safetensors, w4a16_shapes)
-from conftest import QWEN_FAMILIES
+from conftest import QWEN_FAMILIES, TRTLLM_OPT_IN
 from mmtrt.handoff.trtllm_worker import engine_mrope
 from mmtrt.compiler import make_plan
 from mmtrt.errors import UserError
@@ -73,8 +73,8 @@ def test_awq_int4_llm_equals_its_dequantized_twin_under_mrope_positions(awq, rng
     model, bundle = awq
     changes = report(bundle, "awq_int4")["changes"]
     assert changes["llm"]["linears_quantized"] == LLM_LINEARS and changes["llm"]["groups_below_rtn"] > 0
-    assert changes["trtllm_checkpoint"]["written"] is False  # group 32: TensorRT-LLM's INT4 kernels take 64 or 128
-    assert "group_size 64 or 128" in changes["trtllm_checkpoint"]["reason"]
+    assert changes["trtllm_checkpoint"] == {"written": False,  # a plain recipe asks for no TensorRT-LLM artifact
+                                            "reason": "not requested (partition.llm does not list tensorrt-llm)"}
     twin = fake_quantized(model, onnx.load(bundle / "llm.onnx"), LLM_LINEARS)
     pipe = load(bundle)
     ids = [5, 6] + [model.config.image_token_id] * 6 + [7, 8, 9]  # a 4 x 6 patch grid
@@ -145,17 +145,17 @@ def test_what_awq_int4_cannot_give_is_refused_at_plan_time(qwen_checkpoints, tmp
     assert "\n" not in str(info.value)
 
 
-TRTLLM_AWQ = "passes:\n  - awq_int4: {group_size: 64, calibration: {samples: 2, text_windows: 1}}\n"
+TRTLLM_AWQ = "passes:\n  - awq_int4: {group_size: 64, calibration: {samples: 2, text_windows: 1}}\n" + TRTLLM_OPT_IN
 
 
 @pytest.fixture(scope="module", params=[(f, w) for f in QWEN_FAMILIES for w in ("float", "awq")],
                 ids=lambda p: "-".join(p))
-def trtllm(request, qwen_compile, qwen_bundle):
-    """((family, float or awq), the bundle) with its TensorRT-LLM checkpoint: float (the default recipe) or
+def trtllm(request, qwen_compile):
+    """((family, float or awq), the bundle) with its TensorRT-LLM checkpoint: float (a recipe that only opts in) or
     W4A16_AWQ."""
     family, which = request.param
     if which == "float":
-        return request.param, qwen_bundle(family)
+        return request.param, qwen_compile(family, TRTLLM_OPT_IN, f"{family}-trtllm.bundle")
     return request.param, qwen_compile(family, TRTLLM_AWQ, f"{family}-trtllm-awq.bundle")
 
 

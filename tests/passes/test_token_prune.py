@@ -270,7 +270,6 @@ def test_shape_planning_and_runtime_follow_the_kept_count(tmp_path, rng, capsys)
     assert manifest["dims"] == plan["dims_after_passes"]
     assert manifest["dims"]["total"]["max"] == 256 + 16 + 32
     assert manifest["profiles"]["llm"]["inputs_embeds"]["max"] == [4, 272, 128]
-    assert manifest["tensorrt_llm"]["limits"]["max_multimodal_len"] == 4 * 16
     ids = pipe.prompt_ids("What is this?")
     assert ids.count(pipe.model["image_token_id"]) == 16
     result = pipe.generate(random_image(rng, 50, 70), "What is this?", max_new_tokens=3)
