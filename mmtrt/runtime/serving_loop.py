@@ -93,9 +93,10 @@ class Handle:
 class ServingLoop:
     """Continuous batching over one loaded pipeline (it holds the pipeline's KV cache until `close`)."""
 
-    def __init__(self, pipeline, max_batch: int | None = None, max_queue: int = 64):
+    def __init__(self, pipeline, max_batch: int | None = None, max_queue: int = 64, scheduler=None):
+        """`scheduler`: one with Scheduler's interface that runs the LLM elsewhere (mmtrt.handoff's vLLM)."""
         self.pipe, self.max_queue = pipeline, max_queue
-        self.scheduler = Scheduler(pipeline, max_batch, text=True)
+        self.scheduler = scheduler or Scheduler(pipeline, max_batch, text=True)
         self._cv = threading.Condition()
         self._queue: deque[Handle] = deque()
         self._cancelled: list[Handle] = []
