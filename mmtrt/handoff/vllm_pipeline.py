@@ -30,7 +30,8 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 class VllmPipeline(Pipeline):
     def __init__(self, bundle: str | Path, folder: str | Path, dtype: str = "float32", max_batch: int | None = None,
-                 python: str | None = None, threads: int | None = None, spin: bool = True, trust: Trust = Trust()):
+                 python: str | None = None, threads: int | None = None, spin: bool = True, trust: Trust = Trust(),
+                 engine: VllmProcess | None = None):
         super().__init__(bundle, threads, spin, 0, trust)
         family = self.model["architecture"]
         if family not in FAMILIES:
@@ -41,8 +42,9 @@ class VllmPipeline(Pipeline):
         if not (Path(folder) / "config.json").is_file():
             raise UserError(f"{folder} holds no config.json; pass the folder `mmtrt export hf {bundle} FOLDER` wrote")
         self.folder, self.max_batch = Path(folder), max_batch or self.dims["batch"]["max"]
-        self.engine = VllmProcess(self.folder, self.model["image_token_id"], dtype, self.dims["total"]["max"],
-                                  self.max_batch, self.kv_cache_bytes(), python)
+        self.owns_engine = engine is None
+        self.engine = engine or VllmProcess(self.folder, self.model["image_token_id"], dtype,
+                                            self.dims["total"]["max"], self.max_batch, self.kv_cache_bytes(), python)
         self.backends["llm"] = f"vllm {self.engine.version} ({dtype}, {self.folder})"
 
     def kv_cache_bytes(self) -> int:
@@ -122,7 +124,8 @@ class VllmPipeline(Pipeline):
         return result
 
     def close(self) -> None:
-        self.engine.close()
+        if self.owns_engine:
+            self.engine.close()
 
     def __enter__(self) -> VllmPipeline:
         return self
@@ -133,10 +136,13 @@ class VllmPipeline(Pipeline):
 
 def load(bundle: str | Path, folder: str | Path, dtype: str = "float32", max_batch: int | None = None, *,
          python: str | None = None, threads: int | None = None, spin: bool = True,
-         expect_digest: str | None = None, public_key: str | Path | None = None) -> VllmPipeline:
+         expect_digest: str | None = None, public_key: str | Path | None = None,
+         engine: VllmProcess | None = None) -> VllmPipeline:
     """The bundle's vision side and vLLM on `folder` (its `mmtrt export hf`); `python`: vLLM's interpreter
-    (default MMTRT_VLLM_PYTHON, else the managed environment). Close it (or use `with`) to stop vLLM."""
-    return VllmPipeline(bundle, folder, dtype, max_batch, python, threads, spin, Trust(expect_digest, public_key))
+    (default MMTRT_VLLM_PYTHON, else the managed environment); `engine`: another pipeline's vLLM on the same
+    folder, shared (bundles that differ only on the vision side). Close it (or use `with`) to stop its own vLLM."""
+    return VllmPipeline(bundle, folder, dtype, max_batch, python, threads, spin, Trust(expect_digest, public_key),
+                        engine)
 
 
 def serving_loop(pipe: VllmPipeline, max_batch: int | None = None, max_queue: int = 64):

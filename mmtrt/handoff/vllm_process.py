@@ -3,6 +3,7 @@ and routing the worker's per-step messages to each request's callback (from a re
 
 from __future__ import annotations
 
+import itertools
 import subprocess
 import threading
 from pathlib import Path
@@ -26,6 +27,7 @@ class VllmProcess:
         self.process = subprocess.Popen([self.python, str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.callbacks: dict[str, Callable[[dict], None]] = {}
         self.lock = threading.Lock()
+        self.ids = itertools.count()
         try:
             greeting = self._read()
             if not greeting["ok"]:
@@ -44,6 +46,10 @@ class VllmProcess:
         self.version = loaded["vllm"]
         self.reader = threading.Thread(target=self._route, name="mmtrt-vllm-reader", daemon=True)
         self.reader.start()
+
+    def new_id(self) -> str:
+        """A request id unique in this worker (pipelines sharing it number their requests alike)."""
+        return str(next(self.ids))
 
     def _read(self) -> dict:
         try:

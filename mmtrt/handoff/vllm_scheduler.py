@@ -29,6 +29,7 @@ class VllmScheduler:
         self.by_id: dict[str, Sequence] = {}
         self.messages: queue.SimpleQueue = queue.SimpleQueue()
         self.started: dict[str, float] = {}
+        self.rids: dict[Sequence, str] = {}
 
     def fits(self, prep: Prepared) -> bool:
         return len(self.active) < self.max_batch
@@ -37,8 +38,8 @@ class VllmScheduler:
         """Hand the request to vLLM; its tokens come in later steps, so the delta it returns is empty."""
         seq = Sequence(prep)
         seq.text = TextStream(self.pipe.tokenizer, prep.sampling.stop)
-        rid = str(prep.index)
-        self.by_id[rid], self.started[rid] = seq, time.perf_counter()
+        rid = self.pipe.engine.new_id()
+        self.rids[seq], self.by_id[rid], self.started[rid] = rid, seq, time.perf_counter()
         s = prep.sampling
         sampling = {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k, "seed": s.seed,
                     "repetition_penalty": s.repetition_penalty}
@@ -94,16 +95,16 @@ class VllmScheduler:
 
     def release(self, seq: Sequence) -> None:
         """Take a running sequence out; vLLM frees its KV blocks (cancelled unless it finished)."""
-        rid = str(seq.prep.index)
         if seq.finish_reason is None or seq.text.stopped:
-            self.pipe.engine.cancel(rid)
+            self.pipe.engine.cancel(self.rids[seq])
         self._forget(seq)
 
     def _forget(self, seq: Sequence) -> None:
         if seq in self.active:
             self.active.remove(seq)
-        self.by_id.pop(str(seq.prep.index), None)
-        self.started.pop(str(seq.prep.index), None)
+        rid = self.rids.pop(seq, None)
+        self.by_id.pop(rid, None)
+        self.started.pop(rid, None)
 
     def close(self) -> None:
         for seq in list(self.active):

@@ -42,6 +42,13 @@ def add_commands(sub, positive_int, natural_int, examples) -> None:
                    "is this sha256")
     p.add_argument("--public-key", type=Path, metavar="PEM", help="refuse the bundle unless it carries a valid "
                    "signature (`mmtrt sign`) by this PEM public key")
+    p.add_argument("--llm", choices=["bundle", "vllm"], default="bundle", help="what runs the LLM: the bundle's "
+                   "own (default), or vLLM on the bundle's Hugging Face export, fed with the bundle's image features "
+                   "(vLLM's environment: python -m mmtrt.handoff.vllm_env, or MMTRT_VLLM_PYTHON)")
+    p.add_argument("--llm-folder", type=Path, metavar="DIR", help="with --llm vllm: the folder `mmtrt export hf` "
+                   "wrote for this bundle (default: the bundle exported once into the cache folder)")
+    p.add_argument("--vllm-dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+                   help="with --llm vllm: the dtype vLLM runs the LLM in")
     p.set_defaults(func=_serve)
 
     p = sub.add_parser("export", help="write a deployable form of a bundle: `export triton BUNDLE REPO`, a Triton "
@@ -83,7 +90,7 @@ def _serve(args) -> int:
     return serve(ServeOptions(args.bundle, args.host, args.port, args.max_batch, args.max_queue,
                               args.triton_http_port, args.triton_grpc_port, args.triton_metrics_port,
                               args.allow_images, args.threads, not args.no_spin, not args.no_triton,
-                              args.expect_digest, args.public_key))
+                              args.expect_digest, args.public_key, args.llm, args.llm_folder, args.vllm_dtype))
 
 
 def _export(args) -> int:
