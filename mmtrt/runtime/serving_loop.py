@@ -54,11 +54,13 @@ class Metrics:
 class ServingLoop:
     """Continuous batching over one loaded pipeline (it holds the pipeline's KV cache until `close`)."""
 
-    def __init__(self, pipeline, max_batch: int | None = None, max_queue: int = 64, batch_admissions: bool = True):
+    def __init__(self, pipeline, max_batch: int | None = None, max_queue: int = 64, batch_admissions: bool = True,
+                 scheduler=None):
         """`batch_admissions`: the requests waiting between two decode steps are prefilled in one LLM call where
-        the KV layout allows it (paged); off, each is prefilled alone."""
+        the KV layout allows it (paged); off, each is prefilled alone. `scheduler`: one with Scheduler's interface
+        that runs the LLM elsewhere (mmtrt.handoff's vLLM)."""
         self.pipe, self.max_queue, self.batch_admissions = pipeline, max_queue, batch_admissions
-        self.scheduler = Scheduler(pipeline, max_batch, text=True)
+        self.scheduler = scheduler or Scheduler(pipeline, max_batch, text=True)
         self._cv = threading.Condition()
         self._queue: deque[Handle] = deque()
         self._cancelled: list[Handle] = []

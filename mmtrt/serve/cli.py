@@ -48,6 +48,13 @@ def add_commands(sub, positive_int, natural_int, examples) -> None:
     p.add_argument("--parse-special-tokens", action="store_true", help="special tokens typed in the messages act as "
                    "special tokens (default: they are text, so a client cannot forge a turn)")
     limits.add_arguments(p, positive_int)
+    p.add_argument("--llm", choices=["bundle", "vllm"], default="bundle", help="what runs the LLM: the bundle's "
+                   "own (default), or vLLM on the bundle's Hugging Face export, fed with the bundle's image features "
+                   "(vLLM's environment: python -m mmtrt.handoff.vllm_env, or MMTRT_VLLM_PYTHON)")
+    p.add_argument("--llm-folder", type=Path, metavar="DIR", help="with --llm vllm: the folder `mmtrt export hf` "
+                   "wrote for this bundle (default: the bundle exported once into the cache folder)")
+    p.add_argument("--vllm-dtype", choices=["float32", "bfloat16", "float16"], default="float32",
+                   help="with --llm vllm: the dtype vLLM runs the LLM in")
     p.set_defaults(func=_serve)
 
     p = sub.add_parser("export", help="write a deployable form of a bundle: `export triton BUNDLE REPO`, a Triton "
@@ -90,7 +97,8 @@ def _serve(args) -> int:
                               args.triton_http_port, args.triton_grpc_port, args.triton_metrics_port,
                               args.allow_images, args.threads, not args.no_spin, not args.no_triton,
                               args.expect_digest, args.public_key, limits.from_arguments(args),
-                              args.parse_special_tokens, args.encoder_cache_mb))
+                              args.parse_special_tokens, args.encoder_cache_mb, args.llm, args.llm_folder,
+                              args.vllm_dtype))
 
 
 def _export(args) -> int:

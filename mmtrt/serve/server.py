@@ -40,6 +40,9 @@ class ServeOptions:
     limits: Limits = Limits()
     parse_special_tokens: bool = False
     encoder_cache_mib: float = 256
+    llm: str = "bundle"  # or "vllm": vLLM runs the LLM of the exported folder (mmtrt/handoff/vllm_serve.py)
+    llm_folder: Path | None = None
+    vllm_dtype: str = "float32"
 
 
 def model_name(bundle: Path) -> str:
@@ -77,10 +80,15 @@ def serve(options: ServeOptions) -> int:
         raise UserError(f"--allow-images {options.allow_images} is not a folder; pass the folder images may be read from")
     name, images = model_name(options.bundle), options.limits.images(options.allow_images)
     sock = listening_socket(options.host, options.port)
-    pipe = load(options.bundle, threads=options.threads, spin=options.spin, expect_digest=options.expect_digest,
-                public_key=options.public_key, parse_special_tokens=options.parse_special_tokens,
-                encoder_cache_mib=options.encoder_cache_mib)
-    loop = ServingLoop(pipe, options.max_batch, options.max_queue)
+    if options.llm == "vllm":
+        from mmtrt.handoff.vllm_serve import open_serving
+
+        pipe, loop = open_serving(options)
+    else:
+        pipe = load(options.bundle, threads=options.threads, spin=options.spin, expect_digest=options.expect_digest,
+                    public_key=options.public_key, parse_special_tokens=options.parse_special_tokens,
+                    encoder_cache_mib=options.encoder_cache_mib)
+        loop = ServingLoop(pipe, options.max_batch, options.max_queue)
     pool = options.limits.pool()
     triton = None
     try:

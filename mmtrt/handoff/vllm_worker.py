@@ -1,0 +1,140 @@
+"""The vLLM worker: a process in vLLM's own environment (mmtrt.handoff.vllm_env) that runs the LLM of an exported
+Hugging Face folder, fed with the image embeddings mmtrt's vision side computed.
+
+vLLM pins its own torch, so it cannot share mmtrt's environment; mmtrt starts this file there as a script (it imports
+nothing of mmtrt: worker_framing.py sits beside it). Messages use that framing. mmtrt sends `load` (the folder and
+the engine's options; answered with {"ok", "vllm"} or why not), then any number of `generate` (an id, the prompt's
+ids with each image's placeholder as one token, an image's embeddings `image_embeds` [1, count, hidden], sampling
+values) and `cancel` (an id), and `exit`. Requests run together, continuously batched by vLLM's engine, and each
+engine step sends every running request's new tokens: {"id", "tokens", "finish_reason"}, the first also with the
+prompt's length and image-token count as vLLM expanded them (vLLM expands the placeholder to the embeddings' count).
+
+vLLM's scheduler starts its engine core with the spawn start method, which re-imports this script: hence the guard.
+"""
+
+import os
+import queue
+import sys
+import threading
+
+from worker_framing import read_message, write_message
+
+
+def sampling_params(vllm, header: dict):
+    """vLLM's SamplingParams for mmtrt's values: deltas, token ids only, mmtrt's end-of-sequence ids."""
+    from vllm.sampling_params import RequestOutputKind
+
+    s = header["sampling"]
+    return vllm.SamplingParams(
+        temperature=s["temperature"], top_p=s["top_p"], top_k=s["top_k"] or -1, seed=s["seed"],
+        repetition_penalty=s["repetition_penalty"], max_tokens=header["max_tokens"],
+        stop_token_ids=header["eos_token_ids"], ignore_eos=True, detokenize=False,
+        output_kind=RequestOutputKind.DELTA)
+
+
+def engine_prompt(header: dict, arrays: dict) -> dict:
+    import torch
+
+    prompt = {"prompt_token_ids": [int(i) for i in arrays["ids"]]}
+    if "image_embeds" in arrays:
+        prompt["multi_modal_data"] = {"image": torch.from_numpy(arrays["image_embeds"].copy())}
+    return prompt
+
+
+class Worker:
+    def __init__(self, protocol):
+        self.protocol, self.llm, self.vllm = protocol, None, None
+        self.inbox: queue.SimpleQueue = queue.SimpleQueue()
+        self.image_token_id = None
+        self.fresh: set[str] = set()  # requests whose first output is still to come
+
+    def send(self, header: dict) -> None:
+        write_message(self.protocol, header)
+
+    def load(self, header: dict) -> None:
+        import vllm
+
+        self.vllm, self.image_token_id = vllm, header["image_token_id"]
+        self.llm = vllm.LLM(model=header["model"], limit_mm_per_prompt={"image": 1, "video": 0},
+                            dtype=header["dtype"], max_model_len=header["max_model_len"],
+                            max_num_seqs=header["max_num_seqs"], kv_cache_memory_bytes=header["kv_cache_bytes"],
+                            seed=0, enable_prefix_caching=False, enforce_eager=True,
+                            compilation_config={"mode": 0}, distributed_executor_backend="uni",
+                            enable_mm_embeds=True)
+        self.send({"op": "loaded", "ok": True, "vllm": vllm.__version__})
+
+    def generate(self, header: dict, arrays: dict) -> None:
+        rid = header["id"]
+        try:
+            self.llm.llm_engine.add_request(rid, engine_prompt(header, arrays), sampling_params(self.vllm, header))
+            self.fresh.add(rid)
+        except Exception as exc:  # this request only: vLLM refused its inputs
+            self.send({"id": rid, "tokens": [], "finish_reason": "error", "error": f"{type(exc).__name__}: {exc}"})
+
+    def cancel(self, header: dict) -> None:
+        self.llm.llm_engine.abort_request([header["id"]])
+        self.fresh.discard(header["id"])
+        self.send({"id": header["id"], "tokens": [], "finish_reason": "abort"})
+
+    def step(self) -> None:
+        for out in self.llm.llm_engine.step():
+            done = out.outputs[0]
+            reply = {"id": out.request_id, "tokens": list(done.token_ids),
+                     "finish_reason": ("stop" if done.finish_reason == "stop" else done.finish_reason)
+                     if out.finished else None}
+            if out.request_id in self.fresh:
+                self.fresh.discard(out.request_id)
+                ids = out.prompt_token_ids or []
+                reply.update(prompt_tokens=len(ids), image_tokens=sum(i == self.image_token_id for i in ids))
+            self.send(reply)
+
+    def serve(self) -> int:
+        while True:
+            busy = self.llm is not None and self.llm.llm_engine.has_unfinished_requests()
+            try:
+                header, arrays = self.inbox.get(block=not busy)
+            except queue.Empty:
+                self.step()
+                continue
+            if header is None or header["op"] == "exit":
+                return 0
+            try:
+                if header["op"] == "generate":
+                    self.generate(header, arrays)
+                else:
+                    getattr(self, header["op"])(header)
+            except Exception as exc:
+                self.send({"op": header["op"], "id": header.get("id"), "ok": False,
+                           "error": f"{header['op']} failed: {type(exc).__name__}: {exc}"})
+                if header["op"] == "load":
+                    return 1
+
+
+def read_requests(stream, inbox) -> None:
+    while True:
+        try:
+            inbox.put(read_message(stream))
+        except EOFError:
+            inbox.put((None, {}))
+            return
+
+
+def main() -> int:
+    # the engine core in this process, and no torch.compile warm-up (minutes on a small CPU host)
+    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+    protocol = os.fdopen(os.dup(1), "wb")
+    os.dup2(2, 1)  # vLLM's prints go to the log, not into the protocol
+    try:
+        import vllm  # noqa: F401
+    except Exception as exc:  # a broken install fails with more than ImportError
+        write_message(protocol, {"ok": False, "error": f"vllm is not importable in {sys.executable} "
+                                                       f"({type(exc).__name__}: {exc})"})
+        return 0
+    write_message(protocol, {"ok": True, "python": sys.executable})
+    worker = Worker(protocol)
+    threading.Thread(target=read_requests, args=(sys.stdin.buffer, worker.inbox), daemon=True).start()
+    return worker.serve()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
