@@ -45,6 +45,7 @@ class Metrics:
     tokens_generated: int
     time_to_first_token_s: float | None  # mean over the requests that got a first token
     tokens_per_s: float | None  # tokens generated per second of the loop's busy time (some sequence running)
+    speculative_acceptance: float | None = None  # drafted tokens accepted / proposed so far (None: no draft ran)
 
 
 class Handle:
@@ -129,7 +130,8 @@ class ServingLoop:
             used, total = self._usage
             return Metrics(len(self._queue), len(self._running), used, total, c["finished"], c["refused"],
                            c["tokens"], self._ttft_sum / c["first_tokens"] if c["first_tokens"] else None,
-                           c["tokens"] / self._busy_s if self._busy_s else None)
+                           c["tokens"] / self._busy_s if self._busy_s else None,
+                           self.scheduler.speculator.totals.rate if self.scheduler.speculator else None)
 
     def drain(self, timeout: float | None = None) -> bool:
         """Refuse new requests; wait until the queued and running ones have finished. False on timeout."""

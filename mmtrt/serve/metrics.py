@@ -15,6 +15,8 @@ FIGURES = (  # name, type, help, Metrics field
     ("mmtrt_requests_refused_total", "counter", "requests refused at submit (queue full, draining)",
      "requests_refused"),
     ("mmtrt_tokens_generated_total", "counter", "tokens generated", "tokens_generated"),
+    ("mmtrt_speculative_acceptance_rate", "gauge", "drafted tokens accepted per token proposed (speculative decoding)",
+     "speculative_acceptance"),
 )
 
 
