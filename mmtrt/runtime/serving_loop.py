@@ -49,6 +49,7 @@ class Metrics:
     encoder_cache_hits: int = 0  # images whose features came from the encoder cache
     encoder_cache_misses: int = 0  # images the vision encoder ran for (the cache on)
     encoder_cache_bytes: int = 0
+    speculative_acceptance: float | None = None  # drafted tokens accepted / proposed so far (None: no draft ran)
 
 
 class ServingLoop:
@@ -96,7 +97,11 @@ class ServingLoop:
             return Metrics(len(self._queue), len(self._running), used, total, c["finished"], c["refused"],
                            c["tokens"], self._ttft_sum / c["first_tokens"] if c["first_tokens"] else None,
                            c["tokens"] / self._busy_s if self._busy_s else None, cache.hits, cache.misses,
-                           cache.nbytes)
+                           cache.nbytes, self._acceptance())
+
+    def _acceptance(self) -> float | None:
+        speculator = getattr(self.scheduler, "speculator", None)  # a vLLM scheduler drafts nothing of ours
+        return speculator.totals.rate if speculator else None
 
     def drain(self, timeout: float | None = None) -> bool:
         """Refuse new requests; wait until the queued and running ones have finished. False on timeout."""

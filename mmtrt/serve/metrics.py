@@ -19,6 +19,8 @@ FIGURES = (  # name, type, help, Metrics field
      "encoder_cache_hits"),
     ("mmtrt_encoder_cache_misses_total", "counter", "images not found in the encoder cache", "encoder_cache_misses"),
     ("mmtrt_encoder_cache_bytes", "gauge", "bytes of image features the encoder cache holds", "encoder_cache_bytes"),
+    ("mmtrt_speculative_acceptance_rate", "gauge", "drafted tokens accepted per token proposed (speculative decoding)",
+     "speculative_acceptance"),
 )
 
 

@@ -13,6 +13,7 @@ from conftest import ROOT, compile_to
 from mmtrt.runtime import load
 from mmtrt.runtime.batch import Request
 from mmtrt.runtime.sampling import SamplingParams
+from mmtrt.runtime.serving_loop import ServingLoop
 
 LOOKUP = {"draft": "prompt_lookup", "k": 4, "max_ngram": 3}
 PROMPTS = ["What is in the picture?", "Describe the image in detail.", "one two three one two three one two"]
@@ -172,3 +173,20 @@ def test_sampling_with_the_draft_keeps_the_seed_reproducible(tiny_bundle, rng):
     assert first.token_ids == again.token_ids and first.speculative == again.speculative
     other = pipe.generate(image, PROMPTS[2], 20, sampling=dataclasses.replace(params, seed=12))
     assert other.token_ids != first.token_ids
+
+
+def test_the_serving_loop_speculates_per_request_and_reports_the_running_acceptance_rate(tiny_paged_bundle, rng):
+    pipe = load(tiny_paged_bundle, prefix_cache_mib=0)
+    images = [random_image(rng, 64, 64) for _ in PROMPTS]
+    solo = [pipe.generate(image, p, 24).token_ids for image, p in zip(images, PROMPTS)]
+    pipe.speculative = LOOKUP
+    with ServingLoop(pipe) as loop:
+        assert loop.metrics().speculative_acceptance is None  # nothing proposed yet
+        handles = [loop.submit(Request(image, p, 24)) for image, p in zip(images, PROMPTS)]
+        results = [h.result(timeout=300) for h in handles]
+        metrics = loop.metrics()
+    assert [r.token_ids for r in results] == solo
+    proposed = sum(r.speculative["proposed"] for r in results)
+    accepted = sum(r.speculative["accepted"] for r in results)
+    assert accepted > 0 and metrics.speculative_acceptance == pytest.approx(accepted / proposed)
+    assert metrics.tokens_generated == sum(len(t) for t in solo)

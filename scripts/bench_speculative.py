@@ -1,0 +1,120 @@
+"""Speculative decoding against plain decoding on one bundle, side by side in one run.
+
+For each draft (prompt lookup; the bundle's early-exit draft when it has one) and each k: acceptance rate, tokens
+per full forward, decode tokens/s and time per answer, each against plain decoding measured in the same rounds
+(configurations interleaved per round, medians over rounds), and whether every greedy answer equals plain
+decoding's token for token. Prompts put text after the image that the answer continues or repeats.
+
+    PYTHONPATH=. python scripts/bench_speculative.py out/dino-smollm.bundle --image examples/digit-5.png
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+from mmtrt.runtime import load
+
+PASSAGES = [
+    "The committee met on Tuesday to review the budget for the coming year. After a long discussion about the "
+    "costs of the new library, the members agreed to postpone the decision until the next meeting, when the "
+    "architect would present a revised plan with a smaller reading room and a larger garden.",
+    "To install the package, download the archive, unpack it into a folder of your choice, and run the setup "
+    "script from a terminal. The script checks the version of the interpreter, creates a virtual environment, "
+    "installs the dependencies listed in the requirements file, and prints the command that starts the server.",
+    "Every morning the baker lit the oven before sunrise, weighed the flour, the water and the salt, and mixed "
+    "the dough by hand. While it rested, he swept the shop, set out the baskets, and wrote the day's bread on the "
+    "board beside the door, in the same order as the day before.",
+]
+TASKS = ["Here is a text: {p} Repeat the text word for word.", "Continue this text: {p}"]
+
+
+def prompts(chars: int | None = None) -> list[str]:
+    """Every task on every passage, each passage cut to its first `chars` characters (a small envelope)."""
+    return [task.format(p=p[:chars]) for p in PASSAGES for task in TASKS]
+
+
+def configurations(pipe, ks: list[int]) -> dict[str, dict | None]:
+    configs: dict[str, dict | None] = {"plain": None}
+    configs.update({f"prompt_lookup k={k}": {"draft": "prompt_lookup", "k": k, "max_ngram": 3} for k in ks})
+    own = pipe.model.get("speculative") or {}
+    if own.get("draft") == "early_exit":
+        configs.update({f"early_exit K={own['layers']} k={k}": {**own, "k": k} for k in ks})
+    return configs
+
+
+def measure(pipe, image, texts: list[str], config: dict | None, new_tokens: int) -> dict:
+    """One round of every prompt under one configuration."""
+    pipe.speculative = config
+    tokens, decode_s, wall_s, proposed, accepted = [], 0.0, 0.0, 0, 0
+    for text in texts:
+        t0 = time.perf_counter()
+        g = pipe.generate(image, text, new_tokens)
+        wall_s += time.perf_counter() - t0
+        tokens.append(g.token_ids)
+        decode_s += g.timings["decode_ms_per_token"] * max(len(g.token_ids) - 1, 1) / 1e3
+        if g.speculative:
+            proposed, accepted = proposed + g.speculative["proposed"], accepted + g.speculative["accepted"]
+    decoded = sum(len(t) - 1 for t in tokens)
+    return {"tokens": tokens, "decode_tok_s": decoded / decode_s, "answer_s": wall_s / len(texts),
+            "proposed": proposed, "accepted": accepted, "decoded": decoded}
+
+
+def run(bundle: str, image: str, ks: list[int], rounds: int, new_tokens: int, threads: int | None,
+        chars: int | None) -> list[dict]:
+    pipe = load(bundle, threads=threads, prefix_cache_mib=0)
+    texts, configs = prompts(chars), configurations(pipe, ks)
+    measure(pipe, image, texts[:1], None, 4)  # warm-up: sessions, allocator
+    results: dict[str, list[dict]] = {name: [] for name in configs}
+    for r in range(rounds):
+        order = list(configs) if r % 2 == 0 else list(reversed(configs))
+        for name in order:
+            results[name].append(measure(pipe, image, texts, configs[name], new_tokens))
+    plain = results["plain"]
+    rows = []
+    for name, runs in results.items():
+        first = runs[0]
+        decode = statistics.median(x["decode_tok_s"] for x in runs)
+        answer = statistics.median(x["answer_s"] for x in runs)
+        rows.append({
+            "config": name, "answers": len(texts), "mean_answer_tokens": first["decoded"] / len(texts) + 1,
+            "acceptance": first["accepted"] / first["proposed"] if first["proposed"] else None,
+            "tokens_per_forward": first["decoded"] / (first["decoded"] - first["accepted"]),
+            "decode_tok_s": decode, "decode_speedup": decode / statistics.median(x["decode_tok_s"] for x in plain),
+            "answer_s": answer, "answer_ratio": answer / statistics.median(x["answer_s"] for x in plain),
+            "identical": all(x["tokens"] == p["tokens"] for x, p in zip(runs, plain)),
+        })
+    return rows
+
+
+def table(rows: list[dict]) -> str:
+    lines = ["| configuration | acceptance | tokens / full forward | decode tok/s | vs plain | time / answer | vs plain "
+             "| greedy output identical |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in rows:
+        acceptance = "-" if r["acceptance"] is None else f"{r['acceptance']:.0%}"
+        lines.append(f"| {r['config']} | {acceptance} | {r['tokens_per_forward']:.2f} | {r['decode_tok_s']:.1f} | "
+                     f"{r['decode_speedup']:.2f}x | {r['answer_s'] * 1e3:.0f} ms | {r['answer_ratio']:.2f}x | "
+                     f"{'yes' if r['identical'] else 'NO'} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("bundle")
+    ap.add_argument("--image", default="examples/sample.png")
+    ap.add_argument("--k", type=int, nargs="+", default=[2, 4, 8])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--max-new-tokens", type=int, default=48)
+    ap.add_argument("--threads", type=int, default=None)
+    ap.add_argument("--passage-chars", type=int, default=None, help="cut each passage (a small prompt envelope)")
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args()
+    rows = run(args.bundle, args.image, args.k, args.rounds, args.max_new_tokens, args.threads,
+               args.passage_chars)
+    print(json.dumps(rows, indent=2) if args.json else table(rows))
+
+
+if __name__ == "__main__":
+    main()

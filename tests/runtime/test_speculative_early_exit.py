@@ -1,0 +1,82 @@
+"""The early-exit draft: the LLM's first K layers cut from its graph compute what the source model's first K layers,
+final norm and lm_head compute (PyTorch eager), its weights are the LLM's in the bundle, and speculation with it
+gives plain decoding's greedy tokens on every KV layout."""
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+import pytest
+import torch
+
+from builders import random_image
+from conftest import ROOT, compile_to
+from mmtrt.runtime import load
+from mmtrt.runtime.batch import Request
+
+LAYERS = 2
+PROMPTS = ["What is in the picture?", "Describe the image in detail.", "one two three one two three one two"]
+
+
+@pytest.fixture(scope="module", params=["hf", "static", "paged"])
+def early_exit_bundle(request, tmp_path_factory):
+    kv = "" if request.param == "hf" else f"  - kv_layout: {{layout: {request.param}}}\n"
+    recipe = (ROOT / "recipes" / "tiny-llava.yaml").read_text().replace(
+        "envelope:", f"  - speculative: {{draft: early_exit, layers: {LAYERS}, k: 4}}\n{kv}envelope:")
+    return compile_to(tmp_path_factory.mktemp(f"tiny-early-exit-{request.param}"), recipe, "early.bundle")
+
+
+def test_greedy_tokens_equal_plain_decoding(early_exit_bundle, rng):
+    pipe = load(early_exit_bundle, prefix_cache_mib=0)
+    config = pipe.speculative
+    assert config == {"draft": "early_exit", "k": 4, "layers": LAYERS, "component": "draft"}
+    images = [random_image(rng, 64, 64) for _ in PROMPTS]
+    pipe.speculative = None
+    plain = [pipe.generate(image, p, 24).token_ids for image, p in zip(images, PROMPTS)]
+    pipe.speculative = config
+    spec = [pipe.generate(image, p, 24) for image, p in zip(images, PROMPTS)]
+    assert [g.token_ids for g in spec] == plain
+    assert sum(g.speculative["accepted"] for g in spec) > 0
+    batch = pipe.generate_batch([Request(image, p, 24) for image, p in zip(images, PROMPTS)])
+    assert [g.token_ids for g in batch] == plain
+
+
+def test_the_draft_reads_the_llms_weights_from_its_external_data(early_exit_bundle):
+    manifest = load(early_exit_bundle).manifest
+    files = manifest["components"]["draft"]["files"]
+    assert "llm.onnx.data" in files
+    draft = onnx.load(early_exit_bundle / "draft.onnx", load_external_data=False)
+    external = [t for t in draft.graph.initializer if t.data_location == onnx.TensorProto.EXTERNAL]
+    assert external and all(dict((e.key, e.value) for e in t.external_data)["location"] == "llm.onnx.data"
+                            for t in external)
+    own = early_exit_bundle / "draft.onnx.data"
+    assert not own.exists() or own.stat().st_size < 0.05 * (early_exit_bundle / "llm.onnx.data").stat().st_size
+
+
+def test_the_draft_computes_the_source_models_first_layers(tiny, early_exit_bundle, rng):
+    """Against transformers: the tiny LLaVA's language model with its first K layers only, on random embeddings
+    after a cache of those layers."""
+    model, _ = tiny
+    lm = model.model.language_model if hasattr(model.model, "language_model") else model.language_model.model
+    config = lm.config
+    heads, dim = config.num_key_value_heads, config.hidden_size // config.num_attention_heads
+    past_len, seq = 5, 3
+    embeds = rng.standard_normal((1, past_len + seq, config.hidden_size)).astype(np.float32)
+    kept = torch.nn.ModuleList(list(lm.layers)[:LAYERS])
+    full_layers, lm.layers = lm.layers, kept
+    try:
+        with torch.no_grad():
+            out = lm(inputs_embeds=torch.from_numpy(embeds), use_cache=True)
+            expected = model.lm_head(out.last_hidden_state).numpy()[:, past_len:]
+    finally:
+        lm.layers = full_layers
+    cache = out.past_key_values
+    feeds = {"inputs_embeds": embeds[:, past_len:], "attention_mask": np.ones((1, past_len + seq), np.int64),
+             "position_ids": np.arange(past_len, past_len + seq, dtype=np.int64)[None]}
+    for i in range(LAYERS):
+        key, value = (cache.layers[i].keys, cache.layers[i].values) if hasattr(cache, "layers") else cache[i]
+        feeds[f"past.{i}.key"] = key[:, :, :past_len].numpy()
+        feeds[f"past.{i}.value"] = value[:, :, :past_len].numpy()
+        assert feeds[f"past.{i}.key"].shape == (1, heads, past_len, dim)
+    session = ort.InferenceSession(str(early_exit_bundle / "draft.onnx"), providers=["CPUExecutionProvider"])
+    logits = session.run(["logits"], feeds)[0]
+    np.testing.assert_allclose(logits, expected, atol=1e-4 * np.abs(expected).max())
