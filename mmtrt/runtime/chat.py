@@ -4,9 +4,10 @@ in the order their parts appear.
 A message is `{"role": "system" | "user" | "assistant", "content": str | [part, ...]}`; a part is
 `{"type": "text", "text": ...}`, `{"type": "image_url", "image_url": {"url": ...}}` (OpenAI's) or
 `{"type": "image", "image": PIL image | path}` (the Python API's; a server opens both kinds through its one
-`ImageSource`). The template sees image parts as
-`{"type": "image"}`, as transformers' processors pass them, and renders one placeholder per image; a template
-that renders another count, or raises, does not take that many images, and the request is refused in one line.
+`ImageSource`). The template sees image parts as `{"type": "image"}`, as transformers' processors pass them, and
+renders one placeholder per image; a template that renders another count, or raises, does not take that many
+images, and the request is refused in one line. The messages' text is the client's: special tokens typed in it
+stay text (see docs/security.md), as `tokenize_user_text` keeps a single prompt's.
 """
 
 from __future__ import annotations

@@ -45,9 +45,10 @@ def load_data_uri(url: str, max_pixels: int | None = None) -> Image.Image:
 
 class ImageSource:
     """Opens an image a client names: a `data:` URI, or a file inside `allowed` (None: no files) of at most
-    `max_file_bytes`; an image of more than `max_pixels` is refused before it is decoded (serve/limits.py)."""
+    `max_file_bytes`; an image of more than `max_pixels` is refused before it is decoded (serve/limits.py gives
+    the server's; None: no limit of its own)."""
 
-    def __init__(self, allowed: Path | None, max_pixels: int | None, max_file_bytes: int):
+    def __init__(self, allowed: Path | None, max_pixels: int | None = None, max_file_bytes: int | None = None):
         self.given = os.path.abspath(allowed) if allowed else None
         self.allowed = os.path.realpath(allowed) if allowed else None
         self.max_pixels, self.max_file_bytes = max_pixels, max_file_bytes
@@ -116,8 +117,8 @@ class ImageSource:
             os.close(folder)
         with os.fdopen(fd, "rb") as file:
             _check_regular(os.fstat(file.fileno()).st_mode, label)  # what was opened, not what was looked at
-            raw = file.read(self.max_file_bytes + 1)
-        if len(raw) > self.max_file_bytes:
+            raw = file.read() if self.max_file_bytes is None else file.read(self.max_file_bytes + 1)
+        if self.max_file_bytes is not None and len(raw) > self.max_file_bytes:
             raise UserError(f"image {label} is over {self.max_file_bytes} bytes, the most this server reads from an "
                             "image file; send a smaller image")
         return raw

@@ -14,6 +14,7 @@ import json
 import os
 import sys
 import threading
+import traceback
 from pathlib import Path
 
 from mmtrt.errors import UserError
@@ -56,6 +57,10 @@ class Worker:
                     rid, d.token_ids, d.text, d.finish_reason, d.error))
         except (UserError, Unavailable) as exc:
             self.send(rid, finish_reason="error", error=one_line(str(exc)))
+        except Exception:  # one request's failure, logged here; the worker serves on
+            traceback.print_exc(file=sys.stderr)
+            self.send(rid, finish_reason="error", error="the server failed on this request (an internal error, "
+                      "logged on the server)")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -5,6 +5,7 @@ at once with HTTP 429, nothing admitted is lost or answered with another's token
 from __future__ import annotations
 
 import json
+import re
 import signal
 import time
 import urllib.error
@@ -60,7 +61,9 @@ def test_overload_is_refused_at_once_and_loses_nothing(server, pipe, rng):
     with ThreadPoolExecutor(len(bodies)) as pool:
         results = list(pool.map(lambda b: attempt(client, b), bodies))
     refused = [r for r in results if r[0] == 429]
-    assert refused and all("queue holds 2 requests" in r[1] and r[2] < 10 for r in refused)
+    held = [int(m.group(1)) if (m := re.search(r"the queue holds (\d+) requests", r[1])) else None for r in refused]
+    # 2 queued beyond the places free: 2 while the one batch place is taken, 3 in a burst before it is
+    assert refused and all(n in (2, 3) for n in held) and all(r[2] < 10 for r in refused), refused
     served = [(b, r) for b, r in zip(bodies, results) if r[0] == 200]
     assert len(served) + len(refused) == len(bodies) and len(served) >= 3
     for b, (_, ids, _) in served:

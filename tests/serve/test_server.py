@@ -137,7 +137,7 @@ def bad_requests(server, rng):
         "temperature": json.dumps({**good, "temperature": -1}).encode(),
         "max_new_tokens": json.dumps({**good, "max_tokens": 10_000}).encode(),
         "never fetches": json.dumps(with_image("http://example.com/cat.png")).encode(),
-        "outside the allowed folder": json.dumps(with_image(str(outside))).encode(),
+        "not a file in this server's image folder": json.dumps(with_image(str(outside))).encode(),
         "not supported": json.dumps({**good, "tools": []}).encode(),
     }
 
