@@ -6,6 +6,7 @@ which transformers' Jinja (trim_blocks, lstrip_blocks) drops. The Python runtime
 transformers must give the same ids; typed special tokens stay text (the user's text is transformers'
 `split_special_tokens=True` encoding) in both runtimes."""
 
+import ctypes
 import itertools
 import json
 import shutil
@@ -213,25 +214,40 @@ def api():
     return CApi()
 
 
+def load_parsing(api, bundle):
+    """mmtrt_bundle_load_with(..., MMTRT_PARSE_SPECIAL_TOKENS): the C API's --parse-special-tokens."""
+    load_with = api.lib.mmtrt_bundle_load_with
+    load_with.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int, ctypes.c_char_p, ctypes.c_char_p,
+                          ctypes.c_uint, ctypes.POINTER(ctypes.c_void_p)]
+    handle = ctypes.c_void_p()
+    assert load_with(str(bundle).encode(), 1, 1, None, None, 1, ctypes.byref(handle)) == 0, api.error()
+    return handle
+
+
 @pytest.mark.parametrize("name", TEMPLATES)
 def test_prompt_ids_equal_transformers(tiny_bundle, tmp_path, api, name):
+    """Typed special tokens: text in both runtimes by default, and parsed as transformers parses them when asked."""
     bundle = with_template(tiny_bundle, tmp_path / "b", TEMPLATES[name])
-    pipe = load(bundle, threads=1)
+    pipe, parsing = load(bundle, threads=1), load(bundle, threads=1, parse_special_tokens=True)
     status, handle = api.load(bundle)
     assert status == 0, api.error()
+    handle_parsing = load_parsing(api, bundle)
     try:
         for prompt in PROMPTS:
+            theirs = transformers_ids(bundle, TEMPLATES[name], prompt)[0]
             ours = pipe.prompt_ids(prompt)
-            if prompt != TYPED:  # transformers parses typed special tokens; both runtimes keep them text
-                assert ours == transformers_ids(bundle, TEMPLATES[name], prompt)[0], prompt
-            status, cpp = api.prompt_ids(handle, prompt)
-            if name in ENGINE_LACKS:
-                assert status == 2 and ENGINE_LACKS[name] in api.error(), api.error()
-                continue
-            assert status == 0, api.error()
-            assert cpp == ours, (prompt, pipe.tokenizer.decode(cpp), pipe.tokenizer.decode(ours))
+            assert parsing.prompt_ids(prompt) == theirs
+            assert (ours == theirs) == (prompt != TYPED), prompt
+            for cpp_handle, expected in ((handle, ours), (handle_parsing, theirs)):
+                status, cpp = api.prompt_ids(cpp_handle, prompt)
+                if name in ENGINE_LACKS:
+                    assert status == 2 and ENGINE_LACKS[name] in api.error(), api.error()
+                    continue
+                assert status == 0, api.error()
+                assert cpp == expected, (prompt, pipe.tokenizer.decode(cpp), pipe.tokenizer.decode(expected))
     finally:
         api.free(handle)
+        api.free(handle_parsing)
 
 
 @pytest.fixture

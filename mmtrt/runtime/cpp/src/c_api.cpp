@@ -85,14 +85,22 @@ mmtrt_status mmtrt_bundle_load(const char* path, int threads, int spin, mmtrt_bu
 
 mmtrt_status mmtrt_bundle_load_trusted(const char* path, int threads, int spin, const char* expect_digest,
                                        const char* public_key, mmtrt_bundle** out) {
+  return mmtrt_bundle_load_with(path, threads, spin, expect_digest, public_key, 0, out);
+}
+
+mmtrt_status mmtrt_bundle_load_with(const char* path, int threads, int spin, const char* expect_digest,
+                                    const char* public_key, unsigned flags, mmtrt_bundle** out) {
   if (!path || !out) return fail(MMTRT_ERR_ARGUMENT, "mmtrt_bundle_load: path and out must not be null");
   *out = nullptr;
+  if (flags & ~static_cast<unsigned>(MMTRT_PARSE_SPECIAL_TOKENS))
+    return fail(MMTRT_ERR_ARGUMENT, "mmtrt_bundle_load_with: unknown flags " + std::to_string(flags));
   return guarded([&] {
     mmtrt::LoadOptions options;
     options.threads = threads;
     options.spin = spin != 0;
     options.expect_digest = expect_digest ? expect_digest : "";
     options.public_key = public_key ? public_key : "";
+    options.parse_special_tokens = (flags & MMTRT_PARSE_SPECIAL_TOKENS) != 0;
     auto handle = std::make_unique<mmtrt_bundle>();
     handle->bundle = mmtrt::Bundle::load(path, options);
     *out = handle.release();

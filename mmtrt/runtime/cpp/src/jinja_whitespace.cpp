@@ -18,7 +18,7 @@ bool is_space(char32_t c) {
 // The code point of the UTF-8 sequence s[at, at + length).
 char32_t decode(const std::string& s, size_t at, size_t length) {
   const auto byte = [&](size_t i) { return static_cast<unsigned char>(s[i]); };
-  if (length == 1) return byte(at);
+  if (length == 1) return byte(at) < 0x80 ? byte(at) : 0xfffd;  // a stray continuation byte is no space
   char32_t c = byte(at) & (0x7f >> length);
   for (size_t i = 1; i < length; ++i) c = (c << 6) | (byte(at + i) & 0x3f);
   return c;

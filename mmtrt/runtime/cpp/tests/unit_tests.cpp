@@ -25,6 +25,9 @@ int main() {
   expect(std::strstr(mmtrt_last_error(), "is not an mmtrt bundle (no manifest.json)") != nullptr,
          std::string("message names the problem: ") + mmtrt_last_error());
   expect(mmtrt_bundle_load(nullptr, 1, 0, &bundle) == MMTRT_ERR_ARGUMENT, "null path -> ARGUMENT");
+  expect(mmtrt_bundle_load_with("/nonexistent/bundle", 1, 0, nullptr, nullptr, 2, &bundle) == MMTRT_ERR_ARGUMENT &&
+             bundle == nullptr && std::strstr(mmtrt_last_error(), "unknown flags 2") != nullptr,
+         std::string("unknown load flags -> ARGUMENT: ") + mmtrt_last_error());
   mmtrt_generation* generation = nullptr;
   expect(mmtrt_generate(nullptr, "a.png", "hi", 4, 0, &generation) == MMTRT_ERR_ARGUMENT, "null bundle -> ARGUMENT");
   size_t count = 0;

@@ -36,6 +36,11 @@ MMTRT_C_API mmtrt_status mmtrt_bundle_load(const char* path, int threads, int sp
  * carries a valid signature by the PEM public_key (`mmtrt sign`); either may be NULL. */
 MMTRT_C_API mmtrt_status mmtrt_bundle_load_trusted(const char* path, int threads, int spin, const char* expect_digest,
                                                    const char* public_key, mmtrt_bundle** out);
+/* The same with flags: MMTRT_PARSE_SPECIAL_TOKENS makes special tokens typed in a prompt act as such (by default
+ * they are text, so a prompt cannot forge a turn or a second image); other bits are MMTRT_ERR_ARGUMENT. */
+#define MMTRT_PARSE_SPECIAL_TOKENS 1u
+MMTRT_C_API mmtrt_status mmtrt_bundle_load_with(const char* path, int threads, int spin, const char* expect_digest,
+                                                const char* public_key, unsigned flags, mmtrt_bundle** out);
 MMTRT_C_API void mmtrt_bundle_free(mmtrt_bundle* bundle);
 
 /* max_new_tokens <= 0: the bundle's envelope.max_new_tokens. */
