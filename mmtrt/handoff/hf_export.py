@@ -1,0 +1,152 @@
+"""`mmtrt export hf BUNDLE OUT`: the model as compiled, as a Hugging Face folder in the Hub's key layout that
+transformers and vLLM load (config, processor, chat template, tokenizer, safetensors, a model card).
+
+The LLM's weights are the bundle's graphs' (handoff/llm_weights.py), so its passes carry over: a channel-pruned
+width becomes the config's size. The config, processor and the vision tower and projector come from the source
+checkpoint the recipe names (the bundle keeps no config of its own; its vision graph's weights are the source's
+where its vision passes are lossless, and the export says in one line where they are not). What a Hugging Face
+folder cannot express (token pruning, plugins) is named in one line each: it stays on mmtrt's side of the split,
+which hands an engine the image features (image_embeds) the bundle computes. The folder is written beside OUT and
+renamed into place, so nothing half-written remains."""
+
+from __future__ import annotations
+
+import copy
+import os
+import shutil
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from mmtrt.bundle.manifest import read_manifest
+from mmtrt.errors import UserError
+from mmtrt.handoff.hub_layout import RULES, hub_name
+from mmtrt.handoff.trtllm_export import NotExportable
+
+LLM_PREFIX = "model.language_model."
+WEIGHT_PASSES_ON_VISION = ("awq_int4", "int8_weights", "cast_precision", "channel_prune", "recover")
+
+
+def export_hf(bundle: str | os.PathLike, out: str | os.PathLike, *, quant_format: str = "awq",
+              source: str | os.PathLike | None = None) -> dict[str, Any]:
+    """Write OUT (which must not exist) from BUNDLE; `source` overrides the checkpoint folder the recipe names
+    (relative paths in the recipe are read against the bundle's folder). Returns what was written and the lines
+    for what the folder does not express."""
+    bundle, out = Path(bundle), Path(out)
+    if out.exists():
+        raise UserError(f"{out} exists; name a new folder for the export (or remove that one)")
+    manifest = read_manifest(bundle)
+    family = manifest["model"]["architecture"]
+    if family not in RULES:
+        raise UserError(f"{bundle} holds a {family} model; mmtrt export hf writes {', '.join(sorted(RULES))}")
+    if any(_name(p) == "awq_int4" and "llm" in p["changes"] for p in manifest["passes"]):
+        raise UserError(f"{bundle}'s LLM is awq_int4: mmtrt export hf writes float LLMs only; export a bundle "
+                        "compiled without awq_int4 on the LLM")
+    model, processor = _source_model(manifest, bundle, source)
+    state, config = _state_and_config(model, bundle, manifest)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
+    try:
+        _write(stage, family, state, config, model, processor)
+        notes = not_expressed(manifest)
+        (stage / "README.md").write_text(model_card(manifest, bundle, notes))
+        stage.rename(out)
+    except BaseException:
+        shutil.rmtree(stage, ignore_errors=True)
+        raise
+    return {"out": str(out), "family": family, "quantization": None, "not_expressed": notes}
+
+
+def _name(record: dict) -> str:
+    return record["pass"]
+
+
+def _source_model(manifest: dict, bundle: Path, source):
+    from mmtrt.ir.frontend import load_source
+    from mmtrt.ir.hub_cache import HUB_ID
+    from mmtrt.recipe import ModelSource
+
+    model = ModelSource(**manifest["recipe"]["model"])
+    if source is not None:
+        model = ModelSource(source="hf", path=str(Path(source).resolve()))
+    elif model.source == "hf" and not (bundle.parent / model.path).exists() and not HUB_ID.fullmatch(model.path):
+        raise UserError(f"the bundle's source checkpoint {model.path} is not beside {bundle} (the recipe's path is "
+                        "read against the bundle's folder); pass --source CHECKPOINT_FOLDER")
+    return load_source(model, bundle.parent)
+
+
+def _state_and_config(model, bundle: Path, manifest: dict):
+    """The source's vision tower and projector with the bundle's LLM, and the config with its sizes."""
+    import onnx
+    import torch
+
+    from mmtrt.handoff.llm_weights import llm_tensors
+
+    components = manifest["components"]
+    facts = manifest["model"]["llm"]
+    try:
+        llm = llm_tensors(onnx.load(bundle / components["llm"]["artifact"]),
+                          onnx.load(bundle / components["embed"]["artifact"]), facts["num_layers"])
+    except NotExportable as exc:
+        raise UserError(f"{bundle}: {exc}; mmtrt export hf cannot write this LLM") from None
+    source = model.state_dict()
+    extra = sorted(k for k in llm if k.endswith(".bias") and LLM_PREFIX + k not in source)
+    if extra:
+        raise UserError(f"{bundle}'s LLM adds biases a {facts['model_type']} config cannot hold ({extra[0]}; "
+                        "channel_prune's bias_compensation writes them); compile with bias_compensation: false")
+    state = {k: v for k, v in source.items() if not k.startswith(LLM_PREFIX) and k != "lm_head.weight"}
+    state |= {(k if k == "lm_head.weight" else LLM_PREFIX + k): torch.from_numpy(v.copy()) for k, v in llm.items()}
+    config = copy.deepcopy(model.config)
+    text = config.get_text_config()
+    head_dim = facts["head_dim"]
+    text.vocab_size, text.hidden_size = llm["embed_tokens.weight"].shape
+    text.intermediate_size = llm["layers.0.mlp.gate_proj.weight"].shape[0]
+    text.num_attention_heads = llm["layers.0.self_attn.q_proj.weight"].shape[0] // head_dim
+    text.num_key_value_heads = llm["layers.0.self_attn.k_proj.weight"].shape[0] // head_dim
+    if getattr(text, "head_dim", None) is not None:
+        text.head_dim = head_dim
+    return state, config
+
+
+def _write(stage: Path, family: str, state: dict, config, model, processor) -> None:
+    from safetensors.torch import save_file
+
+    tied = config.get_text_config().tie_word_embeddings
+    tensors = {hub_name(family, k): v.contiguous() for k, v in state.items() if not (tied and k == "lm_head.weight")}
+    save_file(dict(sorted(tensors.items())), str(stage / "model.safetensors"), metadata={"format": "pt"})
+    config.dtype = "float32"
+    config.architectures = [type(model).__name__]  # what vLLM and Auto classes pick the model class by
+    config.save_pretrained(stage)
+    model.generation_config.save_pretrained(stage)
+    processor.save_pretrained(stage)
+    processor.image_processor.save_pretrained(stage)  # preprocessor_config.json, which older readers look for
+
+
+def not_expressed(manifest: dict) -> list[str]:
+    """One line per pass of the bundle that a Hugging Face folder does not hold."""
+    tokens = manifest["image_token_rules"].get("tokens_per_image")
+    lines = []
+    for record in manifest["passes"]:
+        name, changes = _name(record), record["changes"]
+        if name == "token_prune":
+            lines.append(f"token_prune: the folder's vision tower gives every image token, not the bundle's "
+                         f"{tokens} per image; an engine fed the bundle's image features (image_embeds) gets the kept ones")
+        elif name == "fuse_plugins":
+            lines.append("fuse_plugins: the folder holds plain weights; mmtrt's TensorRT plugins stay in the bundle")
+        elif name in WEIGHT_PASSES_ON_VISION and "vision" in changes:
+            lines.append(f"{name} on the vision tower: the folder's vision tower and projector are the source "
+                         "checkpoint's float weights")
+    return lines
+
+
+def model_card(manifest: dict, bundle: Path, notes: list[str]) -> str:
+    passes = [f"- `{_name(p)}` {p['config']}" for p in manifest["passes"]] or ["- (none)"]
+    unsaid = [f"- {line}" for line in notes] or ["- nothing: every pass of the bundle is in these weights"]
+    return "\n".join([
+        f"# {manifest['model']['architecture']} compiled by mmtrt", "",
+        f"Exported by `mmtrt export hf` from a bundle (mmtrt {manifest['mmtrt_version']}, "
+        f"digest of its recipe sha256:{manifest['recipe_sha256'][:16]}). The LLM's weights are the bundle's graphs', "
+        "after its passes; the vision tower, projector, config and processor are the source checkpoint's. Keys are "
+        "in the Hugging Face Hub's layout: transformers and vLLM load the folder.", "",
+        "## Passes the bundle ran", "", *passes, "",
+        "## Not expressed in this folder", "", *unsaid, ""])
