@@ -3,14 +3,16 @@ from_pretrained from the folder alone, give the bundle's greedy tokens on fresh 
 Hub's whichever layout the source checkpoint was saved in."""
 
 import json
+import shutil
 
 import numpy as np
+import onnx
 import pytest
 import torch
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from builders import decided_steps, hf_greedy, random_image
+from builders import decided_steps, dequantized_linears, hf_greedy, random_image
 from conftest import ROOT, compile_to
 from mmtrt.cli import main
 from mmtrt.handoff.hf_export import export_hf
@@ -144,3 +146,67 @@ def test_bad_input_is_one_line_and_writes_nothing(tiny_bundle, tmp_path, capsys)
     assert main(["export", "hf", str(tmp_path / "missing"), str(tmp_path / "hf")]) == 2
     assert len(capsys.readouterr().err.strip().splitlines()) == 1 and not (tmp_path / "hf").exists()
     assert [p.name for p in tmp_path.iterdir()] == ["taken"]
+
+
+AWQ = ("  - awq_int4: {group_size: 32, lowering: matmulnbits, accuracy_level: 0, "
+       "calibration: {samples: 2, text_windows: 1}}\n")
+
+
+@pytest.fixture(scope="module")
+def awq_llava(tmp_path_factory):
+    recipe = (ROOT / "recipes" / "tiny-llava.yaml").read_text().replace("  - graph_cleanup: {}\n", AWQ)
+    return compile_to(tmp_path_factory.mktemp("awq"), recipe, "awq.bundle")
+
+
+def unpack_awq(packed: np.ndarray) -> np.ndarray:
+    """AutoAWQ GEMM's int32 [rows, cols / 8] -> [rows, cols]: nibble i of column c holds column 8c + [0, 2, 4, 6,
+    1, 3, 5, 7][i] (AutoAWQ's WQLinear_GEMM.from_linear packs in that order)."""
+    order = [0, 2, 4, 6, 1, 3, 5, 7]
+    words = packed.view(np.uint32)
+    out = np.zeros((packed.shape[0], packed.shape[1] * 8), np.int64)
+    for i in range(8):
+        out[:, order[i]::8] = (words >> (4 * i)) & 0xF
+    return out
+
+
+def awq_weight(tensors: dict, module: str, group: int) -> np.ndarray:
+    """The float weight [out, in] an AutoAWQ GEMM linear computes with: (q - zero) * scale per group of inputs."""
+    q, zeros = unpack_awq(tensors[f"{module}.qweight"]), unpack_awq(tensors[f"{module}.qzeros"])
+    scales = tensors[f"{module}.scales"].astype(np.float32)
+    return ((q - np.repeat(zeros, group, axis=0)) * np.repeat(scales, group, axis=0)).T.astype(np.float32)
+
+
+def test_an_awq_int4_llm_exports_as_autoawq_gemm_holding_the_bundles_int4_weights(awq_llava, tmp_path, rng):
+    """transformers' AWQ loader needs gptqmodel, which does not install here: the packing is checked against the
+    format, the weights against the bundle's graph, and the tokens with the folder dequantized into a float one."""
+    out = tmp_path / "hf"
+    assert export_hf(awq_llava, out)["quantization"] == "awq"
+    config = json.loads((out / "config.json").read_text())
+    quant = config["quantization_config"]
+    assert {k: quant[k] for k in ("quant_method", "version", "bits", "group_size", "zero_point")} == \
+        {"quant_method": "awq", "version": "gemm", "bits": 4, "group_size": 32, "zero_point": True}
+    with safe_open(out / "model.safetensors", "np") as f:
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    graph = dequantized_linears(onnx.load(awq_llava / "llm.onnx"))
+    prefix = "language_model.model."
+    dense = {}
+    for name, (weight, _) in graph.items():
+        layer, role = name.removeprefix("llm.layers.").split(".") if name != "llm.lm_head" else (None, "lm_head")
+        module = "language_model.lm_head" if layer is None else \
+            f"{prefix}layers.{layer}.{'self_attn' if role[0] in 'qkvo' else 'mlp'}.{role}"
+        if f"{module}.qweight" in tensors:
+            assert tensors[f"{module}.qweight"].dtype == np.int32 and module not in quant["modules_to_not_convert"]
+            dense[module] = awq_weight(tensors, module, 32)
+        else:  # o_proj's input is scaled first (GQA: no v_proj to fold into); lm_head stays float in AWQ
+            assert module == "language_model.lm_head" or module in quant["modules_to_not_convert"]
+            dense[module] = tensors[f"{module}.weight"]
+        np.testing.assert_array_equal(dense[module], weight.astype(np.float32))
+    assert sum(f"{m}.qweight" in tensors for m in dense) >= 4 * 6
+    float_folder = tmp_path / "dense"
+    shutil.copytree(out, float_folder)
+    del config["quantization_config"]
+    (float_folder / "config.json").write_text(json.dumps(config))
+    kept = {k: torch.from_numpy(v) for k, v in tensors.items() if not k.endswith(("qweight", "qzeros", "scales"))}
+    save_file(kept | {f"{m}.weight": torch.from_numpy(np.ascontiguousarray(w)) for m, w in dense.items()},
+              float_folder / "model.safetensors", metadata={"format": "pt"})
+    _greedy_equal(awq_llava, float_folder, rng, (44, 60))
