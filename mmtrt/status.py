@@ -42,7 +42,11 @@ ROWS = (
         ("tests/backends/test_rtx_build.py",)),
     Row("`mmtrt build-engines` and the engine runner", "TensorRT 11", NEVER_RUN + ": TensorRT 11 does not install here",
         ("mmtrt/backends/tensorrt",)),
-    Row("the LLM's engine: checkpoint, `trtllm-build`, runner in its own environment", "TensorRT-LLM",
+    Row("`mmtrt export hf`: the compiled LLM (float, or AWQ INT4 in AutoAWQ's packing) with the vision tower, as a "
+        "Hugging Face folder in the Hub's key layout", "transformers, CPU",
+        TESTED + ": tokens equal the bundle's (INT4: the weights exactly, dequantized)", ("tests/handoff/test_hf_export.py",)),
+    Row("the LLM's engine, opt-in (`partition.llm` lists `tensorrt-llm`): checkpoint, `trtllm-build`, runner in its "
+        "own environment; TensorRT-LLM 1.2 or older", "TensorRT-LLM",
         "checkpoint tested against numpy; build and runner " + NEVER_RUN,
         ("tests/handoff/test_trtllm_engines.py", "mmtrt/handoff/trtllm_worker.py")),
     Row("custom plugins (TokenSelect, TokenSelectMerge, TokenSelectScored, TokenSelectDynamic, Int4GroupGemm)",

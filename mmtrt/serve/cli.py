@@ -1,4 +1,4 @@
-"""The `mmtrt serve` and `mmtrt export triton` commands: their arguments and what they call."""
+"""The `mmtrt serve` and `mmtrt export` (triton, hf) commands: their arguments and what they call."""
 
 from __future__ import annotations
 
@@ -58,16 +58,24 @@ def add_commands(sub, positive_int, natural_int, examples) -> None:
     p.set_defaults(func=_serve)
 
     p = sub.add_parser("export", help="write a deployable form of a bundle: `export triton BUNDLE REPO`, a Triton "
-                       "model repository",
-                       description="Write a Triton model repository that a stock tritonserver serves: the model runs "
+                       "model repository; `export hf BUNDLE OUT`, a Hugging Face folder",
+                       description="triton: a Triton model repository that a stock tritonserver serves: the model runs "
                        "the serving loop in an mmtrt worker process, so the server's Python needs only numpy "
-                       "(docs/SERVING.md).",
+                       "(docs/SERVING.md). hf: the model as compiled, as a Hugging Face folder in the Hub's key layout "
+                       "(the LLM's weights after the bundle's passes; the vision tower, projector, config and "
+                       "processor of the source checkpoint) that transformers and vLLM load; what the folder cannot "
+                       "express is named in one line each (docs/tensorrt.md).",
                        epilog=examples("mmtrt export triton out/dino-smollm.bundle model_repository",
+                                       "mmtrt export hf out/dino-smollm.bundle out/dino-smollm-hf",
                                        "mmtrt export triton out/dino-smollm.bundle model_repository --max-batch 4 "
                                        "--force"))
-    p.add_argument("format", choices=["triton"], help="the form to write: triton (a Triton model repository)")
+    p.add_argument("format", choices=["triton", "hf"], help="the form to write: triton (a Triton model repository), "
+                   "hf (a Hugging Face folder in the Hub's key layout that transformers and vLLM load)")
     p.add_argument("bundle", type=Path, help="a bundle folder written by `mmtrt compile`")
-    p.add_argument("repository", type=Path, help="model repository folder (created, or added to)")
+    p.add_argument("repository", type=Path, help="triton: model repository folder (created, or added to); hf: the "
+                   "folder to write (must not exist)")
+    p.add_argument("--source", type=Path, metavar="CHECKPOINT", help="hf: the source checkpoint folder (default: "
+                   "the recipe's model.path, read against the bundle's folder)")
     p.add_argument("--max-batch", type=positive_int, metavar="N",
                    help="sequences decoded together (default: the bundle's batch max)")
     p.add_argument("--max-queue", type=positive_int, default=64, metavar="N",
@@ -102,6 +110,14 @@ def _serve(args) -> int:
 
 
 def _export(args) -> int:
+    if args.format == "hf":
+        from mmtrt.handoff.hf_export import export_hf
+
+        report = export_hf(args.bundle, args.repository, source=args.source)
+        for line in report["not_expressed"]:
+            show(f"not expressed: {line}")
+        show(f"wrote {report['out']}")
+        return 0
     from mmtrt.serve.export import export_triton
 
     folder = export_triton(args.bundle, args.repository, args.max_batch, args.max_queue, args.allow_images, args.force)
