@@ -5,13 +5,14 @@ both bundles (token pruning leaves the LLM as it is)."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from builders import random_image
-from hub_checkpoint import save_hub_llava
+from hub_checkpoint import PRUNED_TOKENS, compile_plain_and_pruned, save_hub_llava
 from mmtrt.errors import UserError
 from mmtrt.handoff.vllm_env import vllm_python
+from mmtrt.handoff.vllm_pipeline import load as load_vllm
+from mmtrt.handoff.vllm_scheduler import collapse_image_runs
 from mmtrt.runtime import SamplingParams, load
 
 try:
@@ -19,13 +20,6 @@ try:
 except UserError as exc:
     pytest.skip(f"no vLLM environment: {exc}", allow_module_level=True)
 
-from conftest import compile_to  # noqa: E402
-from mmtrt.handoff.vllm_pipeline import load as load_vllm  # noqa: E402
-from mmtrt.handoff.vllm_scheduler import collapse_image_runs  # noqa: E402
-
-ENVELOPE = ("envelope:\n  batch: {min: 1, opt: 1, max: 4}\n  prompt_tokens: {min: 1, opt: 48, max: 256}\n"
-            "  max_new_tokens: 24\n")
-PRUNED_TOKENS = 32  # token_prune keep 0.5 of the tiny LLaVA's 64 patches
 
 
 @pytest.fixture(scope="module")
@@ -35,12 +29,7 @@ def folder(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def bundles(folder):
-    tmp = folder.parent
-    plain = compile_to(tmp, f"model: {{source: hf, path: {folder}}}\npasses:\n  - dead_layer_elimination: {{}}\n"
-                       + ENVELOPE, "plain.bundle")
-    pruned = compile_to(tmp, f"model: {{source: hf, path: {folder}}}\npasses:\n  - dead_layer_elimination: {{}}\n"
-                        "  - token_prune: {keep: 0.5}\n" + ENVELOPE, "pruned.bundle")
-    return {"plain": plain, "pruned": pruned}
+    return compile_plain_and_pruned(folder)
 
 
 @pytest.fixture(scope="module")
