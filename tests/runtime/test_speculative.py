@@ -47,10 +47,15 @@ def test_a_batch_with_different_acceptance_gives_every_request_its_solo_tokens(b
     pipe = load(bundle, prefix_cache_mib=0)
     images = [random_image(rng, 64, 64) for _ in PROMPTS]
     solo = [pipe.generate(image, p, 20).token_ids for image, p in zip(images, PROMPTS)]
+    requests = [Request(image, p, 20) for image, p in zip(images, PROMPTS)]
     pipe.speculative = LOOKUP
-    batch = pipe.generate_batch([Request(image, p, 20) for image, p in zip(images, PROMPTS)])
+    assert [g.token_ids for g in pipe.generate_batch(requests)] == solo
+    # request i's draft is right for its first 4 * i tokens only, so each accepts a different number
+    pipe.speculative = {"draft": PerRequest([t[:4 * i] + [(x + 1) % vocab(pipe) for x in t[4 * i:]]
+                                             for i, t in enumerate(solo)]), "k": 4}
+    batch = pipe.generate_batch(requests)
     assert [g.token_ids for g in batch] == solo
-    assert len({g.speculative["accepted"] for g in batch}) > 1
+    assert [g.speculative["accepted"] for g in batch] == [0, 3, 6]  # 2: 4 in its first step, 2 in its second
 
 
 class Continuation:
@@ -66,6 +71,17 @@ class Continuation:
 
     def commit(self, seq, kept):
         pass
+
+
+class PerRequest(Continuation):
+    """Each request (by its index) drafted from an answer of its own."""
+
+    def __init__(self, answers):
+        self.answers = answers
+
+    def propose(self, seq, count, _row):
+        tokens = self.answers[seq.prep.index]
+        return tokens[len(seq.tokens):len(seq.tokens) + count], None
 
 
 def all_accepted_until(eos_at, limit, k):
