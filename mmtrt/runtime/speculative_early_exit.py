@@ -31,7 +31,7 @@ class EarlyExitDraft:
         self.verifier = None  # set by the Speculator: where the full model's cache is read from
 
     def propose(self, seq: Sequence, count: int, row: int) -> tuple[list[int], list[np.ndarray] | None]:
-        past = {name: a.astype(self.cache_dtype, copy=False)
+        past = {name: np.ascontiguousarray(a, self.cache_dtype)
                 for name, a in self.verifier.lower_cache(seq, row, self.layers).items()}
         length = next(iter(past.values())).shape[2]
         token, tokens, qs = seq.tokens[-1], [], []
