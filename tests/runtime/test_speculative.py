@@ -10,6 +10,7 @@ import pytest
 
 from builders import random_image
 from conftest import ROOT, compile_to
+from mmtrt.errors import UserError
 from mmtrt.runtime import load
 from mmtrt.runtime.batch import Request
 from mmtrt.runtime.sampling import SamplingParams
@@ -215,3 +216,12 @@ def test_the_serving_loop_speculates_per_request_and_reports_the_running_accepta
     accepted = sum(r.speculative["accepted"] for r in results)
     assert accepted > 0 and metrics.speculative_acceptance == pytest.approx(accepted / proposed)
     assert metrics.tokens_generated == sum(len(t) for t in solo)
+
+
+def test_an_early_exit_draft_on_a_bundle_without_one_is_refused_and_the_bundle_still_decodes(tiny_bundle):
+    pipe = load(tiny_bundle, prefix_cache_mib=0)
+    pipe.speculative = {"draft": "early_exit", "k": 4}
+    with pytest.raises(UserError, match="no early-exit draft.*speculative: {draft: early_exit"):
+        pipe.generate(None, PROMPTS[0], 4)
+    pipe.speculative = None
+    assert len(pipe.generate(None, PROMPTS[0], 4).token_ids) == 4
