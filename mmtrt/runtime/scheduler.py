@@ -40,12 +40,12 @@ class Scheduler:
             raise UserError(f"max_batch {max_batch} is more than the {self.places.batch} sequences this bundle's KV "
                             "cache holds; pass at most that or recompile with a larger envelope.batch.max")
         self.max_batch = max_batch or self.places.batch
+        self.speculator = Speculator(pipe, pipe.speculative) if pipe.speculative else None
         if not pipe.decoding.acquire(blocking=False):
             raise RuntimeError("this bundle is decoding already (an unfinished stream or a serving loop); finish "
                                "or close it first, or load the bundle again")
         self.eos = set(pipe.model["eos_token_ids"])
         self.active: list[Sequence] = []
-        self.speculator = Speculator(pipe, pipe.speculative) if pipe.speculative else None
 
     def fits(self, prep: Prepared, joining: tuple[Prepared, ...] = ()) -> bool:
         """Whether `prep` can be admitted now (a batch place, and blocks for its worst case under paged) beside

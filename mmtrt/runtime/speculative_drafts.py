@@ -7,8 +7,6 @@ repeat a phrase or continue a list accept long runs; elsewhere nothing is propos
 
 from __future__ import annotations
 
-import numpy as np
-
 from mmtrt.runtime.batch import Sequence
 
 
@@ -29,16 +27,18 @@ class PromptLookup:
 
 def lookup(context: list[int], count: int, max_ngram: int, skip_token: int | None = None) -> list[int]:
     """Up to `count` tokens that followed the latest earlier occurrence of the context's last n tokens (n from
-    `max_ngram` down to 1); cut before `skip_token` (the image placeholder, whose embeddings are not a token's)."""
-    ids = np.asarray(context, np.int64)
-    for n in range(min(max_ngram, len(ids) - 1), 0, -1):
-        windows = np.lib.stride_tricks.sliding_window_view(ids[:-1], n)  # every occurrence before the suffix
-        hits = np.flatnonzero((windows == ids[-n:]).all(axis=1))
-        if len(hits):
-            start = int(hits[-1]) + n
-            proposal = ids[start:start + count].tolist()
-            if skip_token in proposal:
-                proposal = proposal[:proposal.index(skip_token)]
-            if proposal:
-                return proposal
+    `max_ngram` down to 1); cut before `skip_token` (the image placeholder, whose embeddings are not a token's).
+    A plain scan (a few hundred comparisons): numpy's per-call overhead costs more than the scan at this size."""
+    last = context[-1]
+    ends = [j for j in range(len(context) - 2, -1, -1) if context[j] == last]  # latest first
+    for n in range(min(max_ngram, len(context) - 1), 0, -1):
+        suffix = context[-n:]
+        for end in ends:
+            if end >= n - 1 and context[end - n + 1:end + 1] == suffix:
+                proposal = context[end + 1:end + 1 + count]
+                if skip_token in proposal:
+                    proposal = proposal[:proposal.index(skip_token)]
+                if proposal:
+                    return proposal
+                break
     return []

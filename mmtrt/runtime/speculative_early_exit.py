@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from mmtrt.errors import UserError
 from mmtrt.runtime.batch import Sequence
 from mmtrt.runtime.executors import component_runner
 from mmtrt.runtime.sampling import Sampler, penalize
@@ -22,16 +23,20 @@ class EarlyExitDraft:
     name = "early_exit"
 
     def __init__(self, pipe, config: dict):
-        self.pipe, self.layers, self.component = pipe, config["layers"], config.get("component", "draft")
+        self.pipe, self.component = pipe, config.get("component", "draft")
+        if self.component not in pipe.specs:
+            raise UserError(f"{pipe.path} has no early-exit draft (component {self.component!r}); compile it with "
+                            "`speculative: {draft: early_exit, layers: K}` or use draft prompt_lookup")
         if self.component not in pipe.runners:
             pipe.runners[self.component] = component_runner(pipe.path, pipe.manifest, self.component, {}, None, True)
         specs = {s.name: s for s in pipe.specs[self.component]}
+        self.layers = sum(name.startswith("past.") and name.endswith(".key") for name in specs)
         self.position_rows = len(specs["position_ids"].shape) - 1
         self.cache_dtype = np.float16 if specs["past.0.key"].dtype == "float16" else np.float32
         self.verifier = None  # set by the Speculator: where the full model's cache is read from
 
     def propose(self, seq: Sequence, count: int, row: int) -> tuple[list[int], list[np.ndarray] | None]:
-        past = {name: a.astype(self.cache_dtype, copy=False)
+        past = {name: np.ascontiguousarray(a, self.cache_dtype)
                 for name, a in self.verifier.lower_cache(seq, row, self.layers).items()}
         length = next(iter(past.values())).shape[2]
         token, tokens, qs = seq.tokens[-1], [], []

@@ -27,7 +27,8 @@ class OwnCacheVerifier:
         return logits[0]
 
     def rollback(self, seq: Sequence, _row: int, keep: int) -> None:
-        seq.cache = {name: np.ascontiguousarray(a[:, :, :keep]) for name, a in seq.cache.items()}
+        if keep < self.length(seq, _row):
+            seq.cache = {name: np.ascontiguousarray(a[:, :, :keep]) for name, a in seq.cache.items()}
 
     def length(self, seq: Sequence, _row: int) -> int:
         return next(iter(seq.cache.values())).shape[2]

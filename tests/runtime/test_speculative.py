@@ -10,6 +10,7 @@ import pytest
 
 from builders import random_image
 from conftest import ROOT, compile_to
+from mmtrt.errors import UserError
 from mmtrt.runtime import load
 from mmtrt.runtime.batch import Request
 from mmtrt.runtime.sampling import SamplingParams
@@ -47,10 +48,15 @@ def test_a_batch_with_different_acceptance_gives_every_request_its_solo_tokens(b
     pipe = load(bundle, prefix_cache_mib=0)
     images = [random_image(rng, 64, 64) for _ in PROMPTS]
     solo = [pipe.generate(image, p, 20).token_ids for image, p in zip(images, PROMPTS)]
+    requests = [Request(image, p, 20) for image, p in zip(images, PROMPTS)]
     pipe.speculative = LOOKUP
-    batch = pipe.generate_batch([Request(image, p, 20) for image, p in zip(images, PROMPTS)])
+    assert [g.token_ids for g in pipe.generate_batch(requests)] == solo
+    # request i's draft is right for its first 4 * i tokens only, so each accepts a different number
+    pipe.speculative = {"draft": PerRequest([t[:4 * i] + [(x + 1) % vocab(pipe) for x in t[4 * i:]]
+                                             for i, t in enumerate(solo)]), "k": 4}
+    batch = pipe.generate_batch(requests)
     assert [g.token_ids for g in batch] == solo
-    assert len({g.speculative["accepted"] for g in batch}) > 1
+    assert [g.speculative["accepted"] for g in batch] == [0, 3, 6]  # 2: 4 in its first step, 2 in its second
 
 
 class Continuation:
@@ -66,6 +72,17 @@ class Continuation:
 
     def commit(self, seq, kept):
         pass
+
+
+class PerRequest(Continuation):
+    """Each request (by its index) drafted from an answer of its own."""
+
+    def __init__(self, answers):
+        self.answers = answers
+
+    def propose(self, seq, count, _row):
+        tokens = self.answers[seq.prep.index]
+        return tokens[len(seq.tokens):len(seq.tokens) + count], None
 
 
 def all_accepted_until(eos_at, limit, k):
@@ -128,13 +145,22 @@ def test_eos_inside_an_accepted_run_ends_the_answer_where_plain_decoding_does(bu
     pipe.model["eos_token_ids"] = eos
 
 
+def answer_with_stops(pipe, rng, tries=8):
+    """An image, its answer, and up to four stop strings: printable characters of the answer after its first one
+    (random weights often write bytes that are no character; images are drawn until two such are found)."""
+    for _ in range(tries):
+        image = random_image(rng, 64, 64)
+        answer = pipe.generate(image, PROMPTS[2], 24)
+        stops = [c for c in dict.fromkeys(answer.text[1:]) if c.isprintable() and c != "\ufffd"][:4]
+        if len(stops) >= 2:
+            return image, answer, stops
+    raise AssertionError(f"no answer of {tries} images held two printable characters")
+
+
 @pytest.mark.parametrize("draft", ["continuation", "lookup"])
 def test_stop_strings_inside_an_accepted_run_cut_the_text_where_plain_decoding_does(bundle, rng, draft):
-    pipe, image = load(bundle, prefix_cache_mib=0), random_image(rng, 64, 64)
-    plain_full = pipe.generate(image, PROMPTS[2], 24)
-    text = plain_full.text
-    stops = {text[i:i + 2] for i in range(2, len(text) - 2, 3) if text[i:i + 2].strip()}
-    assert len(stops) >= 3
+    pipe = load(bundle, prefix_cache_mib=0)
+    image, plain_full, stops = answer_with_stops(pipe, rng)
     config = {"draft": Continuation(plain_full.token_ids, vocab(pipe)), "k": 8} if draft == "continuation" else LOOKUP
     for stop in stops:
         params = SamplingParams(stop=(stop,))
@@ -190,3 +216,12 @@ def test_the_serving_loop_speculates_per_request_and_reports_the_running_accepta
     accepted = sum(r.speculative["accepted"] for r in results)
     assert accepted > 0 and metrics.speculative_acceptance == pytest.approx(accepted / proposed)
     assert metrics.tokens_generated == sum(len(t) for t in solo)
+
+
+def test_an_early_exit_draft_on_a_bundle_without_one_is_refused_and_the_bundle_still_decodes(tiny_bundle):
+    pipe = load(tiny_bundle, prefix_cache_mib=0)
+    pipe.speculative = {"draft": "early_exit", "k": 4}
+    with pytest.raises(UserError, match="no early-exit draft.*speculative: {draft: early_exit"):
+        pipe.generate(None, PROMPTS[0], 4)
+    pipe.speculative = None
+    assert len(pipe.generate(None, PROMPTS[0], 4).token_ids) == 4
