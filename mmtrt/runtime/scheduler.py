@@ -142,13 +142,18 @@ class Scheduler:
 
 
 def run_to_end(pipe, prepared: list[Prepared], text: bool = False) -> Iterator[tuple[Sequence, Delta]]:
-    """Every prepared request through a scheduler of its own, admitted in order as places free up; each token's
-    event. The scheduler starts at the first event and is closed at the end (or when the caller drops this)."""
+    """Every prepared request through a scheduler of its own, admitted in order as places free up (those that
+    join prefilled in one call); each token's event. The scheduler starts at the first event and is closed at the
+    end (or when the caller drops this)."""
     waiting, scheduler = deque(prepared), Scheduler(pipe, text=text)
     try:
         while waiting or scheduler.active:
-            while waiting and scheduler.fits(waiting[0]):
-                yield scheduler.admit(waiting.popleft())
+            group: list[Prepared] = []
+            while waiting and scheduler.fits(waiting[0], tuple(group)) and (
+                    not group or scheduler.joins(waiting[0], tuple(group))):
+                group.append(waiting.popleft())
+            if group:
+                yield from scheduler.admit_together(group)
             yield from scheduler.step()
     finally:
         scheduler.close()

@@ -88,3 +88,23 @@ def test_the_serving_loop_admits_waiting_requests_in_one_call_or_alone(tiny_page
         assert len(spent) == (1 if batched else 3)  # one call's time shared, or a call each
         for ours, request in zip(results, requests):
             assert_same_up_to_near_ties(ours, solo(request))
+
+
+def test_mrope_prompts_of_three_image_sizes_prefilled_together_give_their_solo_tokens(qwen_compile, rng):
+    """Qwen2-VL under paged: each row's three rows of positions and its rope delta survive the left padding."""
+    bundle = qwen_compile("qwen2_vl", "passes:\n  - kv_layout: {layout: paged, block_tokens: 4}\n",
+                          "qwen2_vl-paged.bundle")
+    pipe, reference = load(bundle, threads=1), load(bundle, threads=1, prefix_cache_mib=0, encoder_cache_mib=0)
+    requests = [Request(random_image(rng, h, w), prompt, 6) for h, w, prompt in
+                [(64, 64, "What is in the picture?"), (112, 140, "Describe it."), (40, 160, "A colour?")]]
+    scheduler = Scheduler(pipe)
+    try:
+        preps = [pipe.embed_request(pipe.check(i, r)) for i, r in enumerate(requests)]
+        assert len({len(p.ids) for p in preps}) == 3 and len({p.rope_delta for p in preps}) > 1
+        sequences = [seq for seq, _ in scheduler.admit_together(preps)]
+        while scheduler.active:
+            scheduler.step()
+    finally:
+        scheduler.close()
+    for seq, request in zip(sequences, requests):
+        assert_same_up_to_near_ties(pipe.generation(seq), reference.generate_batch([request])[0])
