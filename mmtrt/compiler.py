@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import platform
 import time
 from dataclasses import dataclass
@@ -16,6 +17,7 @@ from mmtrt.eval.budget import Evaluate, check_budgets
 from mmtrt.eval.options import load_suite_data, suite_options
 from mmtrt.eval.userdata import Sample
 from mmtrt.pipeline.source import source_model
+from mmtrt.ir import export
 from mmtrt.ir.frontend import COMPONENTS, FRONTEND_PROPERTIES, describe_source, fit_envelope, load_source, lower
 from mmtrt.ir.graph import ModelIR
 from mmtrt.partition.assign import assign_backends
@@ -82,14 +84,17 @@ def stage_bundle(plan: Plan, ir: ModelIR, reports: list[dict], folder: Path) -> 
     return manifest
 
 
-def compile_recipe(recipe_path: str | Path, out: str | Path, force: bool = False, dump_dir: Path | None = None) -> Path:
-    """Compile a recipe into a bundle folder at `out`; nothing is left at `out` if any step fails."""
+def compile_recipe(recipe_path: str | Path, out: str | Path, force: bool = False, dump_dir: Path | None = None,
+                   device: str = "auto") -> Path:
+    """Compile a recipe into a bundle folder at `out`; nothing is left at `out` if any step fails. `device`:
+    where export and calibration run (`auto`: CUDA when a GPU is visible)."""
     started = time.perf_counter()
     plan = make_plan(recipe_path)
-    with writer.staging_folder(Path(out), force) as folder:
+    with writer.staging_folder(Path(out), force) as folder, export.on_device(export.resolve_device(device)):
         with stage("loading the model", key=f"load {facts_digest(plan.facts)}"):
             model, processor = load_source(plan.recipe.model, plan.recipe_dir)
         ir = lower(model, processor)
+        model = _kept_source(plan, model)
         ir.config = fit_envelope(ir.config, plan.recipe.envelope)
         annotate(ir, plan.recipe.partition)
         verify_ir(ir)
@@ -115,6 +120,18 @@ def compile_recipe(recipe_path: str | Path, out: str | Path, force: bool = False
             "pass_times_ms": {f"{i}:{r['pass']}": r.get("time_ms") for i, r in enumerate(reports)},
         })
     return Path(out)
+
+
+def _kept_source(plan: Plan, model):
+    """The source model in float32 where the compile reads it after lowering (an evaluation, recover's
+    distillation, awq_int4's Fisher sensitivity), else None: its weights are freed before the passes run."""
+    reads = plan.recipe.eval_suites() or any(
+        p.name == "recover" or getattr(p.config, "sensitivity", None) == "fisher" for p in plan.passes.passes)
+    if reads:
+        return model.float()
+    del model
+    gc.collect()
+    return None
 
 
 def _evaluator(plan: Plan, source) -> Evaluate | None:

@@ -9,6 +9,7 @@ import functools
 import json
 import os
 import shutil
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -134,13 +135,55 @@ def _libc():
 
 
 def save_onnx(model: onnx.ModelProto, path: Path, threshold: int) -> list[str]:
-    """Save with large initializers in one external data file; returns the file names written."""
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
+    """Save with large initializers in one external data file; returns the file names written. The files are
+    `onnx.save_model(save_as_external_data=True, all_tensors_to_one_file=True)`'s to the byte, but written one
+    initializer at a time from `model` (left as it was), so saving holds no second copy of the weights."""
     data = f"{path.name}.data"
-    onnx.save_model(copy, path, save_as_external_data=True, all_tensors_to_one_file=True, location=data,
-                    size_threshold=threshold)
-    return [path.name, data] if (path.parent / data).exists() else [path.name]
+    shell = _without_initializers(model)
+    with contextlib.ExitStack() as files:
+        sink = None
+        for tensor in model.graph.initializer:
+            kept = shell.graph.initializer.add()
+            raw = tensor.raw_data if tensor.HasField("raw_data") else None
+            if raw is None or len(raw) + _BYTES_OVERHEAD < threshold:
+                kept.CopyFrom(tensor)
+                continue
+            _copy_fields(tensor, kept, skip="raw_data")
+            if sink is None:
+                sink = files.enter_context(open(path.parent / data, "wb"))
+            offset = sink.tell()
+            sink.write(raw)
+            del raw
+            del kept.external_data[:]
+            kept.data_location = onnx.TensorProto.EXTERNAL
+            for key, value in (("location", data), ("offset", offset), ("length", sink.tell() - offset)):
+                kept.external_data.add(key=key, value=str(value))
+    onnx.save_model(shell, path)
+    return [path.name, data] if sink is not None else [path.name]
+
+
+# onnx's threshold compares sys.getsizeof(raw_data): the bytes object's header and its length
+_BYTES_OVERHEAD = sys.getsizeof(b"")
+
+
+def _without_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
+    shell = onnx.ModelProto()
+    _copy_fields(model, shell, skip="graph")
+    _copy_fields(model.graph, shell.graph, skip="initializer")
+    return shell
+
+
+def _copy_fields(src, dst, skip: str) -> None:
+    """Every field of message `src` set on `dst` except `skip`."""
+    for field, value in src.ListFields():
+        if field.name == skip:
+            continue
+        if field.is_repeated:
+            getattr(dst, field.name).extend(value)
+        elif field.type == field.TYPE_MESSAGE:
+            getattr(dst, field.name).CopyFrom(value)
+        else:
+            setattr(dst, field.name, value)
 
 
 def share_external_data(model: onnx.ModelProto, owner: onnx.ModelProto, owner_path: Path) -> tuple[onnx.ModelProto, list[str]]:

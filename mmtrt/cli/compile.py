@@ -29,7 +29,7 @@ def _compile(args) -> int:
         dump_folder(args.dump_ir)
     from mmtrt.bundle.trust import manifest_digest
 
-    bundle = compile_recipe(args.recipe, out, force=args.force, dump_dir=args.dump_ir)
+    bundle = compile_recipe(args.recipe, out, force=args.force, dump_dir=args.dump_ir, device=args.device)
     show(f"wrote {bundle}")
     show(f"digest sha256:{manifest_digest(bundle)}")
     show(f"next: {_first_run(bundle, recipe)}")
@@ -58,4 +58,6 @@ def add_command(sub) -> None:
     p.add_argument("--json", action="store_true", help="with --plan: print the whole plan as JSON")
     p.add_argument("--force", action="store_true", help="replace an existing bundle folder")
     p.add_argument("--dump-ir", type=Path, metavar="DIR", help="write every ONNX graph after every pass into DIR")
+    p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
+                   help="where export and calibration run (default auto: CUDA when a GPU is visible)")
     p.set_defaults(func=_compile)

@@ -7,15 +7,49 @@ layers after the feature layer are still in the graph: removing them is the job 
 from __future__ import annotations
 
 import contextlib
+import gc
 import io
 import warnings
+from contextvars import ContextVar
 
 import onnx
 import torch
 from torch.export import Dim
 from transformers.cache_utils import DynamicCache
 
+from mmtrt.errors import UserError
+
 OPSET = 23
+_device: ContextVar[str] = ContextVar("export_device", default="cpu")
+
+
+@contextlib.contextmanager
+def on_device(name: str):
+    """Export (and the float32 widening before it) on torch device `name` for the duration."""
+    token = _device.set(name)
+    try:
+        yield
+    finally:
+        _device.reset(token)
+
+
+def device() -> torch.device:
+    return torch.device(_device.get())
+
+
+def resolve_device(choice: str) -> str:
+    """`auto`: CUDA when torch sees a GPU, else the CPU; `cuda` without one is refused."""
+    visible = torch.cuda.is_available()
+    if choice == "auto":
+        return "cuda" if visible else "cpu"
+    if choice == "cuda" and not visible:
+        raise UserError("--device cuda but torch sees no CUDA GPU; use --device cpu (or auto)")
+    return choice
+
+
+def vision_modules(llava) -> list[torch.nn.Module]:
+    """What `VisionWithProjector` runs: the tower and the projector."""
+    return [llava.model.vision_tower, llava.model.multi_modal_projector]
 
 
 class VisionWithProjector(torch.nn.Module):
@@ -69,11 +103,30 @@ def kv_names(num_layers: int, prefix: str) -> list[str]:
 
 
 def _export(module, args, dynamic_shapes, input_names, output_names) -> onnx.ModelProto:
+    args = torch.utils._pytree.tree_map(lambda t: t.to(device()) if isinstance(t, torch.Tensor) else t, args)
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
         program = torch.onnx.export(module, args, dynamo=True, opset_version=OPSET, dynamic_shapes=dynamic_shapes,
                                     input_names=input_names, output_names=output_names, verbose=False)
-    return strip_provenance(program.model_proto)
+    model = program.model_proto
+    del program
+    _forget_matched_graphs()
+    return strip_provenance(model)
+
+
+def _forget_matched_graphs() -> None:
+    """onnxscript's rewrite rules are module globals whose matchers keep the last graph they matched, and with
+    it the torch tensors of every weight the export read (the whole LLM after its export): drop those
+    references so a component's weights are freed with the component."""
+    try:
+        from onnxscript.rewriter._matcher import SimplePatternMatcher
+    except ImportError:
+        return
+    for obj in gc.get_objects():
+        if isinstance(obj, SimplePatternMatcher):
+            for name in ("_graph", "_match", "_current_node", "_tracer"):
+                obj.__dict__.pop(name, None)
+    gc.collect()
 
 
 def strip_provenance(model: onnx.ModelProto) -> onnx.ModelProto:

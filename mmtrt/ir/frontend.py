@@ -11,8 +11,6 @@ import json
 from pathlib import Path
 from typing import Any
 
-import torch
-
 from mmtrt.errors import UserError
 from mmtrt.ir.families import family
 from mmtrt.ir.families.common import COMPONENTS, FRONTEND_PROPERTIES
@@ -28,7 +26,8 @@ CHECKPOINT_FILES = ("config.json",)
 
 
 def load_source(source: ModelSource, recipe_dir: Path):
-    """The PyTorch model (fp32, eval) and its processor."""
+    """The PyTorch model (eval, in the checkpoint's own dtype: each component is exported in float32 on its own,
+    `families.common.lowered`, so a bfloat16 checkpoint is never held twice in float32) and its processor."""
     if source.source == "zoo":
         from mmtrt.zoo import build_zoo_model
 
@@ -38,7 +37,7 @@ def load_source(source: ModelSource, recipe_dir: Path):
     folder, processor, fam = _checkpoint_processor(checkpoint_folder(source.path, recipe_dir))
     model_class = getattr(transformers, fam.MODEL_CLASS)
     with _checkpoint_errors(f"could not load the weights in {folder}", "re-save the model with save_pretrained"):
-        return model_class.from_pretrained(folder, dtype=torch.float32).eval(), processor
+        return model_class.from_pretrained(folder, dtype="auto").eval(), processor
 
 
 def describe_source(source: ModelSource, recipe_dir: Path) -> dict[str, Any]:

@@ -110,8 +110,14 @@ def check_recipe_data(passes, data: RecipeData | None) -> None:
 
 
 def session(model: onnx.ModelProto) -> ort.InferenceSession:
+    """A calibration session on the compile's device: ONNX Runtime's CUDA provider under `--device cuda` where
+    this ONNX Runtime has it (its kernels round differently from the CPU's, so calibrated bundles differ in the
+    last bits), else the CPU."""
+    from mmtrt.ir.export import device
+
+    cuda = device().type == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers()
     return ort.InferenceSession(model.SerializeToString(), session_options(None, spin=False),
-                                providers=["CPUExecutionProvider"])
+                                providers=["CUDAExecutionProvider"] * cuda + ["CPUExecutionProvider"])
 
 
 def run_with_outputs(model: onnx.ModelProto, names: list[str],

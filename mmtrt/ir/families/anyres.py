@@ -76,7 +76,8 @@ def lower(model, processor, max_patches: int | None) -> ModelIR:
     facts = anyres_facts(model.config, model.generation_config, processor, spec, max_patches)
     v = facts["vision"]
     size = tuple(spec["output_size"])
-    vision = lowered("vision", v, lambda: export.export_vision(model, v["feature_layer"], v["select_strategy"], size))
+    vision = lowered("vision", v, lambda: export.export_vision(model, v["feature_layer"], v["select_strategy"], size),
+                     export.vision_modules(model))
     if vision.outputs[0].shape[1] != v["tile_tokens"]:
         raise UserError(f"the vision tower yields {vision.outputs[0].shape[1]} tokens per tile but the any-resolution "
                         f"layout needs {v['tile_tokens']} (a {v['anyres']['grid']}x{v['anyres']['grid']} grid); "

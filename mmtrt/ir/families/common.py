@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
+import gc
+import itertools
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 import onnx
+import torch
 
 from mmtrt.ir import export
 from mmtrt.ir.graph import Component, graph_io
@@ -49,19 +53,49 @@ def onnx_component(name: str, model) -> Component:
     return Component(name, graph_io(model, "inputs"), graph_io(model, "outputs"), onnx=model)
 
 
-def lowered(name: str, sizes: dict[str, Any], export_graph: Callable[[], onnx.ModelProto]) -> Component:
-    """One component exported under a progress line that names it with its depth; the next compile of the same
-    sizes shows this one's time as its estimate."""
+def lowered(name: str, sizes: dict[str, Any], export_graph: Callable[[], onnx.ModelProto],
+            modules: Sequence[torch.nn.Module]) -> Component:
+    """One component exported, its `modules` in float32 on the export device for the duration only, under a
+    progress line that names it with its depth; the next compile of the same sizes shows this one's time as its
+    estimate."""
     depth = f" ({sizes['num_layers']} layers)" if "num_layers" in sizes else ""
-    with stage(f"lowering {name}{depth} to ONNX", key=f"lower {name} {facts_digest(sizes)}"):
-        return onnx_component(name, export_graph())
+    with stage(f"lowering {name}{depth} to ONNX", key=f"lower {name} {facts_digest(sizes)}"), \
+            exported_as_float32(modules):
+        graph = export_graph()
+    gc.collect()
+    return onnx_component(name, graph)
+
+
+@contextlib.contextmanager
+def exported_as_float32(modules: Sequence[torch.nn.Module]):
+    """The modules' floating tensors as float32 on `export.device()` while one component exports, their own
+    tensors back afterwards: a bfloat16 checkpoint is widened one component at a time (exactly: every bfloat16 is
+    a float32), and only the component being exported is ever held twice."""
+    target = export.device()
+    saved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
+    for module in modules:
+        for t in itertools.chain(module.parameters(), module.buffers()):
+            if id(t) in saved:
+                continue
+            wide = t.data.float() if t.is_floating_point() else t.data
+            if wide is not t.data or t.device != target:
+                saved[id(t)] = (t, t.data)
+                t.data = wide.to(target)
+    try:
+        yield
+    finally:
+        for t, data in saved.values():
+            t.data = data
+        saved.clear()
 
 
 def language_components(model, llm: dict[str, Any]) -> dict[str, Component]:
     """The token embedding and the decoder (prefill and decode in one graph), exported."""
     table = {"vocab_size": llm["vocab_size"], "hidden_size": llm["hidden_size"]}
+    lm = model.model.language_model
     return {
-        "embed": lowered("embed", table, lambda: export.export_embedding(model)),
+        "embed": lowered("embed", table, lambda: export.export_embedding(model), [lm.embed_tokens]),
         "llm": lowered("llm", llm, lambda: export.export_decoder(model, llm["num_layers"], llm["num_kv_heads"],
-                                                                 llm["head_dim"], llm["hidden_size"])),
+                                                                 llm["head_dim"], llm["hidden_size"]),
+                       [lm, model.lm_head]),
     }

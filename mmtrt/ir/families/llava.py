@@ -61,7 +61,8 @@ def lower(model, processor) -> ModelIR:
     facts = model_facts(model.config, model.generation_config, processor, spec)
     v = facts["vision"]
     size = tuple(spec["output_size"])
-    vision = lowered("vision", v, lambda: export.export_vision(model, v["feature_layer"], v["select_strategy"], size))
+    vision = lowered("vision", v, lambda: export.export_vision(model, v["feature_layer"], v["select_strategy"], size),
+                     export.vision_modules(model))
     exported_tokens = vision.outputs[0].shape[1]
     if exported_tokens != v["image_tokens"]:
         raise UserError(f"the vision tower yields {exported_tokens} tokens per image but the processor expands "

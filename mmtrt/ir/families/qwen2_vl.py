@@ -128,6 +128,7 @@ def lower(model, processor) -> ModelIR:
     spec = preprocess_spec(processor.image_processor)
     facts = model_facts(model.config, model.generation_config, processor, spec)
     v, t = facts["vision"], facts["llm"]
+    lm = model.model.language_model
     cpp = 3 * v["temporal_patch_size"] * v["patch_size"] ** 2
     components = {
         "preprocess": Component(
@@ -136,10 +137,12 @@ def lower(model, processor) -> ModelIR:
             outputs=[TensorSpec("pixel_values", "float32", ("patches", cpp))],
             spec=spec,
         ),
-        "vision": lowered("vision", v, lambda: export.export_vision(model, v["window_size"] is not None, (6, 10))),
-        "embed": lowered("embed", {k: t[k] for k in ("vocab_size", "hidden_size")}, lambda: export_embedding(model)),
+        "vision": lowered("vision", v, lambda: export.export_vision(model, v["window_size"] is not None, (6, 10)),
+                          [model.model.visual]),
+        "embed": lowered("embed", {k: t[k] for k in ("vocab_size", "hidden_size")}, lambda: export_embedding(model),
+                         [lm.embed_tokens]),
         "llm": lowered("llm", t, lambda: export.export_decoder(model, t["num_layers"], t["num_kv_heads"], t["head_dim"],
-                                                                t["hidden_size"])),
+                                                                t["hidden_size"]), [lm, model.lm_head]),
     }
     return ModelIR(components, facts, tokenizer_assets(processor), set(PROPERTIES))
 
