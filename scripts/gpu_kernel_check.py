@@ -197,9 +197,9 @@ def check_int4_gemm(kernels: Kernels, rng, cases) -> bool:
     pairs = ((np.float32, np.float32), (np.float16, np.float32), (np.float16, np.float16),
              (ml_dtypes.bfloat16, np.float32), (ml_dtypes.bfloat16, ml_dtypes.bfloat16))
     for rows, K, N in cases:
+        q, scales, _ = quantize_groups(rng.standard_normal((N, K)).astype(np.float32), 128)  # one weight per shape
+        packed = int8_pairs(np.ascontiguousarray(q.T))  # the plugin's weight: int8 [K, N / 2]
         for dtype, scale_dtype in pairs if kernels.mode != "roofline" else pairs[2:3]:
-            q, scales, _ = quantize_groups(rng.standard_normal((N, K)).astype(np.float32), 128)
-            packed = int8_pairs(np.ascontiguousarray(q.T))  # the plugin's weight: int8 [K, N / 2]
             s = np.ascontiguousarray(scales.T).astype(scale_dtype)
             x = rng.standard_normal((rows, K)).astype(dtype)
             pre = rng.uniform(0.5, 2, K).astype(dtype)
