@@ -42,9 +42,10 @@ def kinds(model: str, folder: Path, rng) -> dict[str, tuple[str, str, bytes]]:
         return "POST", CHAT, json.dumps(body).encode()
 
     def part(kind: str, value: str) -> dict:
+        image = {"type": "image_url", "image_url": {"url": value}} if kind == "image_url" else \
+            {"type": kind, "image": value}
         return hostile.with_images(model, [], "What is it?") | {"messages": [{"role": "user", "content": [
-            {"type": "image_url", "image_url": {"url": value}} if kind == "image_url" else {"type": kind, "image": value},
-            {"type": "text", "text": "What is it?"}]}]}
+            image, {"type": "text", "text": "What is it?"}]}]}
 
     big = hostile.data_uri(hostile.large_png(2000, 2000))
     return {
@@ -70,8 +71,8 @@ def kinds(model: str, folder: Path, rng) -> dict[str, tuple[str, str, bytes]]:
 
 def send(url: str, method: str, route: str, body: bytes, timeout: float = 120) -> tuple[int | str, bytes]:
     """`route` from the server's root (`url` is the OpenAI base, .../v1)."""
-    request = urllib.request.Request(url.removesuffix("/v1") + route, body if method == "POST" else None, {"Content-Type": "application/json"},
-                                     method=method)
+    request = urllib.request.Request(url.removesuffix("/v1") + route, body if method == "POST" else None,
+                                     {"Content-Type": "application/json"}, method=method)
     try:
         with urllib.request.urlopen(request, timeout=timeout) as response:
             return response.status, response.read()
@@ -171,10 +172,11 @@ def bench(args) -> list[str]:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, cwd=ROOT).stdout
     return [f"Date {datetime.date.today()}, commit {commit.strip()}, {platform.machine()}, {os.cpu_count()} CPUs "
             "(shared with other jobs, no GPU). "
-            f"Command: `scripts/bench_robustness.py {args.bundle.name} --tries {args.tries} --seconds {args.seconds}`.",
+            f"Command: `scripts/bench_robustness.py {args.bundle.name} --tries {args.tries} "
+            f"--seconds {args.seconds}`.",
             "",
-            "| kind (each one's worst case) | tried (OpenAI + Triton) | handled cleanly | /health p99 ms | ratio to idle "
-            "| normal request p99 ms | ratio to idle |",
+            "| kind (each one's worst case) | tried (OpenAI + Triton) | handled cleanly | /health p99 ms "
+            "| ratio to idle | normal request p99 ms | ratio to idle |",
             "| --- | --- | --- | --- | --- | --- | --- |", *rows, "",
             f"KV blocks in use after the run: {idle:.0f}."]
 

@@ -48,9 +48,9 @@ def chat_request(pipe, messages: list[dict[str, Any]], sampling: SamplingParams 
     placeholder = pipe.model["image_token"]
     rendered = _outside_spans(text, spans).count(placeholder)
     if rendered != len(pending):
-        raise UserError(f"this model's chat template renders {rendered} image placeholders for "
-                        f"{len(pending)} images; send {'one image' if len(pending) > 1 else 'images only in content parts'}"
-                        f" (and no literal {placeholder} in the text)")
+        fix = "one image" if len(pending) > 1 else "images only in content parts"
+        raise UserError(f"this model's chat template renders {rendered} image placeholders for {len(pending)} images; "
+                        f"send {fix} (and no literal {placeholder} in the text)")
     images = [_open(kind, value, load_image) for kind, value in pending]
     return Request(images, text, None, raw_prompt=True, sampling=sampling, text_spans=spans)
 

@@ -45,18 +45,17 @@ class TooLarge(UserError):
 def add_arguments(parser, positive_int) -> None:
     """The limits as `mmtrt serve` options."""
     d = Limits()
-    parser.add_argument("--max-body-bytes", type=positive_int, default=d.max_body_bytes, metavar="N", help="the most bytes "
-                        f"a request body may hold; a larger one is refused with HTTP 413 (default {d.max_body_bytes})")
-    parser.add_argument("--max-text-chars", type=positive_int, default=d.max_text_chars, metavar="N", help="the most "
-                        f"characters of text a request's messages may hold, counted before tokenizing "
-                        f"(default {d.max_text_chars})")
-    parser.add_argument("--max-image-pixels", type=positive_int, default=d.max_image_pixels, metavar="N", help="the most "
-                        f"pixels (width x height) an image may have, read from its header before it is decoded "
-                        f"(default {d.max_image_pixels})")
-    parser.add_argument("--max-image-file-bytes", type=positive_int, default=d.max_image_file_bytes, metavar="N",
-                        help=f"the most bytes read from an --allow-images file (default {d.max_image_file_bytes})")
-    parser.add_argument("--prepare-threads", type=positive_int, default=d.prepare_threads, metavar="N", help="threads that "
-                        f"parse, decode and tokenize requests off the event loop (default {d.prepare_threads})")
+    options = (
+        ("--max-body-bytes", d.max_body_bytes, "the most bytes a request body may hold; a larger one is refused with "
+         "HTTP 413"),
+        ("--max-text-chars", d.max_text_chars, "the most characters of text a request's messages may hold, counted "
+         "before tokenizing"),
+        ("--max-image-pixels", d.max_image_pixels, "the most pixels (width x height) an image may have, read from its "
+         "header before it is decoded"),
+        ("--max-image-file-bytes", d.max_image_file_bytes, "the most bytes read from an --allow-images file"),
+        ("--prepare-threads", d.prepare_threads, "threads that parse, decode and tokenize requests off the event loop"))
+    for flag, default, text in options:
+        parser.add_argument(flag, type=positive_int, default=default, metavar="N", help=f"{text} (default {default})")
 
 
 def from_arguments(args) -> Limits:

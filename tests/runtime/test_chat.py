@@ -62,8 +62,8 @@ def test_what_the_bundle_or_its_template_cannot_take_is_refused_in_one_line(tiny
                                                                                           "text": "?"}]}]
 
     def with_template(template):
-        return SimpleNamespace(tokenizer=pipe.tokenizer, dims=pipe.dims, model={**pipe.model, "chat_template": template},
-                               parse_special_tokens=False)
+        return SimpleNamespace(tokenizer=pipe.tokenizer, dims=pipe.dims, parse_special_tokens=False,
+                               model={**pipe.model, "chat_template": template})
 
     one_image_only = with_template("{{ raise_exception('This model takes one image') "
                                    "if messages[0]['content']|length > 2 }}<image>")
