@@ -62,15 +62,15 @@ def int4_linears(llm: onnx.ModelProto) -> dict[tuple[int, str], dict]:
         mul = producer.get(x)
         if mul is not None and mul.op_type == "Mul" and mul.input[1] in inits:
             x, prequant = mul.input[0], numpy_helper.to_array(inits[mul.input[1]]).astype(np.float32)
-        found[(int(m.group(1) or -1), m.group(2))] = dict(q=q, zeros=zeros, scales=scales, block=block, x=x,
-                                                    prequant=prequant, output=node.output[0])
+        found[(int(m.group(1) or -1), m.group(2))] = {"q": q, "zeros": zeros, "scales": scales, "block": block,
+                                                      "x": x, "prequant": prequant, "output": node.output[0]}
     return found
 
 
 def dequantized(lin: dict) -> np.ndarray:
     """The float weight [N, K] the graph applies to the linear's input (pre-quant scale included)."""
     k = lin["q"].shape[1]
-    expand = lambda a: np.repeat(a, lin["block"], axis=1)[:, :k]  # noqa: E731
+    expand = lambda a: np.repeat(a, lin["block"], axis=1)[:, :k]
     w = (lin["q"].astype(np.float32) - expand(lin["zeros"]).astype(np.float32)) * expand(lin["scales"])
     return w if lin["prequant"] is None else w * lin["prequant"][None, :]
 

@@ -3,9 +3,10 @@ transformers and vLLM load (config, processor, chat template, tokenizer, safeten
 
 The LLM's weights are the bundle's graphs' (handoff/llm_weights.py), so its passes carry over: a channel-pruned
 width becomes the config's size, and awq_int4's INT4 linears are written in AutoAWQ's GEMM packing with its
-`quantization_config` (handoff/awq_gemm.py), which vLLM reads. The config, processor and the vision tower and projector come from the source
-checkpoint the recipe names (the bundle keeps no config of its own; its vision graph's weights are the source's
-where its vision passes are lossless, and the export says in one line where they are not). What a Hugging Face
+`quantization_config` (handoff/awq_gemm.py), which vLLM reads. The config, processor and the vision tower and
+projector come from the source checkpoint the recipe names (the bundle keeps no config of its own; its vision
+graph's weights are the source's where its vision passes are lossless, and the export says in one line where they
+are not). What a Hugging Face
 folder cannot express (token pruning, plugins) is named in one line each: it stays on mmtrt's side of the split,
 which hands an engine the image features (image_embeds) the bundle computes. The folder is written beside OUT and
 renamed into place, so nothing half-written remains."""
@@ -51,16 +52,14 @@ def export_hf(bundle: str | os.PathLike, out: str | os.PathLike, *,
     try:
         _write(stage, family, state, config, model, processor)
         notes = not_expressed(manifest) + floats
-        (stage / "README.md").write_text(model_card(manifest, bundle, notes))
+        (stage / "README.md").write_text(model_card(manifest, notes))
+        if out.exists():
+            raise UserError(f"{out} appeared during the export; the export was discarded")
         stage.rename(out)
     except BaseException:
         shutil.rmtree(stage, ignore_errors=True)
         raise
     return {"out": str(out), "family": family, "quantization": quantization, "not_expressed": notes}
-
-
-def _name(record: dict) -> str:
-    return record["pass"]
 
 
 def _source_model(manifest: dict, bundle: Path, source):
@@ -107,10 +106,11 @@ def _state_and_config(model, bundle: Path, manifest: dict):
         for c in {id(config): config, id(text): text}.values():  # a quantized lm_head is its own weight
             c.tie_word_embeddings = False
     if quantization is not None:
-        config.quantization_config = {**quantization, "modules_to_not_convert": [
-            hub_name(manifest["model"]["architecture"], LLM_PREFIX + m) for m in quantization["modules_to_not_convert"]]}
-    floats = [f"awq_int4: {len(why)} linears written in float (modules_to_not_convert): "
-              f"{'; '.join(sorted(set(why.values())))}"] if why else []
+        family = manifest["model"]["architecture"]
+        skipped = [hub_name(family, LLM_PREFIX + m) for m in quantization["modules_to_not_convert"]]
+        config.quantization_config = {**quantization, "modules_to_not_convert": skipped}
+    reasons = "; ".join(sorted(set(why.values())))
+    floats = [f"awq_int4: {len(why)} linears written in float (modules_to_not_convert): {reasons}"] if why else []
     return state, config, None if quantization is None else "awq", floats
 
 
@@ -173,7 +173,7 @@ def not_expressed(manifest: dict) -> list[str]:
     tokens = manifest["image_token_rules"].get("tokens_per_image")
     lines = []
     for record in manifest["passes"]:
-        name, changes = _name(record), record["changes"]
+        name, changes = record["pass"], record["changes"]
         if name == "token_prune":
             lines.append(f"token_prune: the folder's vision tower gives every image token, not the bundle's "
                          f"{tokens} per image; an engine fed the bundle's image features (image_embeds) gets the kept ones")
@@ -185,14 +185,12 @@ def not_expressed(manifest: dict) -> list[str]:
     return lines
 
 
-def model_card(manifest: dict, bundle: Path, notes: list[str]) -> str:
-    passes = [f"- `{_name(p)}` {p['config']}" for p in manifest["passes"]] or ["- (none)"]
+def model_card(manifest: dict, notes: list[str]) -> str:
+    passes = [f"- `{p['pass']}` {p['config']}" for p in manifest["passes"]] or ["- (none)"]
     unsaid = [f"- {line}" for line in notes] or ["- nothing: every pass of the bundle is in these weights"]
-    return "\n".join([
-        f"# {manifest['model']['architecture']} compiled by mmtrt", "",
-        f"Exported by `mmtrt export hf` from a bundle (mmtrt {manifest['mmtrt_version']}, "
-        f"digest of its recipe sha256:{manifest['recipe_sha256'][:16]}). The LLM's weights are the bundle's graphs', "
-        "after its passes; the vision tower, projector, config and processor are the source checkpoint's. Keys are "
-        "in the Hugging Face Hub's layout: transformers and vLLM load the folder.", "",
-        "## Passes the bundle ran", "", *passes, "",
-        "## Not expressed in this folder", "", *unsaid, ""])
+    about = (f"Exported by `mmtrt export hf` from a bundle (mmtrt {manifest['mmtrt_version']}, its recipe's sha256 "
+             f"{manifest['recipe_sha256'][:16]}). The LLM's weights are the bundle's graphs', after its passes; the "
+             "vision tower, projector, config and processor are the source checkpoint's. Keys are in the Hugging "
+             "Face Hub's layout: transformers and vLLM load the folder.")
+    return "\n".join([f"# {manifest['model']['architecture']} compiled by mmtrt", "", about, "",
+                      "## Passes the bundle ran", "", *passes, "", "## Not expressed in this folder", "", *unsaid, ""])

@@ -15,8 +15,15 @@ import onnx
 from onnx import numpy_helper
 
 from mmtrt.handoff.awq_gemm import dequantized, int4_linears
-from mmtrt.handoff.trtllm_export import (HF_MODULE, LAYER_ROLES, NotExportable, _bias, _embedding, _lm_head,
-                                         _through_casts)
+from mmtrt.handoff.trtllm_export import (
+    HF_MODULE,
+    LAYER_ROLES,
+    NotExportable,
+    _bias,
+    _embedding,
+    _lm_head,
+    _through_casts,
+)
 from mmtrt.quant.linears import find_linears
 
 HF_ROLE = {**HF_MODULE, "k_proj": "self_attn.k_proj", "v_proj": "self_attn.v_proj"}

@@ -16,7 +16,12 @@ def test_demo_bundle_placement(tiny_bundle, capsys):
     assert "embed.0      onnxruntime" in out
     assert "onnxruntime because partition.embed does not list tensorrt: node_embedding (Gather)" in out
     assert "in:  pixel_values float32[num_images,3,64,64]" in out
-    assert "trtllm-build --checkpoint_dir BUNDLE/trtllm/checkpoint" in out
+    assert "tensorrt-llm" not in out  # a plain recipe plans no TensorRT-LLM engine
+
+
+def test_an_opted_in_bundle_shows_the_trtllm_build_command(tiny_trtllm_bundle, capsys):
+    assert main(["inspect", str(tiny_trtllm_bundle), "--placement"]) == 0
+    assert "tensorrt-llm (llm): trtllm-build --checkpoint_dir BUNDLE/trtllm/checkpoint" in capsys.readouterr().out
 
 
 def test_placement_json(tiny_bundle, capsys):

@@ -9,11 +9,11 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from builders import decided_steps, dequantized_linears, hf_greedy, random_image
+from conftest import ROOT, compile_to
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
-from builders import decided_steps, dequantized_linears, hf_greedy, random_image
-from conftest import ROOT, compile_to
 from mmtrt.cli import main
 from mmtrt.handoff.hf_export import export_hf
 from mmtrt.runtime import load
@@ -186,7 +186,7 @@ def test_an_awq_int4_llm_exports_as_autoawq_gemm_holding_the_bundles_int4_weight
     assert {k: quant[k] for k in ("quant_method", "version", "bits", "group_size", "zero_point")} == \
         {"quant_method": "awq", "version": "gemm", "bits": 4, "group_size": 32, "zero_point": True}
     with safe_open(out / "model.safetensors", "np") as f:
-        tensors = {k: f.get_tensor(k) for k in f.keys()}
+        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is no dict)
     graph = dequantized_linears(onnx.load(awq_llava / "llm.onnx"))
     prefix = "language_model.model."
     dense = {}

@@ -6,7 +6,6 @@ import json
 
 import numpy as np
 import pytest
-
 from builders import read_safetensors
 from conftest import ROOT, TRTLLM_OPT_IN, compile_to
 
