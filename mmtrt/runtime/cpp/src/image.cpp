@@ -142,8 +142,10 @@ std::vector<uint8_t> read_bounded(std::ifstream& in, const std::string& path) {
 
 RgbImage read_image(const std::string& path) {
   struct stat st {};
-  if (stat(path.c_str(), &st) != 0 || S_ISDIR(st.st_mode))
+  if (stat(path.c_str(), &st) != 0)
     throw Error(ErrorKind::BadInput, "image " + path + " does not exist; pass the path of a PNG or JPEG file");
+  if (S_ISDIR(st.st_mode))
+    throw Error(ErrorKind::BadInput, "image " + path + " is a folder, not an image file; pass the path of a PNG or JPEG file");
   std::ifstream in(path, std::ios::binary);
   if (!in) throw unreadable(path, "permission denied or not a regular file");
   const std::vector<uint8_t> data = read_bounded(in, path);
