@@ -95,8 +95,9 @@ def prepare(folder: Path | None = None, quiet: bool = False) -> Path:
 
 
 def main() -> int:
+    """Make the managed environment, unless MMTRT_VLLM_PYTHON names the user's own (then only check it exists)."""
     try:
-        print(prepare())
+        print(vllm_python() if os.environ.get(PYTHON_ENV) else prepare())
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

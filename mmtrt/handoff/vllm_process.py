@@ -64,12 +64,15 @@ class VllmProcess:
             write_message(self.process.stdin, header, arrays)
 
     def submit(self, rid: str, ids: list[int], image_embeds: np.ndarray | None, sampling: dict, max_tokens: int,
-               eos_token_ids: list[int], on_message: Callable[[dict], None]) -> None:
+               eos_token_ids: list[int], on_message: Callable[[dict], None], image: np.ndarray | None = None) -> None:
         """Start a request; `on_message` gets each of its messages on the reader thread, the last with a
-        finish_reason ("stop", "length", "abort" or "error" with the reason)."""
+        finish_reason ("stop", "length", "abort" or "error" with the reason). `image` (uint8 [H, W, 3]) instead of
+        `image_embeds`: vLLM preprocesses and encodes it itself."""
         arrays = {"ids": np.asarray(ids, np.int64)}
         if image_embeds is not None:
             arrays["image_embeds"] = np.ascontiguousarray(image_embeds, np.float32)
+        elif image is not None:
+            arrays["image"] = np.ascontiguousarray(image, np.uint8)
         self.callbacks[rid] = on_message
         self._send({"op": "generate", "id": rid, "sampling": sampling, "max_tokens": max_tokens,
                     "eos_token_ids": eos_token_ids}, arrays)

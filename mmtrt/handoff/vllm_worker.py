@@ -4,10 +4,11 @@ Hugging Face folder, fed with the image embeddings mmtrt's vision side computed.
 vLLM pins its own torch, so it cannot share mmtrt's environment; mmtrt starts this file there as a script (it imports
 nothing of mmtrt: worker_framing.py sits beside it). Messages use that framing. mmtrt sends `load` (the folder and
 the engine's options; answered with {"ok", "vllm"} or why not), then any number of `generate` (an id, the prompt's
-ids with each image's placeholder as one token, an image's embeddings `image_embeds` [1, count, hidden], sampling
-values) and `cancel` (an id), and `exit`. Requests run together, continuously batched by vLLM's engine, and each
-engine step sends every running request's new tokens: {"id", "tokens", "finish_reason"}, the first also with the
-prompt's length and image-token count as vLLM expanded them (vLLM expands the placeholder to the embeddings' count).
+ids with each image's placeholder as one token, the image's embeddings `image_embeds` [1, count, hidden] or, for
+vLLM's own vision side, the image `image` uint8 [H, W, 3]; sampling values), `cancel` (an id) and `exit`. Requests
+run together, continuously batched by vLLM's engine, and each engine step sends every running request's new
+tokens: {"id", "tokens", "finish_reason"}, the first also with the prompt's length and image-token count as vLLM
+expanded them (vLLM expands the placeholder to the embeddings' count).
 
 vLLM's scheduler starts its engine core with the spawn start method, which re-imports this script: hence the guard.
 """
@@ -38,6 +39,10 @@ def engine_prompt(header: dict, arrays: dict) -> dict:
     prompt = {"prompt_token_ids": [int(i) for i in arrays["ids"]]}
     if "image_embeds" in arrays:
         prompt["multi_modal_data"] = {"image": torch.from_numpy(arrays["image_embeds"].copy())}
+    elif "image" in arrays:  # vLLM's own preprocessing and vision tower (the comparison mmtrt's split is measured by)
+        from PIL import Image
+
+        prompt["multi_modal_data"] = {"image": Image.fromarray(arrays["image"])}
     return prompt
 
 
