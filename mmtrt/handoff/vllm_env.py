@@ -7,7 +7,8 @@ without dependencies; torchaudio and torchcodec removed (they fail to load besid
 steps is written last, so a half-made environment is redone and a made one is left alone.
 
 `MMTRT_VLLM_PYTHON` names a user's own interpreter instead (nothing is installed then); otherwise the environment
-lives in `.venv-vllm` at the repository root (`MMTRT_VLLM_ENV` moves it). `python -m mmtrt.handoff.vllm_env` makes it.
+lives in the user's cache folder, XDG_CACHE_HOME/mmtrt/vllm-env (`MMTRT_VLLM_ENV` moves it).
+`python -m mmtrt.handoff.vllm_env` makes it.
 """
 
 from __future__ import annotations
@@ -35,7 +36,9 @@ HINT = f"run `python -m mmtrt.handoff.vllm_env` (it installs {VLLM}, GBs, once),
 
 
 def env_folder() -> Path:
-    return Path(os.environ.get(FOLDER_ENV) or Path(__file__).resolve().parents[2] / ".venv-vllm")
+    """One environment per user, in the user's cache folder: every checkout and install shares its 6 GB."""
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
+    return Path(os.environ.get(FOLDER_ENV) or cache / "mmtrt" / "vllm-env")
 
 
 def ready(folder: Path) -> bool:
