@@ -12,7 +12,7 @@ import sys
 from functools import lru_cache
 from pathlib import Path
 
-from mmtrt.handoff.trtllm_worker import read_message, write_message
+from mmtrt.handoff.worker_framing import read_message, write_message
 
 ENV = "MMTRT_TRTLLM_PYTHON"
 WORKER = Path(__file__).with_name("trtllm_worker.py")

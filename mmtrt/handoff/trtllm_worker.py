@@ -6,8 +6,7 @@ torch, where mmtrt needs TensorRT 11 (or TensorRT-RTX), numpy 2 and its own torc
 environment of its own and names that environment's Python in MMTRT_TRTLLM_PYTHON; mmtrt starts this file there as a
 script (`python trtllm_worker.py`, so it imports nothing of mmtrt, and numpy and torch only where they are needed).
 
-Protocol, both ways: a message is a 4-byte big-endian length, a JSON header of that length, then the raw bytes of
-the arrays the header lists under "arrays" ([name, dtype, shape] each, in order). The worker first sends a greeting
+Protocol: worker_framing.py's messages, both ways. The worker first sends a greeting
 ({"ok": true, "tensorrt_llm": version} or {"ok": false, "error": why}), then answers each request in turn: `probe`
 (the GPU's compute capability), `load` (an engine folder: ModelRunnerCpp.from_dir), `generate` (prompts and their
 prompt tables, and M-RoPE's cos/sin and deltas: ModelRunnerCpp.generate), `exit`. TensorRT-LLM prints to stdout,
@@ -21,44 +20,14 @@ config) are tested.
 
 import json
 import os
-import struct
 import sys
 import time
 from pathlib import Path
 
-
-def write_message(stream, header: dict, arrays: dict | None = None) -> None:
-    arrays = arrays or {}
-    header = {**header, "arrays": [[name, str(a.dtype), list(a.shape)] for name, a in arrays.items()]}
-    text = json.dumps(header).encode()
-    stream.write(struct.pack(">I", len(text)) + text)
-    for a in arrays.values():
-        stream.write(a.tobytes(order="C"))
-    stream.flush()
-
-
-def read_message(stream) -> tuple[dict, dict]:
-    """The next header and its arrays; EOFError when the other side has closed the pipe."""
-    size = _exactly(stream, 4)
-    header = json.loads(_exactly(stream, struct.unpack(">I", size)[0]))
-    arrays = {}
-    if header["arrays"]:
-        import numpy as np
-
-        for name, dtype, shape in header["arrays"]:
-            count = int(np.prod(shape, dtype=np.int64))
-            arrays[name] = np.frombuffer(_exactly(stream, count * np.dtype(dtype).itemsize), dtype).reshape(shape)
-    return header, arrays
-
-
-def _exactly(stream, n: int) -> bytes:
-    data = b""
-    while len(data) < n:
-        chunk = stream.read(n - len(data))
-        if not chunk:
-            raise EOFError("the pipe closed mid-message" if data else "the pipe closed")
-        data += chunk
-    return data
+if __package__:  # imported by mmtrt
+    from mmtrt.handoff.worker_framing import read_message, write_message
+else:  # a script in TensorRT-LLM's environment, beside worker_framing.py
+    from worker_framing import read_message, write_message
 
 
 def engine_mrope(pretrained: dict) -> dict | None:
