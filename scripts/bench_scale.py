@@ -54,7 +54,8 @@ def measure(name: str, work: Path, layers, dtype: torch.dtype, kinds: list[str])
         wall, peak, rc = compile_child(recipe, bundle)
         report = work / name / f"{kind}.compare.json"
         compared = subprocess.run([sys.executable, "-m", "mmtrt.cli", "compare", str(bundle), "--reference", "torch",
-                                   "--json-out", str(report)], capture_output=True, check=False).returncode if rc == 0 else None
+                                   "--source-model", str(checkpoint), "--json-out", str(report)],
+                                  capture_output=True, check=False).returncode if rc == 0 else None
         rows.append({"model": name, "recipe": kind, "checkpoint_bytes": weights, "compile_s": round(wall, 1),
                      "peak_rss_ratio": round(peak / weights, 2), "bundle_ratio": round(folder_bytes(bundle) / weights, 2)
                      if rc == 0 else None, "compile_rc": rc, "compare_rc": compared})

@@ -3,11 +3,10 @@ write the same bundle, and `cuda` without a GPU is refused in one line with noth
 
 import pytest
 import torch
+from conftest import ROOT
 
 from mmtrt.bundle.trust import manifest_digest
 from mmtrt.cli import main
-
-from conftest import ROOT
 
 pytestmark = pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path: this host has a GPU")
 RECIPE = ROOT / "recipes" / "tiny-llava.yaml"
