@@ -92,7 +92,7 @@ def compile_recipe(recipe_path: str | Path, out: str | Path, force: bool = False
     plan = make_plan(recipe_path)
     with writer.staging_folder(Path(out), force) as folder, export.on_device(export.resolve_device(device)):
         with stage("loading the model", key=f"load {facts_digest(plan.facts)}"):
-            model, processor = load_source(plan.recipe.model, plan.recipe_dir)
+            model, processor = load_source(plan.recipe.model, plan.recipe_dir, own_dtype=True)
         ir = lower(model, processor)
         model = _kept_source(plan, model)
         ir.config = fit_envelope(ir.config, plan.recipe.envelope)

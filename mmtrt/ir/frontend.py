@@ -11,6 +11,8 @@ import json
 from pathlib import Path
 from typing import Any
 
+import torch
+
 from mmtrt.errors import UserError
 from mmtrt.ir.families import family
 from mmtrt.ir.families.common import COMPONENTS, FRONTEND_PROPERTIES
@@ -25,9 +27,10 @@ __all__ = ["COMPONENTS", "FRONTEND_PROPERTIES", "describe_source", "fit_envelope
 CHECKPOINT_FILES = ("config.json",)
 
 
-def load_source(source: ModelSource, recipe_dir: Path):
-    """The PyTorch model (eval, in the checkpoint's own dtype: each component is exported in float32 on its own,
-    `families.common.lowered`, so a bfloat16 checkpoint is never held twice in float32) and its processor."""
+def load_source(source: ModelSource, recipe_dir: Path, own_dtype: bool = False):
+    """The PyTorch model (eval; float32, or with `own_dtype` in the checkpoint's dtype, as the compiler loads it:
+    each component is widened to float32 for its own export, `families.common.lowered`, so a bfloat16 checkpoint
+    is never held in float32 whole) and its processor."""
     if source.source == "zoo":
         from mmtrt.zoo import build_zoo_model
 
@@ -37,7 +40,8 @@ def load_source(source: ModelSource, recipe_dir: Path):
     folder, processor, fam = _checkpoint_processor(checkpoint_folder(source.path, recipe_dir))
     model_class = getattr(transformers, fam.MODEL_CLASS)
     with _checkpoint_errors(f"could not load the weights in {folder}", "re-save the model with save_pretrained"):
-        return model_class.from_pretrained(folder, dtype="auto").eval(), processor
+        dtype = "auto" if own_dtype else torch.float32
+        return model_class.from_pretrained(folder, dtype=dtype).eval(), processor
 
 
 def describe_source(source: ModelSource, recipe_dir: Path) -> dict[str, Any]:

@@ -58,7 +58,8 @@ def test_bfloat16_checkpoint_lowers_to_the_float32_bytes(name, tmp_path):
     expected = reference_files(lower(wide, processor), tmp_path / "reference")
     del wide
 
-    own, own_processor = load_source(ModelSource(source="hf", path=str(checkpoint)), tmp_path)
+    own, own_processor = load_source(ModelSource(source="hf", path=str(checkpoint)), tmp_path,
+                                      own_dtype=True)
     assert next(own.parameters()).dtype == torch.bfloat16
     ir = lower(own, own_processor)
     assert next(own.parameters()).dtype == torch.bfloat16  # each component widened for its export only
