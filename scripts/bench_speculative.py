@@ -90,11 +90,11 @@ def run(bundle: str, image: str, ks: list[int], rounds: int, new_tokens: int, th
 
 
 def table(rows: list[dict]) -> str:
-    lines = ["| configuration | acceptance | tokens / full forward | decode tok/s | vs plain | time / answer | vs plain "
-             "| greedy output identical |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+    lines = ["| configuration | answer tokens (mean) | acceptance | tokens / full forward | decode tok/s | vs plain "
+             "| time / answer | vs plain | greedy output identical |", "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         acceptance = "-" if r["acceptance"] is None else f"{r['acceptance']:.0%}"
-        lines.append(f"| {r['config']} | {acceptance} | {r['tokens_per_forward']:.2f} | {r['decode_tok_s']:.1f} | "
+        lines.append(f"| {r['config']} | {r['mean_answer_tokens']:.1f} | {acceptance} | {r['tokens_per_forward']:.2f} | {r['decode_tok_s']:.1f} | "
                      f"{r['decode_speedup']:.2f}x | {r['answer_s'] * 1e3:.0f} ms | {r['answer_ratio']:.2f}x | "
                      f"{'yes' if r['identical'] else 'NO'} |")
     return "\n".join(lines)

@@ -2,7 +2,8 @@
 
 A decoder layer of the exported LLM holds two RMS norms (before attention, before the MLP) and the model one more
 before the lm_head, so in graph order norm 2K reads the residual stream after K layers. The cut feeds that tensor
-to the final norm; layers K.. are then dead, and their cache inputs and outputs go. The draft keeps the LLM's
+to the final norm; layers K.. are then dead, and their cache inputs and outputs go (what still reads a later
+layer's cache, such as the exporter's shape arithmetic for the mask, reads layer 0's, of the same shape). The draft keeps the LLM's
 initializer names, so the bundle writer can point its weights at the LLM's external data (no copy).
 
 Its first K layers compute exactly the full model's keys and values there, so the draft needs no cache of its
@@ -17,7 +18,7 @@ import onnx
 
 from mmtrt.errors import UserError
 from mmtrt.ir.graph import Component
-from mmtrt.ir.rewrite import cleanup
+from mmtrt.ir.rewrite import cleanup, replace_uses
 
 NORMS = ("RMSNormalization", "SimplifiedLayerNormalization")
 CACHE = re.compile(r"(past|present)\.(\d+)\.(key|value)$")
@@ -37,6 +38,9 @@ def cut_early_exit(llm: Component, num_layers: int, keep: int, name: str = "draf
                         f"decoder layers give {2 * num_layers + 1} (a fusion rewrote them); put speculative before "
                         "fuse_skip_norm and kv_layout")
     norms[-1].input[0] = norms[2 * keep].input[0]
+    for value in graph.input:  # shape arithmetic may read any layer's cache; every layer's has layer 0's shape
+        if _later_layer(value.name, keep):
+            replace_uses(graph, value.name, CACHE.sub(r"past.0.\3", value.name))
     kept = [o for o in graph.output if not _later_layer(o.name, keep)]
     del graph.output[:]
     graph.output.extend(kept)
