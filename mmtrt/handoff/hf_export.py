@@ -7,8 +7,9 @@ width becomes the config's size, and awq_int4's INT4 linears are written in Auto
 W4A16_AWQ with hf_quant_config.json (handoff/modelopt_w4a16.py), which TensorRT-LLM's LLM API reads. The config,
 processor and the vision tower and projector come from the source checkpoint the recipe names (the bundle keeps no
 config of its own; its vision graph's weights are the source's where its vision passes are lossless, and the
-export says in one line where they are not). What a Hugging Face folder cannot express (token pruning, plugins) is named in one line each: it stays on mmtrt's side of the split,
-which hands an engine the image features (image_embeds) the bundle computes. The folder is written beside OUT and
+export says in one line where they are not). What a Hugging Face folder cannot express (token pruning, plugins) is
+named in one line each: it stays on mmtrt's side of the split, which hands an engine the image features
+(image_embeds) the bundle computes. The folder is written beside OUT and
 renamed into place, so nothing half-written remains."""
 
 from __future__ import annotations
