@@ -122,6 +122,8 @@ def _export(args) -> int:
             show(f"not expressed: {line}")
         show(f"wrote {report['out']}")
         return 0
+    if args.hf_format != "auto":
+        raise UserError("--format is for `mmtrt export hf`; a Triton repository has one form")
     from mmtrt.serve.export import export_triton
 
     folder = export_triton(args.bundle, args.repository, args.max_batch, args.max_queue, args.allow_images, args.force)
