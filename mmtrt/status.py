@@ -45,6 +45,11 @@ ROWS = (
     Row("`mmtrt export hf`: the compiled LLM (float, or AWQ INT4 in AutoAWQ's packing) with the vision tower, as a "
         "Hugging Face folder in the Hub's key layout", "transformers, CPU",
         TESTED + ": tokens equal the bundle's (INT4: the weights exactly, dequantized)", ("tests/handoff/test_hf_export.py",)),
+    Row("TensorRT-LLM's LLM API: `mmtrt export hf --format modelopt` (AWQ INT4 as ModelOpt's W4A16_AWQ) and a runner "
+        "feeding `tensorrt_llm.LLM` the bundle's image embeddings in its own environment", "TensorRT-LLM (PyTorch "
+        "backend)", "export tested against the format; runner written against the sources, " + NEVER_RUN,
+        ("tests/handoff/test_modelopt_export.py", "tests/handoff/test_trtllm_llmapi.py",
+         "mmtrt/handoff/trtllm_llmapi_worker.py")),
     Row("the LLM's engine, opt-in (`partition.llm` lists `tensorrt-llm`): checkpoint, `trtllm-build`, runner in its "
         "own environment; TensorRT-LLM 1.2 or older", "TensorRT-LLM",
         "checkpoint tested against numpy; build and runner " + NEVER_RUN,

@@ -3,17 +3,19 @@ transformers and vLLM load (config, processor, chat template, tokenizer, safeten
 
 The LLM's weights are the bundle's graphs' (handoff/llm_weights.py), so its passes carry over: a channel-pruned
 width becomes the config's size, and awq_int4's INT4 linears are written in AutoAWQ's GEMM packing with its
-`quantization_config` (handoff/awq_gemm.py), which vLLM reads. The config, processor and the vision tower and
-projector come from the source checkpoint the recipe names (the bundle keeps no config of its own; its vision
-graph's weights are the source's where its vision passes are lossless, and the export says in one line where they
-are not). What a Hugging Face
-folder cannot express (token pruning, plugins) is named in one line each: it stays on mmtrt's side of the split,
-which hands an engine the image features (image_embeds) the bundle computes. The folder is written beside OUT and
+`quantization_config` (handoff/awq_gemm.py), which vLLM reads, or with `--format modelopt` in ModelOpt's
+W4A16_AWQ with hf_quant_config.json (handoff/modelopt_w4a16.py), which TensorRT-LLM's LLM API reads. The config,
+processor and the vision tower and projector come from the source checkpoint the recipe names (the bundle keeps no
+config of its own; its vision graph's weights are the source's where its vision passes are lossless, and the
+export says in one line where they are not). What a Hugging Face folder cannot express (token pruning, plugins) is
+named in one line each: it stays on mmtrt's side of the split, which hands an engine the image features
+(image_embeds) the bundle computes. The folder is written beside OUT and
 renamed into place, so nothing half-written remains."""
 
 from __future__ import annotations
 
 import copy
+import json
 import os
 import shutil
 import tempfile
@@ -34,10 +36,11 @@ WEIGHT_PASSES_ON_VISION = ("awq_int4", "int8_weights", "cast_precision", "channe
 
 
 def export_hf(bundle: str | os.PathLike, out: str | os.PathLike, *,
-              source: str | os.PathLike | None = None) -> dict[str, Any]:
+              source: str | os.PathLike | None = None, format: str = "auto") -> dict[str, Any]:
     """Write OUT (which must not exist) from BUNDLE; `source` overrides the checkpoint folder the recipe names
-    (relative paths in the recipe are read against the bundle's folder). Returns what was written and the lines
-    for what the folder does not express."""
+    (relative paths in the recipe are read against the bundle's folder); `format` "modelopt" writes awq_int4 as
+    ModelOpt's W4A16_AWQ (handoff/modelopt_w4a16.py). Returns what was written and the lines for what the
+    folder does not express."""
     bundle, out = Path(bundle), Path(out)
     if out.exists():
         raise UserError(f"{out} exists; name a new folder for the export (or remove that one)")
@@ -46,11 +49,15 @@ def export_hf(bundle: str | os.PathLike, out: str | os.PathLike, *,
     if family not in RULES:
         raise UserError(f"{bundle} holds a {family} model; mmtrt export hf writes {', '.join(sorted(RULES))}")
     model, processor = _source_model(manifest, bundle, source)
-    state, config, quantization, floats = _state_and_config(model, bundle, manifest)
+    if format not in ("auto", "modelopt"):
+        raise UserError(f"unknown export format {format!r}; use auto or modelopt")
+    state, config, quantization, floats, hf_quant = _state_and_config(model, bundle, manifest, format)
     out.parent.mkdir(parents=True, exist_ok=True)
     stage = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         _write(stage, family, state, config, model, processor)
+        if hf_quant is not None:
+            (stage / "hf_quant_config.json").write_text(json.dumps(hf_quant, indent=4) + "\n")
         notes = not_expressed(manifest) + floats
         (stage / "README.md").write_text(model_card(manifest, notes))
         if out.exists():
@@ -76,7 +83,7 @@ def _source_model(manifest: dict, bundle: Path, source):
     return load_source(model, bundle.parent)
 
 
-def _state_and_config(model, bundle: Path, manifest: dict):
+def _state_and_config(model, bundle: Path, manifest: dict, fmt: str):
     """The source's vision tower and projector with the bundle's LLM, and the config with its sizes."""
     import onnx
     import torch
@@ -88,7 +95,7 @@ def _state_and_config(model, bundle: Path, manifest: dict):
     graph = onnx.load(bundle / components["llm"]["artifact"])
     try:
         llm = llm_tensors(graph, onnx.load(bundle / components["embed"]["artifact"]), facts["num_layers"])
-        quantized, quantization, why = awq_state(graph, facts["num_layers"])
+        quantized, quantization, why = (modelopt_state if fmt == "modelopt" else awq_state)(graph, facts["num_layers"])
     except NotExportable as exc:
         raise UserError(f"{bundle}: {exc}; mmtrt export hf cannot write this LLM") from None
     source = model.state_dict()
@@ -105,13 +112,30 @@ def _state_and_config(model, bundle: Path, manifest: dict):
     if tied(config) and not np.array_equal(llm["lm_head.weight"], llm["embed_tokens.weight"]):
         for c in {id(config): config, id(text): text}.values():  # a quantized lm_head is its own weight
             c.tie_word_embeddings = False
-    if quantization is not None:
-        family = manifest["model"]["architecture"]
+    family, hf_quant = manifest["model"]["architecture"], None
+    if quantization is not None and fmt == "modelopt":
+        from mmtrt.handoff.modelopt_w4a16 import exclude_names, quant_configs
+
+        floats = quantization["floats"]
+        hub_floats = [hub_name(family, LLM_PREFIX + m) for m in floats]
+        hf_quant, config.quantization_config = quant_configs(
+            quantization["group_size"], exclude_names(hub_floats, floats))
+    elif quantization is not None:
         skipped = [hub_name(family, LLM_PREFIX + m) for m in quantization["modules_to_not_convert"]]
         config.quantization_config = {**quantization, "modules_to_not_convert": skipped}
+    listed = "exclude_modules" if fmt == "modelopt" else "modules_to_not_convert"
     reasons = "; ".join(sorted(set(why.values())))
-    floats = [f"awq_int4: {len(why)} linears written in float (modules_to_not_convert): {reasons}"] if why else []
-    return state, config, None if quantization is None else "awq", floats
+    floats = [f"awq_int4: {len(why)} linears written in float ({listed}): {reasons}"] if why else []
+    kind = None if quantization is None else ("modelopt" if fmt == "modelopt" else "awq")
+    return state, config, kind, floats, hf_quant
+
+
+def modelopt_state(graph, num_layers: int):
+    """awq_state's answer for ModelOpt's W4A16_AWQ: (module -> tensors, {floats, group_size} or None, reasons)."""
+    from mmtrt.handoff.modelopt_w4a16 import modelopt_state as state
+
+    quantized, floats, group, why = state(graph, num_layers)
+    return quantized, None if group is None else {"floats": floats, "group_size": group}, why
 
 
 def _sized_config(source, llm: dict, head_dim: int):

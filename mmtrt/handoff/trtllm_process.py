@@ -37,11 +37,11 @@ def build_executable(python: str) -> list[str]:
 class TrtllmProcess:
     """One worker process; requests go one at a time."""
 
-    def __init__(self, python: str | None = None):
+    def __init__(self, python: str | None = None, worker: Path = WORKER):
         self.python = python or trtllm_python()
         if shutil.which(self.python) is None and not Path(self.python).is_file():
             raise WorkerUnavailable(f"{ENV}={self.python} is not an executable; {HINT}")
-        self.process = subprocess.Popen([self.python, str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+        self.process = subprocess.Popen([self.python, str(worker)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         try:
             greeting, _ = read_message(self.process.stdout)
         except EOFError:

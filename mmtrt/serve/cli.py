@@ -67,6 +67,7 @@ def add_commands(sub, positive_int, natural_int, examples) -> None:
                        "express is named in one line each (docs/tensorrt.md).",
                        epilog=examples("mmtrt export triton out/dino-smollm.bundle model_repository",
                                        "mmtrt export hf out/dino-smollm.bundle out/dino-smollm-hf",
+                                       "mmtrt export hf out/awq.bundle out/awq-modelopt --format modelopt",
                                        "mmtrt export triton out/dino-smollm.bundle model_repository --max-batch 4 "
                                        "--force"))
     p.add_argument("format", choices=["triton", "hf"], help="the form to write: triton (a Triton model repository), "
@@ -76,6 +77,9 @@ def add_commands(sub, positive_int, natural_int, examples) -> None:
                    "folder to write (must not exist)")
     p.add_argument("--source", type=Path, metavar="CHECKPOINT", help="hf: the source checkpoint folder (default: "
                    "the recipe's model.path, read against the bundle's folder)")
+    p.add_argument("--format", dest="hf_format", choices=["auto", "modelopt"], default="auto", help="hf: how "
+                   "awq_int4 weights are written: auto (AutoAWQ GEMM, which vLLM and transformers read), modelopt "
+                   "(NVIDIA ModelOpt's W4A16_AWQ with hf_quant_config.json, which TensorRT-LLM's LLM API reads)")
     p.add_argument("--max-batch", type=positive_int, metavar="N",
                    help="sequences decoded together (default: the bundle's batch max)")
     p.add_argument("--max-queue", type=positive_int, default=64, metavar="N",
@@ -113,11 +117,13 @@ def _export(args) -> int:
     if args.format == "hf":
         from mmtrt.handoff.hf_export import export_hf
 
-        report = export_hf(args.bundle, args.repository, source=args.source)
+        report = export_hf(args.bundle, args.repository, source=args.source, format=args.hf_format)
         for line in report["not_expressed"]:
             show(f"not expressed: {line}")
         show(f"wrote {report['out']}")
         return 0
+    if args.hf_format != "auto":
+        raise UserError("--format is for `mmtrt export hf`; a Triton repository has one form")
     from mmtrt.serve.export import export_triton
 
     folder = export_triton(args.bundle, args.repository, args.max_batch, args.max_queue, args.allow_images, args.force)
