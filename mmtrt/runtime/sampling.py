@@ -108,8 +108,9 @@ def penalize(x: np.ndarray, seen: np.ndarray, penalty: float) -> np.ndarray:
     return x
 
 
-def draw(x: np.ndarray, temperature: float, top_k: int, top_p: float, u: float) -> tuple[int, float]:
-    """Sample from penalized float64 logits `x` with the uniform number `u` in [0, 1)."""
+def kept(x: np.ndarray, temperature: float, top_k: int, top_p: float) -> tuple[np.ndarray, np.ndarray]:
+    """The token ids that temperature, top-k and top-p keep from penalized float64 logits `x`, with their
+    unnormalised weights (in descending order of logit when top-p cut them)."""
     x = x / temperature
     ids = np.arange(len(x))
     if 0 < top_k < len(x):
@@ -123,6 +124,12 @@ def draw(x: np.ndarray, temperature: float, top_k: int, top_p: float, u: float) 
         before = np.concatenate([[0.0], cumulative[:-1]])
         keep = int(np.count_nonzero(before < top_p * cumulative[-1]))
         ids, weights = ids[:keep], weights[:keep]
+    return ids, weights
+
+
+def draw(x: np.ndarray, temperature: float, top_k: int, top_p: float, u: float) -> tuple[int, float]:
+    """Sample from penalized float64 logits `x` with the uniform number `u` in [0, 1)."""
+    ids, weights = kept(x, temperature, top_k, top_p)
     cumulative = np.cumsum(weights)
     target = u * cumulative[-1]
     at = min(int(np.searchsorted(cumulative, target, side="right")), len(ids) - 1)

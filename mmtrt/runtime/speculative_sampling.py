@@ -14,25 +14,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from mmtrt.runtime.sampling import Sampler, penalize
+from mmtrt.runtime.sampling import Sampler, kept, penalize
 
 
 def probabilities(x: np.ndarray, temperature: float, top_k: int, top_p: float) -> np.ndarray:
     """The distribution `draw` samples from, over the whole vocabulary (0 outside its kept set), from penalized
     float64 logits `x`."""
-    x = x / temperature
-    ids = np.arange(len(x))
-    if 0 < top_k < len(x):
-        kth = np.partition(x, len(x) - top_k)[len(x) - top_k]
-        ids = np.flatnonzero(x >= kth)
-    weights = np.exp(x[ids] - x[ids].max())
-    if top_p < 1:
-        order = np.argsort(-x[ids], kind="stable")
-        ids, weights = ids[order], weights[order]
-        cumulative = np.cumsum(weights)
-        before = np.concatenate([[0.0], cumulative[:-1]])
-        keep = int(np.count_nonzero(before < top_p * cumulative[-1]))
-        ids, weights = ids[:keep], weights[:keep]
+    ids, weights = kept(x, temperature, top_k, top_p)
     p = np.zeros(len(x))
     p[ids] = weights / weights.sum()
     return p
