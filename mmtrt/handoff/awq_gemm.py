@@ -88,16 +88,27 @@ def float_reasons(int4: dict[tuple[int, str], dict], num_layers: int, roles: tup
     if len(groups) > 1:
         raise NotExportable(f"the LLM's INT4 linears use several group sizes ({sorted(groups)}); AutoAWQ's config "
                             "has one")
+    return units_in_float(int4, num_layers, roles, _awq_reason)
+
+
+def _awq_reason(lin: dict, role: str) -> str | None:
+    if lin["prequant"] is not None:
+        return "its input is scaled before the linear (a pre-quant scale)"
+    if lin["q"].shape[1] % lin["block"] or lin["q"].shape[0] % 8:
+        return "its widths are not whole groups and eights"
+    return None
+
+
+def units_in_float(int4: dict, num_layers: int, roles: tuple[str, ...], reason) -> dict:
+    """(layer, role) -> why it is written in float: not INT4 in the bundle, or `reason(lin, role)` says why the
+    format cannot hold it; a fused unit (q/k/v, gate/up) goes to float whole when one of its linears does."""
     why = {}
     for layer in range(num_layers):
         for role in roles:
             lin = int4.get((layer, role))
-            if lin is None:
-                why[(layer, role)] = "kept in float by awq_int4"
-            elif lin["prequant"] is not None:
-                why[(layer, role)] = "its input is scaled before the linear (a pre-quant scale)"
-            elif lin["q"].shape[1] % lin["block"] or lin["q"].shape[0] % 8:
-                why[(layer, role)] = "its widths are not whole groups and eights"
+            because = "kept in float by awq_int4" if lin is None else reason(lin, role)
+            if because:
+                why[(layer, role)] = because
         for unit in FUSED:
             reasons = [why[(layer, r)] for r in unit if (layer, r) in why]
             why |= {(layer, r): why.get((layer, r), f"fused with a float one ({reasons[0]})") for r in unit if reasons}

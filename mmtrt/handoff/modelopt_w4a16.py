@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from mmtrt.handoff.awq_gemm import FUSED, int4_linears
+from mmtrt.handoff.awq_gemm import int4_linears, units_in_float
 from mmtrt.handoff.trtllm_export import NotExportable
 
 PRODUCER = {"name": "modelopt", "version": "0.40.0"}  # the ModelOpt release whose export this follows
@@ -48,22 +48,17 @@ def modelopt_tensors(lin: dict, role: str) -> dict[str, np.ndarray]:
 
 def float_reasons(int4: dict, num_layers: int, roles: tuple[str, ...]) -> dict:
     """(layer, role) -> why it is written in float; whole fused units go together."""
-    why = {}
-    for layer in range(num_layers):
-        for role in roles:
-            lin = int4.get((layer, role))
-            if lin is None:
-                why[(layer, role)] = "kept in float by awq_int4"
-            elif (lin["zeros"] != 8).any():
-                why[(layer, role)] = "its INT4 grid has zero points (W4A16_AWQ is symmetric)"
-            elif lin["prequant"] is not None and role not in PLAIN:
-                why[(layer, role)] = "its input is scaled first and TensorRT-LLM's fused linears take no pre-quant scale"
-            elif lin["q"].shape[1] % lin["block"] or lin["q"].shape[0] % 2:
-                why[(layer, role)] = "its widths are not whole groups and pairs"
-        for unit in FUSED:
-            reasons = [why[(layer, r)] for r in unit if (layer, r) in why]
-            why |= {(layer, r): why.get((layer, r), f"fused with a float one ({reasons[0]})") for r in unit if reasons}
-    return why
+    return units_in_float(int4, num_layers, roles, _w4a16_reason)
+
+
+def _w4a16_reason(lin: dict, role: str) -> str | None:
+    if (lin["zeros"] != 8).any():
+        return "its INT4 grid has zero points (W4A16_AWQ is symmetric)"
+    if lin["prequant"] is not None and role not in PLAIN:
+        return "its input is scaled first and TensorRT-LLM's fused linears take no pre-quant scale"
+    if lin["q"].shape[1] % lin["block"] or lin["q"].shape[0] % 2:
+        return "its widths are not whole groups and pairs"
+    return None
 
 
 def modelopt_state(graph, num_layers: int):
