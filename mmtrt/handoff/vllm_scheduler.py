@@ -31,8 +31,15 @@ class VllmScheduler:
         self.started: dict[str, float] = {}
         self.rids: dict[Sequence, str] = {}
 
-    def fits(self, prep: Prepared) -> bool:
-        return len(self.active) < self.max_batch
+    def fits(self, prep: Prepared, joining: tuple[Prepared, ...] = ()) -> bool:
+        return len(self.active) + len(joining) < self.max_batch
+
+    def joins(self, prep: Prepared, joining: tuple[Prepared, ...]) -> bool:
+        """Any requests are handed over together: vLLM schedules their prefills itself."""
+        return True
+
+    def admit_together(self, preps: list[Prepared]) -> list[tuple[Sequence, Delta]]:
+        return [self.admit(prep) for prep in preps]
 
     def admit(self, prep: Prepared) -> tuple[Sequence, Delta]:
         """Hand the request to vLLM; its tokens come in later steps, so the delta it returns is empty."""
