@@ -112,7 +112,7 @@ WantedBy=timers.target
 ```
 `docker/nightly-cpu.Dockerfile` is an image that runs the nightly (`docker run -v $PWD/out:/src/out IMAGE`);
 `docker/nightly-gpu.Dockerfile` builds on NVIDIA's TensorRT container for the GPU runners. Neither has been built
-on our machines (no Docker engine); both are checked by hadolint, the workflow by actionlint (tests/nightly).
+where the project is tested (no Docker engine there); both are checked by hadolint, the workflow by actionlint (tests/nightly).
 
 ## Reference
 Every key is optional unless marked required; an unknown key anywhere is an error that names it and the keys
