@@ -99,13 +99,7 @@ class VllmPipeline(Pipeline):
 
     def generate_batch(self, requests: list[Request]) -> list[Generation | Refused]:
         """Every request in input order, decoded together by vLLM (up to max_batch at once)."""
-        results: list[Generation | Refused | None] = [None] * len(requests)
-        prepared, features = [], {}
-        for i, req in enumerate(requests):
-            try:
-                prepared.append(self.prepare(i, req, features))
-            except UserError as exc:
-                results[i] = Refused(i, str(exc))
+        results, prepared = self.prepare_all(requests)
         for seq, delta in run_to_end(self.scheduler(), prepared):
             if delta.finish_reason == "error":
                 results[seq.prep.index] = Refused(seq.prep.index, f"vLLM: {delta.error}")

@@ -16,10 +16,10 @@ any request with the same image, which then still prefills its prompt.
 from __future__ import annotations
 
 import hashlib
-import threading
-from collections import OrderedDict
 
 import numpy as np
+
+from mmtrt.runtime.prefix import PrefixCache
 
 
 def encoder_key(bundle_digest: str, pixels, size: tuple[int, int] | None) -> str:
@@ -33,38 +33,22 @@ def encoder_key(bundle_digest: str, pixels, size: tuple[int, int] | None) -> str
     return h.hexdigest()
 
 
-class EncoderCache:
-    """Image features by `encoder_key`, least recently used evicted beyond `mib` MiB (0: nothing kept)."""
+class EncoderCache(PrefixCache):
+    """Image features by `encoder_key`, least recently used evicted beyond `mib` MiB (0: nothing kept): the
+    prefix cache's byte-bounded LRU, one array an entry."""
 
     def __init__(self, mib: float):
         if mib < 0:
             raise ValueError(f"encoder cache size {mib} MiB is negative; pass 0 to keep no image features")
-        self.limit = int(mib * 2**20)
-        self.entries: OrderedDict[str, np.ndarray] = OrderedDict()
-        self.nbytes = 0
-        self.hits = self.misses = 0
-        self._lock = threading.Lock()  # a serving loop's thread and a caller's generate may share the pipeline
+        super().__init__(mib)
 
     def get(self, key: str) -> np.ndarray | None:
-        with self._lock:
-            entry = self.entries.get(key)
-            if entry is None:
-                self.misses += 1
-                return None
-            self.hits += 1
-            self.entries.move_to_end(key)
-            return entry
+        entry = super().get(key)
+        return None if entry is None else entry[0]
 
     def put(self, key: str, features: np.ndarray) -> None:
         if features.nbytes > self.limit:
             return
         features = features.copy()  # the caller's array may be a view of a runner's output buffer
         features.flags.writeable = False
-        with self._lock:
-            if key in self.entries:
-                return
-            while self.nbytes + features.nbytes > self.limit:
-                _, old = self.entries.popitem(last=False)
-                self.nbytes -= old.nbytes
-            self.entries[key] = features
-            self.nbytes += features.nbytes
+        super().put(key, [features])

@@ -216,10 +216,9 @@ class Pipeline(RequestInputs):
         request = Request(image, prompt, max_new_tokens, raw_prompt, sampling)
         return (delta for _, delta in run_to_end(self, [self.prepare(0, request)], text=True))
 
-    def generate_batch(self, requests: list[Request]) -> list[Generation | Refused]:
-        """Every request, in input order; one outside the envelope (or with sampling values out of range) is
-        refused alone. Under a kv_layout the requests decode together (up to the envelope's batch), joining as
-        places free up; otherwise each sequence's calls interleave."""
+    def prepare_all(self, requests: list[Request]) -> tuple[list[Generation | Refused | None], list[Prepared]]:
+        """Each request prepared (images shared by content across them), or its Refused in the results list at its
+        place; the results' other places are None, for the caller to fill in input order."""
         results: list[Generation | Refused | None] = [None] * len(requests)
         prepared, features = [], {}
         for i, req in enumerate(requests):
@@ -227,6 +226,13 @@ class Pipeline(RequestInputs):
                 prepared.append(self.prepare(i, req, features))
             except UserError as exc:
                 results[i] = Refused(i, str(exc))
+        return results, prepared
+
+    def generate_batch(self, requests: list[Request]) -> list[Generation | Refused]:
+        """Every request, in input order; one outside the envelope (or with sampling values out of range) is
+        refused alone. Under a kv_layout the requests decode together (up to the envelope's batch), joining as
+        places free up; otherwise each sequence's calls interleave."""
+        results, prepared = self.prepare_all(requests)
         if self.trtllm and all(p.sampling.greedy and not p.sampling.stop for p in prepared):
             sequences = self.trtllm.decode(prepared)
         else:  # sampling and stop strings run on the ONNX Runtime LLM

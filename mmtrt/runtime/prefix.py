@@ -8,6 +8,7 @@ request's cache row (static) or slots (paged), and only the question after the i
 from __future__ import annotations
 
 import hashlib
+import threading
 from collections import OrderedDict
 
 import numpy as np
@@ -27,29 +28,34 @@ def prefix_key(image_key: bytes, ids: list[int], length: int) -> str:
 
 
 class PrefixCache:
-    """Stored prefixes (one array per cache buffer), least recently used evicted beyond `mib`."""
+    """Entries (each a list of arrays: one per cache buffer for a prefix), least recently used evicted beyond
+    `mib` MiB; an entry larger than the bound is not kept. Safe to share between threads (a serving loop's and a
+    caller's generate)."""
 
     def __init__(self, mib: float):
         self.limit = int(mib * 2**20)
         self.entries: OrderedDict[str, list[np.ndarray]] = OrderedDict()
         self.nbytes = 0
         self.hits = self.misses = 0
+        self._lock = threading.Lock()
 
     def get(self, key: str) -> list[np.ndarray] | None:
-        entry = self.entries.get(key)
-        if entry is None:
-            self.misses += 1
-            return None
-        self.hits += 1
-        self.entries.move_to_end(key)
-        return entry
+        with self._lock:
+            entry = self.entries.get(key)
+            if entry is None:
+                self.misses += 1
+                return None
+            self.hits += 1
+            self.entries.move_to_end(key)
+            return entry
 
     def put(self, key: str, arrays: list[np.ndarray]) -> None:
         size = sum(a.nbytes for a in arrays)
-        if key in self.entries or size > self.limit:
-            return
-        while self.nbytes + size > self.limit:
-            _, old = self.entries.popitem(last=False)
-            self.nbytes -= sum(a.nbytes for a in old)
-        self.entries[key] = arrays
-        self.nbytes += size
+        with self._lock:
+            if key in self.entries or size > self.limit:
+                return
+            while self.nbytes + size > self.limit:
+                _, old = self.entries.popitem(last=False)
+                self.nbytes -= sum(a.nbytes for a in old)
+            self.entries[key] = arrays
+            self.nbytes += size
