@@ -7,7 +7,7 @@ import subprocess
 
 import jinja2
 import pytest
-from hypothesis import HealthCheck, assume, given, settings
+from hypothesis import HealthCheck, assume, example, given, settings
 from hypothesis import strategies as st
 
 from cpp_harness import BUILD
@@ -61,6 +61,9 @@ def check(template: str):
 
 @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(templates())
+@example("{#")  # a comment opened at the template's very end: Jinja renders it empty
+@example("a\n  {#-")
+@example("{{ 'x' }}{#+")
 def test_rewrite_renders_as_transformers(template):
     check(template)
 

@@ -120,7 +120,9 @@ class Rewriter {
     return end;
   }
 
+  // A comment opened at the template's very end is empty: Jinja's lexer stops there without an error.
   size_t comment_end(size_t from) {
+    if (from == s_.size()) return from;
     for (size_t p = from; p < s_.size(); ++p) {
       if (at(p, "+#}")) return finish(p + 3);
       if (at(p, "-#}")) return finish(skip_spaces(s_, p + 3));
