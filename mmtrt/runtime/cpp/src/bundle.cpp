@@ -48,6 +48,16 @@ std::string join(const std::vector<std::string>& parts, const std::string& sep) 
   return out;
 }
 
+// A bundle compiled with a speculative draft decodes here one token per step: the same greedy tokens, without the
+// draft's speed-up. The reason is returned for the fallbacks, and mmtrt-run prints it once.
+std::string speculative_fallback(const nlohmann::json& model) {
+  const auto spec = model.find("speculative");
+  if (spec == model.end() || spec->is_null()) return "";
+  return "the C++ runtime does not run the bundle's " + spec->value("draft", std::string("speculative")) +
+         " draft: it decodes one token per step (the same greedy tokens, without the draft's speed-up); "
+         "run the bundle with the Python runtime (mmtrt run) to use it";
+}
+
 // Any-resolution models (LLaVA-NeXT, LLaVA-OneVision) tile each image and lay its tiles' features out by its
 // size; this runtime runs one fixed-size image per prompt, and says so before any session loads.
 void refuse_tiled_images(const std::string& bundle, const Manifest& manifest) {
@@ -320,6 +330,8 @@ std::unique_ptr<Bundle::Impl> Bundle::load_impl(const std::string& path, const L
   // The Python runtime's key for the LLM's TensorRT-LLM engine: this runtime never runs one, and says so.
   if (m.raw.contains("tensorrt_llm") && !m.raw.at("tensorrt_llm").is_null())
     impl->fallbacks.emplace_back("llm (tensorrt-llm)", "the C++ runtime does not run TensorRT-LLM engines");
+  if (const std::string why = speculative_fallback(m.raw.at("model")); !why.empty())
+    impl->fallbacks.emplace_back("speculative", why);
   const SessionSettings settings{options.threads, options.spin};
   for (const char* name : {"vision", "embed", "llm"}) {
     impl->runners[name] = component_runner(impl->root, m, name, choices, settings);

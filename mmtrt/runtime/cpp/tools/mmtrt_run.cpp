@@ -155,6 +155,8 @@ int run(const Args& args) {
   options.parse_special_tokens = args.parse_special_tokens;
   const auto bundle = mmtrt::Bundle::load(args.bundle, options);
   const mmtrt::Generation result = bundle->generate(args.image, args.prompt, args.sampling, args.raw_prompt);
+  for (const auto& [what, why] : result.fallbacks)
+    if (what == "speculative") std::cerr << "mmtrt-run: note: " << why << "\n";
   std::cout << (args.json ? result.to_json() : result.text) << "\n" << std::flush;
   if (!std::cout) throw WriteError{errno};
   if (args.json) return 0;
