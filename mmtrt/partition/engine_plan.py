@@ -29,7 +29,9 @@ def engine_sections(ir: ModelIR, recipe: Recipe, dims: dict, folder: Path, files
     placements, entries, plugins = {}, [], []
     threshold = recipe.output.external_data_threshold
     typical = recipe.envelope.prompt_tokens.opt + ir.config["vision"]["image_tokens"]
-    phases = phase_dims(dims, typical)
+    speculative = ir.config.get("speculative") or {}
+    phases = phase_dims(dims, typical, speculative.get("k"))
+    draft, draft_phases = speculative.get("component"), {"decode": phases["decode"]}  # a draft proposes one at a time
     for comp in ir.onnx_components():
         placement, forms = _placement(comp, dims)
         written = segments.write(placement, folder, threshold, None if forms else files[comp.name])
@@ -39,7 +41,7 @@ def engine_sections(ir: ModelIR, recipe: Recipe, dims: dict, folder: Path, files
         placements[comp.name] = report
         for s, seg_files in zip(placement.segments, written):
             if s.backend == TENSORRT:
-                profiles, why = segment_profiles(placement, s, phases)
+                profiles, why = segment_profiles(placement, s, draft_phases if comp.name == draft else phases)
                 entries.append(segment_entry(comp.name, seg_files, s.inputs, s.outputs, profiles, why,
                                              segments.precision(placement, s)))
                 _add_plugins(entries[-1], placement.plugins(s))
@@ -92,17 +94,24 @@ def _add_plugins(entry: dict[str, Any], plugin_ids: list[str]) -> None:
                                  f"cannot load: use {entry['build_command']}")
 
 
-def phase_dims(dims: dict[str, dict[str, int]], typical_prompt: int) -> dict[str, dict[str, dict[str, int]]]:
+def phase_dims(dims: dict[str, dict[str, int]], typical_prompt: int,
+               draft_tokens: int | None = None) -> dict[str, dict[str, dict[str, int]]]:
     """The shape plan as each LLM phase sees it. Decode: seq is 1, the cache holds a typical prompt (the plan's
     own opt points). Prefill: seq up to its planned maximum, tuned for a typical prompt (text plus image tokens)
-    with no past; the past stays allowed (a follow-up turn) over its planned range."""
+    with no past; the past stays allowed (a follow-up turn) over its planned range. Verify, where a speculative
+    pass names `draft_tokens` (k): the last token and the k drafted after it, on a typical cache."""
     seq, past = dims["seq"], dims["past"]
     typical = min(max(typical_prompt, seq["min"]), seq["max"])
     decode = {**dims, "seq": {"min": 1, "opt": 1, "max": 1}}
     tokens = {"min": 1, "opt": typical, "max": dims["total"]["max"]}
     prefill = {**dims, "seq": {**seq, "opt": typical}, "past": {**past, "opt": 0}, "total": tokens,
                "past + seq": tokens}
-    return {"decode": decode, "prefill": prefill}
+    if not draft_tokens:
+        return {"decode": decode, "prefill": prefill}
+    width = min(draft_tokens + 1, seq["max"])
+    after = {**dims["total"], "opt": min(past["opt"] + width, dims["total"]["max"])}
+    verify = {**decode, "seq": {"min": 1, "opt": width, "max": width}, "total": after, "past + seq": after}
+    return {"decode": decode, "verify": verify, "prefill": prefill}
 
 
 def segment_profiles(placement, segment, phases) -> tuple[list[dict] | None, str | None]:

@@ -75,6 +75,8 @@ class Refused:
 class Pipeline(RequestInputs):
     """A loaded bundle. `generate` takes one image and one prompt, `generate_batch` a list of `Request`s."""
 
+    llm_components = ("embed", "llm")  # loaded beside the vision encoder: the LLM's, unless another engine runs it
+
     def __init__(self, path: str | Path, threads: int | None = None, spin: bool = True, prefix_cache_mib: float = 256,
                  trust: Trust = Trust(), parse_special_tokens: bool = False, encoder_cache_mib: float = 256):
         self.path = Path(path)
@@ -100,22 +102,23 @@ class Pipeline(RequestInputs):
         if self.kv:  # the shared buffers are bound by address into one ONNX Runtime session of the whole LLM
             choices = {seg: ((None, STATIC_ON_ORT) if seg.startswith("llm.") and c[0] else c)
                        for seg, c in choices.items()}
+        self.choices = choices  # per TensorRT segment: its engine, or None and why not
         self.fallbacks = {seg: why for seg, (engine, why) in choices.items() if engine is None}
         _log_fallbacks(self.fallbacks)
         self.runners = {name: component_runner(self.path, self.manifest, name, choices, threads, spin)
-                        for name in ("vision", "embed", "llm")}
+                        for name in ("vision", *self.llm_components)}
         self.tokenizer = BundleTokenizer(self.path / "tokenizer")
         check_token_ids(self.path, self.model, self.tokenizer.special_ids)
         self.backends = {name: "+".join(r.providers) for name, r in self.runners.items()}
         self.backends["preprocess"] = "numpy" if covers(self.preprocess_spec) else "torchvision"
-        self.stepper = self._static_stepper() if self.kv else None
+        self.stepper = self._static_stepper() if self.kv and "llm" in self.runners else None
         self.prefixes = PrefixCache(prefix_cache_mib)
         self.encoder_cache = EncoderCache(encoder_cache_mib)
         self.decoding = threading.Lock()  # held by the one Scheduler driving the KV cache
         # token_prune's dynamic budget: the vision output is a padded block with a per-image count
         self.dynamic_tokens = self.family is not None or any(
             o["name"] == "image_token_count" for o in self.manifest["components"]["vision"]["outputs"])
-        self.trtllm = self._trtllm()
+        self.trtllm = self._trtllm() if "llm" in self.runners else None
         # the speculative pass's draft and k (a caller may set another or None before decoding starts)
         self.speculative = None if self.trtllm else self.model.get("speculative")
 

@@ -28,7 +28,8 @@ class EarlyExitDraft:
             raise UserError(f"{pipe.path} has no early-exit draft (component {self.component!r}); compile it with "
                             "`speculative: {draft: early_exit, layers: K}` or use draft prompt_lookup")
         if self.component not in pipe.runners:
-            pipe.runners[self.component] = component_runner(pipe.path, pipe.manifest, self.component, {}, None, True)
+            pipe.runners[self.component] = component_runner(pipe.path, pipe.manifest, self.component, pipe.choices,
+                                                           None, True)
         specs = {s.name: s for s in pipe.specs[self.component]}
         self.layers = sum(name.startswith("past.") and name.endswith(".key") for name in specs)
         self.position_rows = len(specs["position_ids"].shape) - 1

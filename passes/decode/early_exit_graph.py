@@ -22,6 +22,7 @@ from mmtrt.ir.rewrite import cleanup, replace_uses
 
 NORMS = ("RMSNormalization", "SimplifiedLayerNormalization")
 CACHE = re.compile(r"(past|present)\.(\d+)\.(key|value)$")
+UNTARGETED = {"targeted": False, "min_segment_size": 1, "backends": ["onnxruntime"]}
 
 
 def cut_early_exit(llm: Component, num_layers: int, keep: int, name: str = "draft") -> Component:
@@ -48,8 +49,8 @@ def cut_early_exit(llm: Component, num_layers: int, keep: int, name: str = "draf
     inputs = [i for i in model.graph.input if not _later_layer(i.name, keep)]
     del model.graph.input[:]
     model.graph.input.extend(inputs)
-    draft = Component(name, [], [], metadata={"placement": {"targeted": False, "min_segment_size": 1,
-                                                             "backends": ["onnxruntime"]},
+    # placed as the LLM is: TensorRT segments where the recipe plans the LLM on TensorRT
+    draft = Component(name, [], [], metadata={"placement": dict(llm.metadata.get("placement", UNTARGETED)),
                                               "shares_weights_with": llm.name})
     draft.set_graph(model)
     return draft
