@@ -20,6 +20,7 @@ from mmtrt.backends.tensorrt.engines import ENGINE_DIR
 from mmtrt.bundle.manifest import BUILD_REPORT, MANIFEST, dumps, is_bundle, sha256_file
 from mmtrt.bundle.staging import (OWNER, claim, raise_if_terminated, signals_deferred, sigterm_as_interrupt,
                                   sweep_stale)
+from mmtrt.bundle.stored import StoredTensors, fresh_name, transpose_node
 from mmtrt.errors import UserError
 from mmtrt.ir.graph import ModelIR
 
@@ -134,12 +135,19 @@ def _libc():
         return None
 
 
-def save_onnx(model: onnx.ModelProto, path: Path, threshold: int) -> list[str]:
-    """Save with large initializers in one external data file; returns the file names written. The files are
-    `onnx.save_model(save_as_external_data=True, all_tensors_to_one_file=True)`'s to the byte, but written one
-    initializer at a time from `model` (left as it was), so saving holds no second copy of the weights."""
+def save_onnx(model: onnx.ModelProto, path: Path, threshold: int, stored: StoredTensors | None = None,
+              table: bool = False) -> list[str]:
+    """Save with large initializers in one external data file; returns the file names it reads, the model's first.
+    The files are `onnx.save_model(save_as_external_data=True, all_tensors_to_one_file=True)`'s to the byte, but
+    written one initializer at a time from `model` (left as it was), so saving holds no second copy of the weights.
+    With `stored` (the tensors saved so far beside `path`), an initializer already saved is read from there, and
+    recorded there when it is new; `table`: `model`'s large tensors are token tables, shared with a tied lm_head."""
     data = f"{path.name}.data"
     shell = _without_initializers(model)
+    taken = {t.name for t in model.graph.initializer} | {o for n in model.graph.node for o in n.output}
+    inputs = {i.name for i in model.graph.input}
+    taken |= inputs
+    transposes, read = [], set()
     with contextlib.ExitStack() as files:
         sink = None
         for tensor in model.graph.initializer:
@@ -149,17 +157,36 @@ def save_onnx(model: onnx.ModelProto, path: Path, threshold: int) -> list[str]:
                 kept.CopyFrom(tensor)
                 continue
             _copy_fields(tensor, kept, skip="raw_data")
+            del kept.external_data[:]
+            kept.data_location = onnx.TensorProto.EXTERNAL
+            entries = stored.same(tensor, raw) if stored else None
+            flipped = stored.transposed(tensor, raw) if stored and entries is None and tensor.name not in inputs \
+                else None
+            if flipped is not None:
+                entries, dims = flipped
+                kept.name = fresh_name(f"{tensor.name}.table", taken)
+                kept.dims[:] = dims
+                transposes.append(transpose_node(kept.name, tensor.name))
+            if entries is not None:
+                kept.external_data.extend(entries)
+                read |= {e.value for e in entries if e.key == "location"}
+                continue
             if sink is None:
                 sink = files.enter_context(open(path.parent / data, "wb"))
             offset = sink.tell()
             sink.write(raw)
-            del raw
-            del kept.external_data[:]
-            kept.data_location = onnx.TensorProto.EXTERNAL
+            sink.flush()
             for key, value in (("location", data), ("offset", offset), ("length", sink.tell() - offset)):
                 kept.external_data.add(key=key, value=str(value))
+            if stored:
+                stored.add(kept, raw, table)
+            del raw
+    if transposes:
+        nodes = [*transposes, *shell.graph.node]
+        del shell.graph.node[:]
+        shell.graph.node.extend(nodes)
     onnx.save_model(shell, path)
-    return [path.name, data] if sink is not None else [path.name]
+    return [path.name, *([data] if sink is not None else []), *sorted(read - {data})]
 
 
 # onnx's threshold compares sys.getsizeof(raw_data): the bytes object's header and its length
@@ -186,34 +213,13 @@ def _copy_fields(src, dst, skip: str) -> None:
             setattr(dst, field.name, value)
 
 
-def share_external_data(model: onnx.ModelProto, owner: onnx.ModelProto, owner_path: Path) -> tuple[onnx.ModelProto, list[str]]:
-    """A copy of `model` whose initializers equal to `owner`'s (same name and bytes) read the owner's saved external
-    data at its offsets (a component cut from another keeps its weights once in the bundle); the files it reads."""
-    saved = {t.name: t for t in onnx.load(owner_path, load_external_data=False).graph.initializer
-             if t.data_location == onnx.TensorProto.EXTERNAL}
-    raw = {t.name: t.raw_data for t in owner.graph.initializer if t.name in saved}
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    shared = set()
-    for tensor in copy.graph.initializer:
-        if tensor.name in raw and tensor.HasField("raw_data") and tensor.raw_data == raw[tensor.name]:
-            tensor.ClearField("raw_data")
-            tensor.data_location = onnx.TensorProto.EXTERNAL
-            tensor.external_data.extend(saved[tensor.name].external_data)
-            shared |= {e.value for e in tensor.external_data if e.key == "location"}
-    return copy, sorted(shared)
-
-
 def write_artifacts(ir: ModelIR, folder: Path, threshold: int) -> dict[str, dict[str, Any]]:
-    """Every component's artifact and the tokenizer assets; returns where each component lives."""
-    files = {}
+    """Every component's artifact and the tokenizer assets, each tensor's bytes once; returns where each component
+    lives (its files: those it reads, other components' included)."""
+    files, stored = {}, StoredTensors(folder)
     for comp in ir.components.values():
-        owner = comp.metadata.get("shares_weights_with")
-        if comp.onnx is not None and owner:
-            model, shared = share_external_data(comp.onnx, ir.components[owner].onnx, folder / f"{owner}.onnx")
-            written = save_onnx(model, folder / f"{comp.name}.onnx", threshold) + shared
-        elif comp.onnx is not None:
-            written = save_onnx(comp.onnx, folder / f"{comp.name}.onnx", threshold)
+        if comp.onnx is not None:
+            written = save_onnx(comp.onnx, folder / f"{comp.name}.onnx", threshold, stored, table=comp.name == "embed")
         else:
             (folder / f"{comp.name}.json").write_text(dumps(comp.spec))
             written = [f"{comp.name}.json"]

@@ -245,9 +245,12 @@ def _dequantized(ql: QuantizedLinear) -> np.ndarray:
 
 
 def _lm_head(inits: dict[str, onnx.TensorProto], producer: dict, logits: onnx.NodeProto | None) -> np.ndarray:
+    """[vocab, hidden]; a bundle's tied lm_head is the token table through a Transpose (bundle/stored.py)."""
     name = None if logits is None or logits.op_type != "MatMul" else logits.input[1]
     while name in producer and producer[name].op_type == "Cast":
         name = producer[name].input[0]
+    if name in producer and producer[name].op_type == "Transpose" and producer[name].input[0] in inits:
+        return numpy_helper.to_array(inits[producer[name].input[0]])
     if name not in inits:
         raise NotExportable("the LLM's logits are not made by a MatMul with a constant weight")
     return numpy_helper.to_array(inits[name]).T

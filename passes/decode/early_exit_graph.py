@@ -3,8 +3,8 @@
 A decoder layer of the exported LLM holds two RMS norms (before attention, before the MLP) and the model one more
 before the lm_head, so in graph order norm 2K reads the residual stream after K layers. The cut feeds that tensor
 to the final norm; layers K.. are then dead, and their cache inputs and outputs go (what still reads a later
-layer's cache, such as the exporter's shape arithmetic for the mask, reads layer 0's, of the same shape). The draft keeps the LLM's
-initializer names, so the bundle writer can point its weights at the LLM's external data (no copy).
+layer's cache, such as the exporter's shape arithmetic for the mask, reads layer 0's, of the same shape). The draft's
+weights are the LLM's bytes, so the bundle writer points them at the LLM's external data (no copy).
 
 Its first K layers compute exactly the full model's keys and values there, so the draft needs no cache of its
 own beyond the drafted tokens: the runtime feeds it the full model's cache of those layers.
@@ -50,8 +50,7 @@ def cut_early_exit(llm: Component, num_layers: int, keep: int, name: str = "draf
     del model.graph.input[:]
     model.graph.input.extend(inputs)
     # placed as the LLM is: TensorRT segments where the recipe plans the LLM on TensorRT
-    draft = Component(name, [], [], metadata={"placement": dict(llm.metadata.get("placement", UNTARGETED)),
-                                              "shares_weights_with": llm.name})
+    draft = Component(name, [], [], metadata={"placement": dict(llm.metadata.get("placement", UNTARGETED))})
     draft.set_graph(model)
     return draft
 
