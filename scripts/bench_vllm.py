@@ -35,7 +35,7 @@ def images(rng, n):
     return [random_image(rng, int(rng.integers(48, 96)), int(rng.integers(48, 96))) for _ in range(n)]
 
 
-def timed(submit, flush, n_requests, rng) -> dict:
+def timed(submit, flush, requests) -> dict:
     """submit(image, on_tokens) for each image at once, then flush() (an engine that runs on the caller's thread
     runs them then); TTFT (median), decode ms/token (median), tokens/s overall."""
     done: queue.SimpleQueue = queue.SimpleQueue()
@@ -51,10 +51,10 @@ def timed(submit, flush, n_requests, rng) -> dict:
             ends[i] = now
             done.put(i)
 
-    for i, image in enumerate(images(rng, n_requests)):
+    for i, image in enumerate(requests):
         submit(image, lambda n, final, i=i: on_tokens(i, n, final))
     flush()
-    for _ in range(n_requests):
+    for _ in requests:
         done.get(timeout=600)
     total = max(ends.values()) - start
     return {"ttft_ms": 1e3 * statistics.median(firsts[i] - start for i in ends),
@@ -62,7 +62,7 @@ def timed(submit, flush, n_requests, rng) -> dict:
             "tokens_per_s": sum(counts.values()) / total}
 
 
-def mmtrt_submitter(pipe):
+def mmtrt_submitter(pipe, prompt=PROMPT, new_tokens=NEW_TOKENS):
     """The bundle's own runtime: requests of one call decode together (generate_batch), as `mmtrt run` batches."""
     from mmtrt.runtime import Request
     from mmtrt.runtime.scheduler import run_to_end
@@ -73,7 +73,7 @@ def mmtrt_submitter(pipe):
         pending.append((image, on_tokens))
 
     def flush():
-        preps = [pipe.prepare(i, Request(img, PROMPT, NEW_TOKENS)) for i, (img, _) in enumerate(pending)]
+        preps = [pipe.prepare(i, Request(img, prompt, new_tokens)) for i, (img, _) in enumerate(pending)]
         for seq, delta in run_to_end(pipe, preps):
             pending[seq.prep.index][1](len(delta.token_ids), bool(delta.finish_reason))
         pending.clear()
@@ -99,26 +99,30 @@ def split_submitter(pipe):
     return submit, flush
 
 
-def vllm_alone_submitter(engine, pipe):
-    """vLLM's own preprocessing and vision tower: the raw image and the prompt with one placeholder."""
-    from mmtrt.handoff.vllm_scheduler import collapse_image_runs
-
-    ids = collapse_image_runs(pipe.prompt_ids(PROMPT), pipe.model["image_token_id"])
+def vllm_alone_submitter(engine, ids, eos_token_ids, new_tokens=NEW_TOKENS):
+    """vLLM's own preprocessing and vision tower: the raw image and the prompt `ids` with one image placeholder."""
     greedy = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": None, "repetition_penalty": 1.0}
 
     def submit(image, on_tokens):
-        engine.submit(engine.new_id(), ids, None, greedy, NEW_TOKENS, list(pipe.model["eos_token_ids"]),
+        engine.submit(engine.new_id(), ids, None, greedy, new_tokens, list(eos_token_ids),
                       lambda m: on_tokens(len(m["tokens"]), m["finish_reason"] is not None), image=np.asarray(image))
 
     return submit, lambda: None
 
 
+def placeholder_ids(pipe, prompt=PROMPT) -> list[int]:
+    """The prompt's ids with the image's run of tokens as one placeholder, which vLLM expands itself."""
+    from mmtrt.handoff.vllm_scheduler import collapse_image_runs
+
+    return collapse_image_runs(pipe.prompt_ids(prompt), pipe.model["image_token_id"])
+
+
 def measure(name, submitter, rng, rows, repeats):
     submit, flush = submitter
     for clients in (8, 1):  # warm-up: the CPU kernels' first calls at new shapes
-        timed(submit, flush, clients, rng)
+        timed(submit, flush, images(rng, clients))
     for clients in (1, 8):
-        runs = [timed(submit, flush, clients, rng) for _ in range(repeats)]
+        runs = [timed(submit, flush, images(rng, clients)) for _ in range(repeats)]
         rows.append((name, clients, *(statistics.median(r[k] for r in runs)
                                       for k in ("ttft_ms", "decode_ms", "tokens_per_s"))))
         print(rows[-1], flush=True)
@@ -146,7 +150,8 @@ def main() -> int:
     for dtype in ("float32", "bfloat16"):
         plain = load_split(bundles["plain"], folder, dtype, max_batch=8, threads=1, spin=False)
         pruned = load_split(bundles["pruned"], folder, dtype, max_batch=8, threads=1, spin=False, engine=plain.engine)
-        measure(f"vLLM alone ({dtype})", vllm_alone_submitter(plain.engine, plain), rng, rows, args.repeats)
+        alone = vllm_alone_submitter(plain.engine, placeholder_ids(plain), plain.model["eos_token_ids"])
+        measure(f"vLLM alone ({dtype})", alone, rng, rows, args.repeats)
         for label, pipe in (("plain", plain), ("token-pruned", pruned)):
             measure(f"split, {label} bundle + vLLM {dtype}", split_submitter(pipe), rng, rows, args.repeats)
         plain.close()

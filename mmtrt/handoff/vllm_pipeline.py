@@ -29,6 +29,8 @@ DTYPES = ("float32", "bfloat16", "float16")
 
 
 class VllmPipeline(Pipeline):
+    llm_components = ()  # vLLM embeds the text and runs the LLM: the bundle's LLM sessions are never loaded
+
     def __init__(self, bundle: str | Path, folder: str | Path, dtype: str = "float32", max_batch: int | None = None,
                  python: str | None = None, threads: int | None = None, spin: bool = True, trust: Trust = Trust(),
                  engine: VllmProcess | None = None):

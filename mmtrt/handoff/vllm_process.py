@@ -22,7 +22,8 @@ class VllmProcess:
     """One worker process running one vLLM engine; requests from any thread, their messages to callbacks."""
 
     def __init__(self, folder: Path, image_token_id: int, dtype: str = "float32", max_model_len: int = 2048,
-                 max_num_seqs: int = 8, kv_cache_bytes: int = 1 << 28, python: str | None = None):
+                 max_num_seqs: int = 8, kv_cache_bytes: int = 1 << 28, python: str | None = None,
+                 prefix_caching: bool = False):
         self.python = python or vllm_python()
         self.process = subprocess.Popen([self.python, str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.callbacks: dict[str, Callable[[dict], None]] = {}
@@ -35,7 +36,7 @@ class VllmProcess:
                                 "`python -m mmtrt.handoff.vllm_env`")
             self._send({"op": "load", "model": str(folder), "dtype": dtype, "max_model_len": max_model_len,
                         "max_num_seqs": max_num_seqs, "kv_cache_bytes": kv_cache_bytes,
-                        "image_token_id": image_token_id})
+                        "image_token_id": image_token_id, "prefix_caching": prefix_caching})
             loaded = self._read()
             if not loaded.get("ok"):
                 raise UserError(f"vLLM could not load {folder} ({' '.join(loaded['error'].split())}); export the "

@@ -63,7 +63,7 @@ class Worker:
         self.llm = vllm.LLM(model=header["model"], limit_mm_per_prompt={"image": 1, "video": 0},
                             dtype=header["dtype"], max_model_len=header["max_model_len"],
                             max_num_seqs=header["max_num_seqs"], kv_cache_memory_bytes=header["kv_cache_bytes"],
-                            seed=0, enable_prefix_caching=False, enforce_eager=True,
+                            seed=0, enable_prefix_caching=header.get("prefix_caching", False), enforce_eager=True,
                             compilation_config={"mode": 0}, distributed_executor_backend="uni",
                             enable_mm_embeds=True)
         self.send({"op": "loaded", "ok": True, "vllm": vllm.__version__})

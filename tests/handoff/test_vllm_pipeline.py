@@ -87,6 +87,7 @@ def test_greedy_equals_mmtrt_run_and_vllm_sees_the_bundles_image_tokens(name, bu
     assert (got.prompt_tokens, got.image_tokens) == (expected.prompt_tokens, expected.image_tokens)
     assert got.image_tokens == (PRUNED_TOKENS if name == "pruned" else 64)
     assert got.backends["llm"].startswith("vllm 0.32")
+    assert set(pipes[name].runners) == {"vision"}  # vLLM runs the LLM: its ONNX sessions are never loaded
 
 
 def test_batch_decodes_together_and_each_gets_its_solo_tokens(bundles, pipes, rng):

@@ -1,0 +1,193 @@
+"""mmtrt against vLLM on the same CPU and the same checkpoint: time to first token, decode ms per token and tokens/s,
+for 1 and 8 concurrent clients, with images no engine has seen and with one image repeated. Each engine runs alone,
+one after the other (mmtrt in this process, vLLM in its worker process and environment), with the same threads and
+OpenMP wait policy, on the same images and prompt.
+
+    PYTHONPATH=. python scripts/bench_vllm_cpu.py --work DIR --out docs/results/vllm-cpu.md [--layers 4 4]
+
+The checkpoint is a random-weight LLaVA-OneVision-0.5B (scripts/scale_models.py, written tensor by tensor into
+DIR once). mmtrt runs the bundles of its recipes (RECIPES: the model alone, and lossless or lossy passes); vLLM
+runs the folder `mmtrt export hf` writes from the bare bundle (the Hub's key layout, the checkpoint's weights).
+Decode is timed inside each request, from its first to its last token as this process receives them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(ROOT / "tests"))
+from bench_vllm import mmtrt_submitter, placeholder_ids, timed, vllm_alone_submitter  # noqa: E402
+
+PROMPT = "Describe the picture in detail."
+NEW_TOKENS = 33
+SIZE = (500, 300)  # 2,015 prompt tokens on LLaVA-OneVision's any-resolution grid
+
+
+def checkpoint(work: Path, layers) -> Path:
+    from random_checkpoint import write_checkpoint
+    from scale_models import MODELS
+
+    folder = work / "checkpoint"
+    if not (folder / "config.json").is_file():
+        write_checkpoint(folder, *MODELS["onevision-0.5b"](layers))
+    return folder
+
+
+def mmtrt_cli(*args: str) -> None:
+    subprocess.run([sys.executable, "-m", "mmtrt.cli", *args], check=True, stdout=subprocess.DEVNULL)
+
+
+RECIPES = {  # passes after the model; every recipe's envelope is sized for the clients measured
+    "bare": "",
+    "static": "passes:\n  - kv_layout: {layout: static}\n",
+    "int4": "passes:\n  - awq_int4: {}\n  - kv_layout: {layout: static}\n",
+}
+LABELS = {"bare": "mmtrt, bare recipe (lossless, hf KV layout)", "static": "mmtrt, kv_layout static (lossless)",
+          "int4": "mmtrt, awq_int4 + kv_layout static"}
+
+
+def compiled(work: Path, source: Path, name: str, batch: int) -> tuple[Path, float]:
+    """The recipe's bundle (compiled once) and its compile seconds (0 when it was already there)."""
+    bundle, recipe = work / f"{name}.bundle", work / f"{name}.yaml"
+    if (bundle / "manifest.json").is_file():
+        return bundle, 0.0
+    recipe.write_text(f"model: {{source: hf, path: {source}}}\n{RECIPES[name]}"
+                      f"envelope:\n  batch: {{min: 1, opt: 1, max: {batch}}}\n")
+    started = time.perf_counter()
+    mmtrt_cli("compile", str(recipe), "-o", str(bundle), "--force")
+    return bundle, time.perf_counter() - started
+
+
+def exported(work: Path, bundle: Path) -> Path:
+    """The bundle's Hugging Face folder, which vLLM loads."""
+    folder = work / "hf"
+    if not (folder / "config.json").is_file():
+        mmtrt_cli("export", "hf", str(bundle), str(folder))
+    return folder
+
+
+def unseen(rng, count: int) -> list:
+    """Images of one size whose pixels no engine has met (both engines cache encoder outputs by content)."""
+    from PIL import Image
+
+    return [Image.fromarray(rng.integers(0, 256, (SIZE[1], SIZE[0], 3), dtype=np.uint8)) for _ in range(count)]
+
+
+def measure(name: str, submitter, rng, repeats: int, clients: list[int]) -> list[tuple]:
+    """Warm-up, then per case the best TTFT and the median decode of `repeats` runs."""
+    submit, flush = submitter
+    rows = []
+    timed(submit, flush, unseen(rng, 1))
+    repeated = unseen(rng, 1)
+    timed(submit, flush, repeated)  # the image's first sight: later runs of it are the cached path
+    cases = [("unseen", n, lambda n=n: unseen(rng, n)) for n in clients]
+    cases.append(("repeated", 1, lambda: repeated))
+    for images, n, draw in cases:
+        runs = [timed(submit, flush, draw()) for _ in range(repeats if n == 1 else 1)]
+        rows.append((name, images, n, min(r["ttft_ms"] for r in runs), statistics.median(r["decode_ms"] for r in runs),
+                     statistics.median(r["tokens_per_s"] for r in runs)))
+        print(rows[-1], flush=True)
+    return rows
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--work", type=Path, required=True)
+    parser.add_argument("--out", type=Path)
+    parser.add_argument("--layers", type=int, nargs=2, help="vision and LLM layers, for a cheaper trial")
+    parser.add_argument("--threads", type=int, default=os.cpu_count())
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--clients", type=int, nargs="+", default=[1, 8])
+    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], help="vLLM's")
+    parser.add_argument("--recipes", nargs="+", default=["bare", "static"], choices=sorted(RECIPES),
+                        help="mmtrt's (bare first: vLLM runs its export)")
+    args = parser.parse_args()
+    os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{args.threads - 1}"  # all the cores mmtrt gets: none reserved
+    from mmtrt.handoff.vllm_process import VllmProcess
+    from mmtrt.runtime import load
+
+    args.work.mkdir(parents=True, exist_ok=True)
+    source, batch, rng, rows, compiles = checkpoint(args.work, args.layers), max(args.clients), \
+        np.random.default_rng(0), [], {}
+    for name in args.recipes:
+        bundle, compiles[name] = compiled(args.work, source, name, batch)
+        pipe = load(bundle, threads=args.threads, spin=False)
+        rows += measure(LABELS[name], mmtrt_submitter(pipe, PROMPT, NEW_TOKENS), rng, args.repeats, args.clients)
+        if name == "bare":
+            ids, eos, model, dims = placeholder_ids(pipe, PROMPT), pipe.model["eos_token_ids"], pipe.model, pipe.dims
+        del pipe
+        gc.collect()
+    folder, total = exported(args.work, args.work / "bare.bundle"), dims["total"]["max"]
+    llm = model["llm"]
+    kv_bytes = 2 * batch * total * 2 * llm["num_layers"] * llm["num_kv_heads"] * llm["head_dim"] * 4
+    for dtype in args.dtypes:
+        engine = VllmProcess(folder, model["image_token_id"], dtype, total, batch, kv_bytes, prefix_caching=True)
+        try:
+            rows += measure(f"vLLM {engine.version} ({dtype})", vllm_alone_submitter(engine, ids, eos, NEW_TOKENS),
+                            rng, args.repeats, args.clients)
+        finally:
+            engine.close()
+    if args.out:
+        write_table(args, rows, compiles)
+    return 0
+
+
+def ratio(rows, name, images, clients, column, reference) -> str:
+    """`reference`'s value over `name`'s (time columns) or `name`'s over `reference`'s (tokens/s): above 1 is
+    mmtrt ahead."""
+    find = {(r[0], r[1], r[2]): r for r in rows}
+    ours, theirs = find.get((name, images, clients)), find.get((reference, images, clients))
+    if not ours or not theirs:
+        return "-"
+    return f"{(ours[column] / theirs[column]) if column == 5 else (theirs[column] / ours[column]):.2f}x"
+
+
+def write_table(args, rows, compiles: dict[str, float]) -> None:
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                            cwd=ROOT).stdout.strip()
+    shape = f"{args.layers[0]} vision + {args.layers[1]} LLM layers" if args.layers else "all 26 + 24 layers"
+    command = "PYTHONPATH=. python scripts/bench_vllm_cpu.py --work DIR --out docs/results/vllm-cpu.md" + (
+        f" --layers {args.layers[0]} {args.layers[1]}" if args.layers else "")
+    lines = [
+        "# mmtrt against vLLM on the same CPU", "",
+        f"Date: {time.strftime('%Y-%m-%d')}. Commit: {commit}. Machine: 2-core x86-64 VM (AVX-512), 24 GB, no GPU. "
+        f"Command: `{command}`.", "",
+        f"A random-weight LLaVA-OneVision-0.5B ({shape}: SigLIP so400m/14 at 384, Qwen2-0.5B, vocabulary 151,936), "
+        f"float32 weights. Every request: one {SIZE[0]}x{SIZE[1]} image, the prompt \"{PROMPT}\", {NEW_TOKENS} new "
+        f"tokens, greedy. {args.threads} threads for every engine (ONNX Runtime not spinning; vLLM bound to the same "
+        f"cores), OMP_WAIT_POLICY=PASSIVE. mmtrt runs the bundles of its recipes (" + ", ".join(
+            f"{n}: {RECIPES[n].replace(chr(10), ' ').strip() or 'the model alone'}" + (f", compiled in {s:.0f} s" if s else "")
+            for n, s in compiles.items()) + "); vLLM runs `mmtrt export hf` of the bare bundle "
+        "with its own preprocessing and vision tower, eager (no torch.compile). \"unseen\": every request's image is "
+        "new to both engines; \"repeated\": the image of an earlier request (both engines cache the encoder's output "
+        f"by content). TTFT: the best of {args.repeats} runs with one client, the median over clients with eight; "
+        "decode: the median per request of (last token - first token) / (tokens - 1). Ratios: vLLM's time over "
+        "mmtrt's, and mmtrt's tokens/s over vLLM's; above 1 is mmtrt ahead.", "",
+        "| engine | images | clients | TTFT ms | decode ms/token | tokens/s | TTFT vs vLLM fp32 | decode vs vLLM fp32 "
+        "| TTFT vs vLLM bf16 | decode vs vLLM bf16 |",
+        "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    fp32 = next((r[0] for r in rows if "float32" in r[0] and r[0].startswith("vLLM")), None)
+    bf16 = next((r[0] for r in rows if "bfloat16" in r[0]), None)
+    for name, images, clients, ttft, decode, tps in rows:
+        cells = [ratio(rows, name, images, clients, c, ref) if name.startswith("mmtrt") else ""
+                 for ref in (fp32, bf16) for c in (3, 4)]
+        lines.append(f"| {name} | {images} | {clients} | {ttft:.0f} | {decode:.1f} | {tps:.2f} | " + " | ".join(cells)
+                     + " |")
+    args.out.write_text("\n".join(lines) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
