@@ -27,7 +27,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "tests"))
-from bench_vllm import mmtrt_submitter, placeholder_ids, timed, vllm_alone_submitter  # noqa: E402
+from bench_vllm import placeholder_ids, timed, vllm_alone_submitter  # noqa: E402
 
 PROMPT = "Describe the picture in detail."
 NEW_TOKENS = 33
@@ -101,6 +101,55 @@ def measure(name: str, submitter, rng, repeats: int, clients: list[int]) -> list
     return rows
 
 
+def serving_submitter(loop):
+    """`mmtrt serve`'s loop: requests queue, and join the batch between decode steps as places free up (the
+    image encoded at admission, a long prefill in pieces beside the running ones)."""
+    from mmtrt.runtime import Request
+
+    def submit(image, on_tokens):
+        loop.submit(Request(image, PROMPT, NEW_TOKENS),
+                    on_delta=lambda d: on_tokens(len(d.token_ids), d.finish_reason is not None))
+
+    return submit, lambda: None
+
+
+def measure_mmtrt(args, source: Path, rng) -> tuple[list[tuple], dict[str, float], dict]:
+    """Each recipe's bundle through the serving loop; the prompt ids and facts vLLM's requests need."""
+    from mmtrt.runtime import load
+    from mmtrt.runtime.serving_loop import ServingLoop
+
+    rows, compiles, facts = [], {}, {}
+    for name in args.recipes:
+        bundle, compiles[name] = compiled(args.work, source, name, max(args.clients))
+        pipe = load(bundle, threads=args.threads, spin=False)
+        facts = {"ids": placeholder_ids(pipe, PROMPT), "model": pipe.model, "total": pipe.dims["total"]["max"]}
+        loop = ServingLoop(pipe, max(args.clients))
+        try:
+            rows += measure(LABELS[name], serving_submitter(loop), rng, args.repeats, args.clients)
+        finally:
+            loop.close()
+        del pipe, loop
+        gc.collect()
+    return rows, compiles, facts
+
+
+def measure_vllm(args, folder: Path, facts: dict, rng) -> list[tuple]:
+    """vLLM alone on the exported folder (its own preprocessing, vision tower and prefix cache), per dtype."""
+    from mmtrt.handoff.vllm_process import VllmProcess
+
+    model, total, batch, rows = facts["model"], facts["total"], max(args.clients), []
+    llm = model["llm"]
+    kv_bytes = 2 * batch * total * 2 * llm["num_layers"] * llm["num_kv_heads"] * llm["head_dim"] * 4
+    for dtype in args.dtypes:
+        engine = VllmProcess(folder, model["image_token_id"], dtype, total, batch, kv_bytes, prefix_caching=True)
+        try:
+            submitter = vllm_alone_submitter(engine, facts["ids"], model["eos_token_ids"], NEW_TOKENS)
+            rows += measure(f"vLLM {engine.version} ({dtype})", submitter, rng, args.repeats, args.clients)
+        finally:
+            engine.close()
+    return rows
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--work", type=Path, required=True)
@@ -109,37 +158,19 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8])
-    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"], help="vLLM's")
+    parser.add_argument("--dtypes", nargs="*", default=["float32", "bfloat16"], help="vLLM's (none: mmtrt alone)")
     parser.add_argument("--recipes", nargs="+", default=["bare", "static"], choices=sorted(RECIPES),
-                        help="mmtrt's (bare first: vLLM runs its export)")
+                        help="mmtrt's (vLLM runs the bare bundle's export)")
     args = parser.parse_args()
     os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{args.threads - 1}"  # all the cores mmtrt gets: none reserved
-    from mmtrt.handoff.vllm_process import VllmProcess
-    from mmtrt.runtime import load
-
     args.work.mkdir(parents=True, exist_ok=True)
-    source, batch, rng, rows, compiles = checkpoint(args.work, args.layers), max(args.clients), \
-        np.random.default_rng(0), [], {}
-    for name in args.recipes:
-        bundle, compiles[name] = compiled(args.work, source, name, batch)
-        pipe = load(bundle, threads=args.threads, spin=False)
-        rows += measure(LABELS[name], mmtrt_submitter(pipe, PROMPT, NEW_TOKENS), rng, args.repeats, args.clients)
-        if name == "bare":
-            ids, eos, model, dims = placeholder_ids(pipe, PROMPT), pipe.model["eos_token_ids"], pipe.model, pipe.dims
-        del pipe
-        gc.collect()
-    folder, total = exported(args.work, args.work / "bare.bundle"), dims["total"]["max"]
-    llm = model["llm"]
-    kv_bytes = 2 * batch * total * 2 * llm["num_layers"] * llm["num_kv_heads"] * llm["head_dim"] * 4
-    for dtype in args.dtypes:
-        engine = VllmProcess(folder, model["image_token_id"], dtype, total, batch, kv_bytes, prefix_caching=True)
-        try:
-            rows += measure(f"vLLM {engine.version} ({dtype})", vllm_alone_submitter(engine, ids, eos, NEW_TOKENS),
-                            rng, args.repeats, args.clients)
-        finally:
-            engine.close()
+    source, rng = checkpoint(args.work, args.layers), np.random.default_rng(0)
+    rows, compiles, facts = measure_mmtrt(args, source, rng)
+    if args.dtypes:
+        rows += measure_vllm(args, exported(args.work, compiled(args.work, source, "bare", max(args.clients))[0]),
+                             facts, rng)
     if args.out:
         write_table(args, rows, compiles)
     return 0
@@ -155,6 +186,12 @@ def ratio(rows, name, images, clients, column, reference) -> str:
     return f"{(ours[column] / theirs[column]) if column == 5 else (theirs[column] / ours[column]):.2f}x"
 
 
+def recipe_line(name: str, seconds: float) -> str:
+    passes = ", ".join(line.strip()[2:] for line in RECIPES[name].splitlines() if line.strip().startswith("- "))
+    passes = passes or "the model alone"
+    return f"{name}: {passes}" + (f" (compiled in {seconds:.0f} s)" if seconds else "")
+
+
 def write_table(args, rows, compiles: dict[str, float]) -> None:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=ROOT).stdout.strip()
@@ -168,9 +205,9 @@ def write_table(args, rows, compiles: dict[str, float]) -> None:
         f"A random-weight LLaVA-OneVision-0.5B ({shape}: SigLIP so400m/14 at 384, Qwen2-0.5B, vocabulary 151,936), "
         f"float32 weights. Every request: one {SIZE[0]}x{SIZE[1]} image, the prompt \"{PROMPT}\", {NEW_TOKENS} new "
         f"tokens, greedy. {args.threads} threads for every engine (ONNX Runtime not spinning; vLLM bound to the same "
-        f"cores), OMP_WAIT_POLICY=PASSIVE. mmtrt runs the bundles of its recipes (" + ", ".join(
-            f"{n}: {RECIPES[n].replace(chr(10), ' ').strip() or 'the model alone'}" + (f", compiled in {s:.0f} s" if s else "")
-            for n, s in compiles.items()) + "); vLLM runs `mmtrt export hf` of the bare bundle "
+        f"cores), OMP_WAIT_POLICY=PASSIVE. mmtrt runs each bundle in the serving loop `mmtrt serve` runs (requests "
+        "join between decode steps; a prefill beside running ones goes in pieces of 256 tokens): "
+        + "; ".join(recipe_line(n, s) for n, s in compiles.items()) + ". vLLM runs `mmtrt export hf` of the bare bundle "
         "with its own preprocessing and vision tower, eager (no torch.compile). \"unseen\": every request's image is "
         "new to both engines; \"repeated\": the image of an earlier request (both engines cache the encoder's output "
         f"by content). TTFT: the best of {args.repeats} runs with one client, the median over clients with eight; "

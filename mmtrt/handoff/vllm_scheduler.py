@@ -38,7 +38,8 @@ class VllmScheduler:
         """Any requests are handed over together: vLLM schedules their prefills itself."""
         return True
 
-    def admit_together(self, preps: list[Prepared]) -> list[tuple[Sequence, Delta]]:
+    def admit_together(self, preps: list[Prepared], between=None) -> list[tuple[Sequence, Delta]]:
+        """`between` is not called: vLLM's own scheduler interleaves prefills with decode steps."""
         return [self.admit(prep) for prep in preps]
 
     def admit(self, prep: Prepared) -> tuple[Sequence, Delta]:

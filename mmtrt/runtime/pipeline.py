@@ -21,6 +21,7 @@ from mmtrt.errors import UserError
 from mmtrt.ir.spec import TensorSpec
 from mmtrt.partition.shapes import check_shape
 from mmtrt.runtime.batch import Prepared, Request, Sequence, StaticStepper
+from mmtrt.runtime.chunked_prefill import PREFILL_CHUNK
 from mmtrt.runtime.encoder_cache import EncoderCache
 from mmtrt.runtime.executors import TRTLLM, component_runner, engine_choices, llm_engine_choice
 from mmtrt.runtime.kv import StaticCache, cache_device, cache_providers
@@ -115,6 +116,7 @@ class Pipeline(RequestInputs):
         self.prefixes = PrefixCache(prefix_cache_mib)
         self.encoder_cache = EncoderCache(encoder_cache_mib)
         self.decoding = threading.Lock()  # held by the one Scheduler driving the KV cache
+        self.prefill_chunk = PREFILL_CHUNK  # tokens per call of a prefill admitted beside running sequences
         # token_prune's dynamic budget: the vision output is a padded block with a per-image count
         self.dynamic_tokens = self.family is not None or any(
             o["name"] == "image_token_count" for o in self.manifest["components"]["vision"]["outputs"])

@@ -10,20 +10,23 @@ The places, per layout:
 - static: a row of the shared buffers; a leaving row is refilled from the last one, so rows 0..n-1 run;
 - hf (no kv_layout): a grown cache per sequence, each decoded by its own LLM call in the step (any batch).
 `admit_together` prefills several requests in one LLM call where the layout allows it (paged:
-batched_prefill.py); `generate_batch`, `Pipeline.stream` and the serving loop all drive this one class.
+batched_prefill.py); a request admitted beside running ones is prefilled in pieces of `Pipeline.prefill_chunk`
+tokens with a decode step of the running ones after each (chunked_prefill.py). `generate_batch`,
+`Pipeline.stream` and the serving loop all drive this one class.
 """
 
 from __future__ import annotations
 
 import time
 from collections import deque
-from typing import Iterator
+from typing import Callable, Iterator
 
 import numpy as np
 
 from mmtrt.errors import UserError
 from mmtrt.runtime.batch import Prepared, Sequence
 from mmtrt.runtime.batched_prefill import prefill_together
+from mmtrt.runtime.chunked_prefill import ChunkedSteps, chunked_own_cache
 from mmtrt.runtime.paged import PagedStepper, prefill_sharing
 from mmtrt.runtime.speculative import Speculator
 from mmtrt.runtime.streaming import Delta, TextStream
@@ -61,13 +64,16 @@ class Scheduler:
         """Prefill `prep` and choose its first token; the sequence runs unless that token already ends it."""
         return self.admit_together([prep])[0]
 
-    def admit_together(self, preps: list[Prepared]) -> list[tuple[Sequence, Delta]]:
-        """Prefill several requests (one LLM call where `joins` allowed them) and choose their first tokens."""
+    def admit_together(self, preps: list[Prepared], between: Callable[[], None] | None = None
+                       ) -> list[tuple[Sequence, Delta]]:
+        """Prefill several requests (one LLM call where `joins` allowed them) and choose their first tokens.
+        `between`: what the caller runs between the pieces of one request's prefill while others run (their
+        decode step, `step`, whose events it delivers)."""
         seqs = [self._sequence(prep) for prep in preps]
         t0 = time.perf_counter()
         try:
             rows = (self.places.prefill_together(seqs) if len(seqs) > 1 else
-                    [self.places.prefill(seqs[0], len(self.active))])
+                    [self.places.prefill(seqs[0], self.active, between if self.active else None)])
         except BaseException:
             for seq in seqs:
                 self.places.close(seq)
@@ -153,7 +159,10 @@ def run_to_end(pipe, prepared: list[Prepared], text: bool = False) -> Iterator[t
                     not group or scheduler.joins(waiting[0], tuple(group))):
                 group.append(waiting.popleft())
             if group:
-                yield from scheduler.admit_together(group)
+                between: list[tuple[Sequence, Delta]] = []  # the running ones' tokens between prefill pieces
+                admitted = scheduler.admit_together(group, lambda: between.extend(scheduler.step()))
+                yield from between
+                yield from admitted
             yield from scheduler.step()
     finally:
         scheduler.close()
@@ -170,8 +179,13 @@ class Rows:
     def fits(self, prep: Prepared, joining: tuple[Prepared, ...]) -> bool:
         return True
 
-    def prefill(self, seq: Sequence, row: int) -> np.ndarray:
-        return self.pipe.prefill(self.stepper, row, seq.prep)[0, -1]
+    def prefill(self, seq: Sequence, active: list[Sequence], between) -> np.ndarray:
+        row = len(active)
+        stepper = ChunkedSteps(self.stepper, self.pipe.prefill_chunk, between) if between else self.stepper
+        logits = self.pipe.prefill(stepper, row, seq.prep)[0, -1]
+        if len(active) != row:  # sequences left between its pieces: it takes the row after the last one
+            self.stepper.cache.copy_row(row, len(active))
+        return logits
 
     def decode(self, active: list[Sequence]) -> np.ndarray:
         embeds = self.pipe.embed(np.array([[s.tokens[-1]] for s in active], np.int64))
@@ -210,10 +224,11 @@ class Blocks:
         shared = prep.prefix_len if self.holders.get(prep.prefix_key) else 0
         return self.cache.blocks_for(len(prep.ids) + prep.limit) - shared // self.cache.block_tokens
 
-    def prefill(self, seq: Sequence, _row: int) -> np.ndarray:
+    def prefill(self, seq: Sequence, _active: list[Sequence], between) -> np.ndarray:
         prep = seq.prep
         self.cache.open(prep.index, len(prep.ids) + prep.limit)
-        return prefill_sharing(self.pipe, self.stepper, self.holders, prep)[0, -1]
+        stepper = ChunkedSteps(self.stepper, self.pipe.prefill_chunk, between) if between else self.stepper
+        return prefill_sharing(self.pipe, stepper, self.holders, prep)[0, -1]
 
     def prefill_together(self, seqs: list[Sequence]) -> list[np.ndarray]:
         for seq in seqs:
@@ -253,9 +268,10 @@ class OwnCaches:
     def fits(self, prep: Prepared, joining: tuple[Prepared, ...]) -> bool:
         return True
 
-    def prefill(self, seq: Sequence, _row: int) -> np.ndarray:
-        logits, seq.cache = self.pipe.step(seq.prep.embeds, self.pipe.empty_cache(), seq.prep.positions)
-        return logits[0, -1]
+    def prefill(self, seq: Sequence, _active: list[Sequence], between) -> np.ndarray:
+        logits, seq.cache = chunked_own_cache(self.pipe, seq.prep.embeds, seq.prep.positions, self.pipe.prefill_chunk,
+                                              between)
+        return logits
 
     def decode(self, active: list[Sequence]) -> list[np.ndarray]:
         rows = []

@@ -197,7 +197,7 @@ class ServingLoop:
             if not embedded:
                 continue
             try:
-                events = self.scheduler.admit_together([prep for _, prep in embedded])
+                events = self.scheduler.admit_together([prep for _, prep in embedded], between=self._step)
             except Exception as exc:  # the call's requests fail (their places are free again); the others run on
                 for handle, _ in embedded:
                     self._fail(handle, exc)

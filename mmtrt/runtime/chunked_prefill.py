@@ -1,0 +1,54 @@
+"""A long prompt's prefill in pieces, with the running sequences' decode steps between them (chunked prefill, as
+vLLM's scheduler interleaves them): admitting a request of thousands of tokens then stalls the others' tokens for
+one piece, not for the whole prompt. Each piece attends to the cache the pieces before it wrote, so the logits are
+those of one call (a prefix reuse runs the same arithmetic: the text after a stored image prefix).
+
+`ChunkedSteps` stands in for a static or paged stepper in `Pipeline.prefill`; `chunked_own_cache` is the hf
+layout's, whose cache each call returns.
+"""
+
+from __future__ import annotations
+
+from typing import Callable
+
+import numpy as np
+
+PREFILL_CHUNK = 256  # tokens a piece: about a second of a 0.5B LLM's prefill on two cores
+
+
+def pieces(length: int, tokens: int) -> list[slice]:
+    return [slice(start, min(start + tokens, length)) for start in range(0, length, tokens)]
+
+
+def _part(positions: np.ndarray | None, piece: slice) -> np.ndarray | None:
+    return None if positions is None else positions[..., piece]
+
+
+class ChunkedSteps:
+    """The stepper, its `prefill` run `tokens` at a time with `between()` after every piece but the last."""
+
+    def __init__(self, stepper, tokens: int, between: Callable[[], None]):
+        self.stepper, self.tokens, self.between = stepper, tokens, between
+
+    def __getattr__(self, name: str):
+        return getattr(self.stepper, name)
+
+    def prefill(self, handle, embeds: np.ndarray, positions: np.ndarray | None = None, delta: int = 0) -> np.ndarray:
+        logits = None
+        for i, piece in enumerate(pieces(embeds.shape[1], self.tokens)):
+            if i:
+                self.between()
+            logits = self.stepper.prefill(handle, embeds[:, piece], _part(positions, piece), delta)
+        return logits
+
+
+def chunked_own_cache(pipe, embeds: np.ndarray, positions: np.ndarray | None, tokens: int,
+                      between: Callable[[], None] | None):
+    """The hf layout's prefill from an empty cache: the last position's logits and the grown cache."""
+    cache = pipe.empty_cache()
+    logits = None
+    for i, piece in enumerate(pieces(embeds.shape[1], tokens if between else embeds.shape[1])):
+        if i:
+            between()
+        logits, cache = pipe.step(embeds[:, piece], cache, _part(positions, piece))
+    return logits[0, -1], cache
