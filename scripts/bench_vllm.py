@@ -99,13 +99,19 @@ def split_submitter(pipe):
     return submit, flush
 
 
-def vllm_alone_submitter(engine, ids, eos_token_ids, new_tokens=NEW_TOKENS):
-    """vLLM's own preprocessing and vision tower: the raw image and the prompt `ids` with one image placeholder."""
+def vllm_alone_submitter(engine, ids, eos_token_ids, new_tokens=NEW_TOKENS, prompt_tokens: set | None = None):
+    """vLLM's own preprocessing and vision tower: the raw image and the prompt `ids` with one image placeholder;
+    `prompt_tokens` collects the prompt lengths vLLM expanded them to."""
     greedy = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": None, "repetition_penalty": 1.0}
+
+    def on_message(m, on_tokens):
+        if prompt_tokens is not None and "prompt_tokens" in m:
+            prompt_tokens.add(m["prompt_tokens"])
+        on_tokens(len(m["tokens"]), m["finish_reason"] is not None)
 
     def submit(image, on_tokens):
         engine.submit(engine.new_id(), ids, None, greedy, new_tokens, list(eos_token_ids),
-                      lambda m: on_tokens(len(m["tokens"]), m["finish_reason"] is not None), image=np.asarray(image))
+                      lambda m: on_message(m, on_tokens), image=np.asarray(image))
 
     return submit, lambda: None
 

@@ -32,6 +32,7 @@ from bench_vllm import placeholder_ids, timed, vllm_alone_submitter  # noqa: E40
 PROMPT = "Describe the picture in detail."
 NEW_TOKENS = 33
 SIZE = (500, 300)  # 2,015 prompt tokens on LLaVA-OneVision's any-resolution grid
+PROMPT_TOKENS: dict[str, set[int]] = {}  # engine -> the prompt lengths it counted (text and image tokens)
 
 
 def checkpoint(work: Path, layers) -> Path:
@@ -101,14 +102,20 @@ def measure(name: str, submitter, rng, repeats: int, clients: list[int]) -> list
     return rows
 
 
-def serving_submitter(loop):
+def serving_submitter(loop, prompt_tokens: set):
     """`mmtrt serve`'s loop: requests queue, and join the batch between decode steps as places free up (the
     image encoded at admission, a long prefill in pieces beside the running ones)."""
     from mmtrt.runtime import Request
 
     def submit(image, on_tokens):
-        loop.submit(Request(image, PROMPT, NEW_TOKENS),
-                    on_delta=lambda d: on_tokens(len(d.token_ids), d.finish_reason is not None))
+        handles = []
+
+        def on_delta(delta):
+            if delta.finish_reason:
+                prompt_tokens.add(handles[0].generation.prompt_tokens)
+            on_tokens(len(delta.token_ids), delta.finish_reason is not None)
+
+        handles.append(loop.submit(Request(image, PROMPT, NEW_TOKENS), on_delta=on_delta))
 
     return submit, lambda: None
 
@@ -125,7 +132,8 @@ def measure_mmtrt(args, source: Path, rng) -> tuple[list[tuple], dict[str, float
         facts = {"ids": placeholder_ids(pipe, PROMPT), "model": pipe.model, "total": pipe.dims["total"]["max"]}
         loop = ServingLoop(pipe, max(args.clients))
         try:
-            rows += measure(LABELS[name], serving_submitter(loop), rng, args.repeats, args.clients)
+            rows += measure(LABELS[name], serving_submitter(loop, PROMPT_TOKENS.setdefault("mmtrt", set())), rng,
+                            args.repeats, args.clients)
         finally:
             loop.close()
         del pipe, loop
@@ -143,7 +151,8 @@ def measure_vllm(args, folder: Path, facts: dict, rng) -> list[tuple]:
     for dtype in args.dtypes:
         engine = VllmProcess(folder, model["image_token_id"], dtype, total, batch, kv_bytes, prefix_caching=True)
         try:
-            submitter = vllm_alone_submitter(engine, facts["ids"], model["eos_token_ids"], NEW_TOKENS)
+            submitter = vllm_alone_submitter(engine, facts["ids"], model["eos_token_ids"], NEW_TOKENS,
+                                             PROMPT_TOKENS.setdefault("vLLM", set()))
             rows += measure(f"vLLM {engine.version} ({dtype})", submitter, rng, args.repeats, args.clients)
         finally:
             engine.close()
@@ -212,7 +221,9 @@ def write_table(args, rows, compiles: dict[str, float]) -> None:
         "new to both engines; \"repeated\": the image of an earlier request (both engines cache the encoder's output "
         f"by content). TTFT: the best of {args.repeats} runs with one client, the median over clients with eight; "
         "decode: the median per request of (last token - first token) / (tokens - 1). Ratios: vLLM's time over "
-        "mmtrt's, and mmtrt's tokens/s over vLLM's; above 1 is mmtrt ahead.", "",
+        "mmtrt's, and mmtrt's tokens/s over vLLM's; above 1 is mmtrt ahead. Prompt tokens per request as each "
+        "engine counted them: " + "; ".join(f"{k} {', '.join(map(str, sorted(v)))}" for k, v in PROMPT_TOKENS.items())
+        + ".", "",
         "| engine | images | clients | TTFT ms | decode ms/token | tokens/s | TTFT vs vLLM fp32 | decode vs vLLM fp32 "
         "| TTFT vs vLLM bf16 | decode vs vLLM bf16 |",
         "| --- | --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]

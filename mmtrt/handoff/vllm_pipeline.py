@@ -10,6 +10,7 @@ and a Generation's `image_tokens` and `prompt_tokens` are the counts vLLM itself
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 from typing import Callable, Iterator
 
@@ -43,6 +44,7 @@ class VllmPipeline(Pipeline):
             raise UserError(f"vLLM dtype {dtype!r} is not one of {', '.join(DTYPES)}")
         if not (Path(folder) / "config.json").is_file():
             raise UserError(f"{folder} holds no config.json; pass the folder `mmtrt export hf {bundle} FOLDER` wrote")
+        refuse_layer_list(folder)
         self.folder, self.max_batch = Path(folder), max_batch or self.dims["batch"]["max"]
         self.owns_engine = engine is None
         self.engine = engine or VllmProcess(self.folder, self.model["image_token_id"], dtype,
@@ -128,6 +130,17 @@ class VllmPipeline(Pipeline):
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def refuse_layer_list(folder: str | Path) -> None:
+    """vLLM 0.32's LLaVA-OneVision builds its projector for one vision layer's width, so a checkpoint whose
+    projector reads several layers concatenated (a vision_feature_layer list) fails in its weight loader."""
+    config = json.loads((Path(folder) / "config.json").read_text())
+    layers = config.get("vision_feature_layer")
+    if config.get("model_type") == "llava_onevision" and isinstance(layers, list) and len(layers) > 1:
+        raise UserError(f"{folder}: this LLaVA-OneVision's projector reads {len(layers)} vision layers "
+                        f"(vision_feature_layer {layers}); vLLM's LLaVA-OneVision takes one; serve the bundle with its "
+                        "own LLM (--llm bundle)")
 
 
 def load(bundle: str | Path, folder: str | Path, dtype: str = "float32", max_batch: int | None = None, *,
