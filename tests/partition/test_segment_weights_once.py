@@ -38,16 +38,17 @@ def external_places(bundle):
     """(dtype, dims, sha256 of the bytes) -> every (data file, offset, length) an ONNX file of the bundle reads such a
     tensor at."""
     places = defaultdict(set)
-    for path in sorted(bundle.glob("*.onnx")):
+    for path in sorted(bundle.rglob("*.onnx")):
         for tensor in onnx.load(path, load_external_data=False).graph.initializer:
             if tensor.data_location != onnx.TensorProto.EXTERNAL:
                 continue
             where = {e.key: e.value for e in tensor.external_data}
             offset, length = int(where.get("offset", 0)), int(where["length"])
-            with open(bundle / where["location"], "rb") as f:
+            data = path.parent / where["location"]
+            with open(data, "rb") as f:
                 f.seek(offset)
                 key = tensor.data_type, tuple(tensor.dims), hashlib.sha256(f.read(length)).digest()
-            places[key].add((where["location"], offset, length))
+            places[key].add((data.relative_to(bundle).as_posix(), offset, length))
     return places
 
 
@@ -59,7 +60,7 @@ def test_the_segment_reads_the_llms_data_and_no_bytes_lie_twice(static):
     places = external_places(static)
     assert all(len(p) == 1 for p in places.values()), [p for p in places.values() if len(p) > 1][:2]
     # every byte of every data file is some tensor's, read from one place
-    data = sum(p.stat().st_size for p in static.glob("*.data"))
+    data = sum(p.stat().st_size for p in static.rglob("*.data"))
     assert data == sum(length for p in places.values() for _, _, length in p)
 
 
