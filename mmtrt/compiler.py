@@ -13,6 +13,7 @@ from mmtrt import __version__
 from mmtrt.backends.tensorrt.shipped import check_engine_targets, ship_engines
 from mmtrt.bundle import writer
 from mmtrt.bundle.manifest import SCHEMA_VERSION, toolchain_versions
+from mmtrt.bundle.stored import StoredTensors
 from mmtrt.eval.budget import Evaluate, check_budgets
 from mmtrt.eval.options import load_suite_data, suite_options
 from mmtrt.eval.userdata import Sample
@@ -76,10 +77,11 @@ def make_plan(recipe_path: str | Path) -> Plan:
 def stage_bundle(plan: Plan, ir: ModelIR, reports: list[dict], folder: Path) -> dict[str, Any]:
     """Write every artifact and the manifest of `ir` into `folder`; returns the manifest."""
     dims = plan_dims(ir.config, plan.recipe.envelope)
-    files = writer.write_artifacts(ir, folder, plan.recipe.output.external_data_threshold)
+    stored = StoredTensors(folder)  # the components' tensors, which their segments' files read too
+    files = writer.write_artifacts(ir, folder, plan.recipe.output.external_data_threshold, stored)
     manifest = _manifest(plan, ir, [{k: v for k, v in r.items() if k != "time_ms"} for r in reports], dims,
                          plan_profiles(ir, dims), files)
-    manifest.update(engine_sections(ir, plan.recipe, dims, folder, files))
+    manifest.update(engine_sections(ir, plan.recipe, dims, folder, files, stored))
     writer.write_manifest(folder, manifest)
     return manifest
 

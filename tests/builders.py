@@ -4,6 +4,7 @@ import copy
 import fnmatch
 import json
 import struct
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -350,12 +351,14 @@ def fake_quantized(source, model: onnx.ModelProto, linears_expected: int):
 
 class StaticCacheForm:
     """One static-cache form of an LLM graph with its own buffers, bound in place as past and present and fed as
-    mmtrt.runtime.batch.StaticStepper feeds them (one ONNX Runtime thread)."""
+    mmtrt.runtime.batch.StaticStepper feeds them (one ONNX Runtime thread). `model`: a graph, or a file that ONNX
+    Runtime opens itself (its external data resolved as the runtimes resolve it)."""
 
-    def __init__(self, model: onnx.ModelProto, llm: dict, capacity: int, batch: int = 1):
+    def __init__(self, model: onnx.ModelProto | Path, llm: dict, capacity: int, batch: int = 1):
         options = ort.SessionOptions()
         options.intra_op_num_threads = 1
-        self.session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        source = str(model) if isinstance(model, Path) else model.SerializeToString()
+        self.session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
         self.inputs, self.lengths = {i.name for i in self.session.get_inputs()}, np.zeros(batch, np.int64)
         shape = (batch, llm["num_kv_heads"], capacity, llm["head_dim"])
         self.cache = {f"past.{n}.{k}": np.zeros(shape, np.float32) for n in range(llm["num_layers"])

@@ -1,7 +1,8 @@
 """Each tensor's bytes once in a bundle: an initializer byte-identical to one already saved (same dtype, dims and
-bytes) reads that one's external data, whichever component saved it. A tied lm_head is the token table transposed
-([hidden, vocab] where the embed graph gathers from [vocab, hidden]); it reads the table's bytes through a
-Transpose, which ONNX Runtime and TensorRT fold into a constant when the session or engine is built.
+bytes) reads that one's external data, whichever component saved it; a segment file reads its component's. A tied
+lm_head is the token table transposed ([hidden, vocab] where the embed graph gathers from [vocab, hidden]); it
+reads the table's bytes through a Transpose, which ONNX Runtime and TensorRT fold into a constant when the session
+or engine is built.
 
 Equality is checked on the bytes themselves (a digest finds the candidate, the saved bytes are read back and
 compared), never assumed from names or configs: a table a pass changed (quantized, pruned) is saved again."""

@@ -213,10 +213,10 @@ def _copy_fields(src, dst, skip: str) -> None:
             setattr(dst, field.name, value)
 
 
-def write_artifacts(ir: ModelIR, folder: Path, threshold: int) -> dict[str, dict[str, Any]]:
-    """Every component's artifact and the tokenizer assets, each tensor's bytes once; returns where each component
-    lives (its files: those it reads, other components' included)."""
-    files, stored = {}, StoredTensors(folder)
+def write_artifacts(ir: ModelIR, folder: Path, threshold: int, stored: StoredTensors) -> dict[str, dict[str, Any]]:
+    """Every component's artifact and the tokenizer assets, each tensor's bytes once (`stored`: the tensors saved
+    into `folder`); returns where each component lives (its files: those it reads, other components' included)."""
+    files = {}
     for comp in ir.components.values():
         if comp.onnx is not None:
             written = save_onnx(comp.onnx, folder / f"{comp.name}.onnx", threshold, stored, table=comp.name == "embed")

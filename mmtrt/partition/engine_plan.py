@@ -12,6 +12,7 @@ from typing import Any
 
 from mmtrt.backends.tensorrt.kv_cache_form import FORMS, has_gqa, tensorrt_form
 from mmtrt.backends.tensorrt.plan import build_plan, segment_entry
+from mmtrt.bundle.stored import StoredTensors
 from mmtrt.handoff.trtllm_plan import CHECKPOINT_DIR, trtllm_plan
 from mmtrt.ir.graph import ModelIR
 from mmtrt.kernels.bundle import write_plugins
@@ -24,8 +25,10 @@ from mmtrt.recipe import Recipe
 FLOAT_DTYPES = {"fp16": "float16", "bf16": "bfloat16"}
 
 
-def engine_sections(ir: ModelIR, recipe: Recipe, dims: dict, folder: Path, files: dict[str, Any]) -> dict[str, Any]:
-    """The manifest's `placement`, `tensorrt` and `tensorrt_llm` sections; writes segment files into `folder`."""
+def engine_sections(ir: ModelIR, recipe: Recipe, dims: dict, folder: Path, files: dict[str, Any],
+                    stored: StoredTensors) -> dict[str, Any]:
+    """The manifest's `placement`, `tensorrt` and `tensorrt_llm` sections; writes segment files into `folder`, which
+    read the tensors already saved there (`stored`: the components') rather than copy them."""
     placements, entries, plugins = {}, [], []
     threshold = recipe.output.external_data_threshold
     typical = recipe.envelope.prompt_tokens.opt + ir.config["vision"]["image_tokens"]
@@ -34,7 +37,7 @@ def engine_sections(ir: ModelIR, recipe: Recipe, dims: dict, folder: Path, files
     draft, draft_phases = speculative.get("component"), {"decode": phases["decode"]}  # a draft proposes one at a time
     for comp in ir.onnx_components():
         placement, forms = _placement(comp, dims)
-        written = segments.write(placement, folder, threshold, None if forms else files[comp.name])
+        written = segments.write(placement, folder, threshold, None if forms else files[comp.name], stored)
         report = {**placement.to_json(), **({"kv_cache_forms": forms} if forms else {})}
         for seg_json, seg_files in zip(report["segments"], written):
             seg_json.update(onnx=seg_files["onnx"], files=seg_files["files"])

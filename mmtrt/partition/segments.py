@@ -2,6 +2,9 @@
 
 A component that is one segment is its own artifact; a split component gets a file per segment (TensorRT and
 ONNX Runtime alike), so a host can run any mix of engines and ONNX Runtime sessions, segment after segment.
+A segment's weights are the component's: its file reads them from the component's external data, so the bundle
+holds them once. ONNX and ONNX Runtime refuse an external data location outside the model's folder, hence the
+segment files lie at the bundle's root, `<component>.<i>.segment.onnx`.
 """
 
 from __future__ import annotations
@@ -18,10 +21,11 @@ from onnx import TensorProto, helper
 
 from mmtrt.backends.tensorrt.parser_form import write_form
 from mmtrt.bundle.manifest import sha256_file
+from mmtrt.bundle.stored import StoredTensors
 from mmtrt.bundle.writer import save_onnx
 from mmtrt.partition.placement import TENSORRT, Placement, Segment, node_inputs
 
-SEGMENT_DIR = "segments"
+SUFFIX = ".segment.onnx"
 POINTS = ("min", "opt", "max")
 FLOAT_NAMES = {TensorProto.FLOAT: "fp32", TensorProto.FLOAT16: "fp16", TensorProto.BFLOAT16: "bf16"}
 
@@ -47,20 +51,19 @@ def _typed(placement: Placement, name: str) -> onnx.ValueInfoProto:
     return helper.make_tensor_value_info(name, placement.facts.types.get(name, TensorProto.UNDEFINED), shape)
 
 
-def write(placement: Placement, folder: Path, threshold: int,
-          component_files: dict[str, Any] | None) -> list[dict[str, Any]]:
+def write(placement: Placement, folder: Path, threshold: int, component_files: dict[str, Any] | None,
+          stored: StoredTensors) -> list[dict[str, Any]]:
     """Write a file per segment when the component is split, or when the placement is of another form of its graph
-    (`component_files` None), and beside a TensorRT segment's file the form TensorRT's parser reads where it
-    differs (`parser_form`); returns per segment its files and their digest (over both forms)."""
+    (`component_files` None), reading the tensors `stored` holds, and beside a TensorRT segment's file the form
+    TensorRT's parser reads where it differs (`parser_form`); returns per segment its files (every one it reads)
+    and their digest (over both forms)."""
     entries = []
     whole = len(placement.segments) == 1 and component_files is not None
     for s in placement.segments:
         if whole:
             files = list(component_files["files"])
         else:
-            (folder / SEGMENT_DIR).mkdir(exist_ok=True)
-            written = save_onnx(extract(placement, s), folder / SEGMENT_DIR / f"{placement.segment_id(s)}.onnx", threshold)
-            files = [f"{SEGMENT_DIR}/{name}" for name in written]
+            files = save_onnx(extract(placement, s), folder / f"{placement.segment_id(s)}{SUFFIX}", threshold, stored)
         entry = {"id": placement.segment_id(s), "backend": s.backend, "onnx": files[0], "files": files}
         form = write_form(folder, files[0]) if s.backend == TENSORRT else None
         if form:

@@ -81,7 +81,8 @@ def test_the_recipe_forms_ship_with_their_engines(forms_bundle):
     assert {r["segment"] for r in report if r["status"] == "built"} == set(planned)
     assert all(r["file"] not in m["artifacts"] for r in built.values())  # engines stay out of the bundle's hash
     llm = next(e for e in m["tensorrt"]["segments"] if e["component"] == "llm")
-    assert llm["onnx"].startswith("segments/") and llm["precision"]["dtype"] == "fp16"
+    assert llm["onnx"] == "llm.0.segment.onnx" and llm["precision"]["dtype"] == "fp16"
+    assert llm["files"] == ["llm.0.segment.onnx", "llm.onnx.data"]  # the INT4 weights llm.onnx reads, not a copy
     assert all(p["values"] == {"logits_from": {"min": [0], "opt": [p["shapes"]["inputs_embeds"]["opt"][1] - 1],
                                                "max": [p["shapes"]["inputs_embeds"]["max"][1] - 1]}}
                for p in llm["profiles"])

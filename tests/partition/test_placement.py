@@ -8,6 +8,7 @@ from onnx import TensorProto, helper
 from builders import make_model, tensor
 from mmtrt.backends.onnxruntime_backend import OrtRunner
 from mmtrt.bundle.manifest import read_manifest
+from mmtrt.bundle.stored import StoredTensors
 from mmtrt.bundle.writer import save_onnx
 from mmtrt.partition import segments
 from mmtrt.partition.placement import ONNXRUNTIME, TENSORRT, place
@@ -66,18 +67,19 @@ def test_a_component_not_offered_to_tensorrt_stays_whole_on_onnxruntime():
     assert {n["reason"] for n in p.to_json()["nodes"]} == {"partition.embed does not list tensorrt"}
 
 
-def test_segments_run_in_order_compute_the_whole_graph(tmp_path, rng):
+def test_segments_run_in_order_compute_the_whole_graph_from_its_weights(tmp_path, rng):
+    """The segment files read the component's external data, so its weights are in the folder once."""
     model = split_model()
     p = place(model, "vision", targeted=True, min_segment_size=5)
-    steps = []
-    for s in p.segments:
-        path = tmp_path / f"{p.segment_id(s)}.onnx"
-        save_onnx(segments.extract(p, s), path, threshold=64)
-        steps.append((OrtRunner(path), s.inputs))
+    stored = StoredTensors(tmp_path)
+    whole = save_onnx(model, tmp_path / "vision.onnx", 64, stored)
+    written = segments.write(p, tmp_path, 64, {"artifact": whole[0], "files": whole}, stored)
+    assert [w["onnx"] for w in written] == [f"vision.{i}.segment.onnx" for i in range(3)]
+    assert [w["files"][1:] for w in written] == [["vision.onnx.data"], [], ["vision.onnx.data"]]
+    assert [f.name for f in tmp_path.glob("*.data")] == ["vision.onnx.data"]
+    steps = [(OrtRunner(tmp_path / w["onnx"]), s.inputs) for w, s in zip(written, p.segments)]
     x = rng.normal(size=(3, 8)).astype(np.float32)
-    whole_path = tmp_path / "whole.onnx"
-    save_onnx(model, whole_path, threshold=64)
-    expected = OrtRunner(whole_path).run({"x": x})["y"]
+    expected = OrtRunner(tmp_path / "vision.onnx").run({"x": x})["y"]
     got = SegmentChain(steps, ["y"]).run({"x": x})["y"]
     np.testing.assert_array_equal(got, expected)
     assert np.abs(expected).max() > 0
