@@ -143,11 +143,11 @@ def measure_mmtrt(args, source: Path, rng) -> tuple[list[tuple], dict[str, float
 
 def measure_vllm(args, folder: Path, facts: dict, rng) -> list[tuple]:
     """vLLM alone on the exported folder (its own preprocessing, vision tower and prefix cache), per dtype."""
+    from mmtrt.handoff.vllm_pipeline import kv_pool_bytes
     from mmtrt.handoff.vllm_process import VllmProcess
 
     model, total, batch, rows = facts["model"], facts["total"], max(args.clients), []
-    llm = model["llm"]
-    kv_bytes = 2 * batch * total * 2 * llm["num_layers"] * llm["num_kv_heads"] * llm["head_dim"] * 4
+    kv_bytes = kv_pool_bytes(model["llm"], batch, total)
     for dtype in args.dtypes:
         engine = VllmProcess(folder, model["image_token_id"], dtype, total, batch, kv_bytes, prefix_caching=True)
         try:

@@ -144,12 +144,23 @@ def assert_same_up_to_near_ties(ours, ref):
     assert ours.token_ids == ref.token_ids
 
 
-def hf_greedy(model, processor, image, prompt: str, tokens: int) -> tuple[list[int], list[int], list[float]]:
-    """transformers' processor and greedy `generate` on one image and prompt (the chat template's user turn): the
-    prompt's ids, the new tokens and each step's top-2 margin."""
+def hf_inputs(processor, image, prompt: str):
+    """transformers' processor on one image and prompt (the chat template's user turn)."""
     messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
-    inputs = processor(images=image, text=processor.apply_chat_template(messages, add_generation_prompt=True),
-                       return_tensors="pt")
+    return processor(images=image, text=processor.apply_chat_template(messages, add_generation_prompt=True),
+                     return_tensors="pt")
+
+
+def hf_prefill_logits(model, processor, image, prompt: str) -> np.ndarray:
+    """transformers' logits at every prompt position."""
+    with torch.no_grad():
+        return model(**hf_inputs(processor, image, prompt)).logits[0].numpy()
+
+
+def hf_greedy(model, processor, image, prompt: str, tokens: int) -> tuple[list[int], list[int], list[float]]:
+    """transformers' processor and greedy `generate` on one image and prompt: the prompt's ids, the new tokens and
+    each step's top-2 margin."""
+    inputs = hf_inputs(processor, image, prompt)
     with torch.no_grad():
         out = model.generate(**inputs, max_new_tokens=tokens, do_sample=False, output_scores=True,
                              return_dict_in_generate=True)

@@ -48,14 +48,10 @@ class VllmPipeline(Pipeline):
         self.folder, self.max_batch = Path(folder), max_batch or self.dims["batch"]["max"]
         self.owns_engine = engine is None
         self.engine = engine or VllmProcess(self.folder, self.model["image_token_id"], dtype,
-                                            self.dims["total"]["max"], self.max_batch, self.kv_cache_bytes(), python)
+                                            self.dims["total"]["max"], self.max_batch,
+                                            kv_pool_bytes(self.model["llm"], self.max_batch, self.dims["total"]["max"]),
+                                            python)
         self.backends["llm"] = f"vllm {self.engine.version} ({dtype}, {self.folder})"
-
-    def kv_cache_bytes(self) -> int:
-        """vLLM's KV pool: twice the float32 KV of max_batch sequences at the bundle's longest (vLLM reserves a
-        fraction of the host's memory otherwise, more than a shared host has free)."""
-        llm, tokens = self.model["llm"], self.max_batch * self.dims["total"]["max"]
-        return max(2 * tokens * 2 * llm["num_layers"] * llm["num_kv_heads"] * llm["head_dim"] * 4, 1 << 26)
 
     def embed_request(self, prep: Prepared, seen: dict[str, np.ndarray] | None = None) -> Prepared:
         """The image's features (the LLM's image rows, after the bundle's vision passes) in `prep.embeds`, and the
@@ -130,6 +126,12 @@ class VllmPipeline(Pipeline):
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+
+def kv_pool_bytes(llm: dict, sequences: int, tokens: int) -> int:
+    """vLLM's KV pool: twice the float32 KV of `sequences` of `tokens` each (vLLM reserves a fraction of the host's
+    memory otherwise, more than a shared host has free)."""
+    return max(2 * sequences * tokens * 2 * llm["num_layers"] * llm["num_kv_heads"] * llm["head_dim"] * 4, 1 << 26)
 
 
 def refuse_layer_list(folder: str | Path) -> None:

@@ -16,8 +16,12 @@ import numpy as np
 PREFILL_CHUNK = 256  # tokens a piece: about a second of a 0.5B LLM's prefill on two cores
 
 
-def pieces(length: int, tokens: int) -> list[slice]:
-    return [slice(start, min(start + tokens, length)) for start in range(0, length, tokens)]
+def pieces(length: int, tokens: int, between: Callable[[], None]):
+    """The slices of `length` positions, `tokens` each, with `between()` run before every one but the first."""
+    for start in range(0, length, tokens):
+        if start:
+            between()
+        yield slice(start, min(start + tokens, length))
 
 
 def _part(positions: np.ndarray | None, piece: slice) -> np.ndarray | None:
@@ -35,11 +39,14 @@ class ChunkedSteps:
 
     def prefill(self, handle, embeds: np.ndarray, positions: np.ndarray | None = None, delta: int = 0) -> np.ndarray:
         logits = None
-        for i, piece in enumerate(pieces(embeds.shape[1], self.tokens)):
-            if i:
-                self.between()
+        for piece in pieces(embeds.shape[1], self.tokens, self.between):
             logits = self.stepper.prefill(handle, embeds[:, piece], _part(positions, piece), delta)
         return logits
+
+
+def chunked(stepper, tokens: int, between: Callable[[], None] | None):
+    """`stepper` itself where nothing runs beside the prefill."""
+    return ChunkedSteps(stepper, tokens, between) if between else stepper
 
 
 def chunked_own_cache(pipe, embeds: np.ndarray, positions: np.ndarray | None, tokens: int,
@@ -47,8 +54,6 @@ def chunked_own_cache(pipe, embeds: np.ndarray, positions: np.ndarray | None, to
     """The hf layout's prefill from an empty cache: the last position's logits and the grown cache."""
     cache = pipe.empty_cache()
     logits = None
-    for i, piece in enumerate(pieces(embeds.shape[1], tokens if between else embeds.shape[1])):
-        if i:
-            between()
+    for piece in pieces(embeds.shape[1], tokens if between else embeds.shape[1], between):
         logits, cache = pipe.step(embeds[:, piece], cache, _part(positions, piece))
     return logits[0, -1], cache

@@ -26,7 +26,7 @@ import numpy as np
 from mmtrt.errors import UserError
 from mmtrt.runtime.batch import Prepared, Sequence
 from mmtrt.runtime.batched_prefill import prefill_together
-from mmtrt.runtime.chunked_prefill import ChunkedSteps, chunked_own_cache
+from mmtrt.runtime.chunked_prefill import chunked, chunked_own_cache
 from mmtrt.runtime.paged import PagedStepper, prefill_sharing
 from mmtrt.runtime.speculative import Speculator
 from mmtrt.runtime.streaming import Delta, TextStream
@@ -181,7 +181,7 @@ class Rows:
 
     def prefill(self, seq: Sequence, active: list[Sequence], between) -> np.ndarray:
         row = len(active)
-        stepper = ChunkedSteps(self.stepper, self.pipe.prefill_chunk, between) if between else self.stepper
+        stepper = chunked(self.stepper, self.pipe.prefill_chunk, between)
         logits = self.pipe.prefill(stepper, row, seq.prep)[0, -1]
         if len(active) != row:  # sequences left between its pieces: it takes the row after the last one
             self.stepper.cache.copy_row(row, len(active))
@@ -227,7 +227,7 @@ class Blocks:
     def prefill(self, seq: Sequence, _active: list[Sequence], between) -> np.ndarray:
         prep = seq.prep
         self.cache.open(prep.index, len(prep.ids) + prep.limit)
-        stepper = ChunkedSteps(self.stepper, self.pipe.prefill_chunk, between) if between else self.stepper
+        stepper = chunked(self.stepper, self.pipe.prefill_chunk, between)
         return prefill_sharing(self.pipe, stepper, self.holders, prep)[0, -1]
 
     def prefill_together(self, seqs: list[Sequence]) -> list[np.ndarray]:

@@ -9,10 +9,9 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 import pytest
-import torch
 from onnx import numpy_helper
 
-from builders import assert_same_up_to_near_ties, make_model, random_image, tensor
+from builders import assert_same_up_to_near_ties, hf_greedy, hf_prefill_logits, make_model, random_image, tensor
 from mmtrt.bundle.stored import StoredTensors
 from mmtrt.bundle.verify import verify_bundle
 from mmtrt.bundle.writer import save_onnx
@@ -65,20 +64,14 @@ def test_the_tied_bundle_decodes_what_transformers_and_two_copies_decode(tied, t
     ours, reference = load(tied), load(two_copies)
     for prompt in PROMPTS:
         image = random_image(rng, int(rng.integers(1, 120)), int(rng.integers(1, 120)))
-        messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
-        inputs = processor(images=image, text=processor.apply_chat_template(messages, add_generation_prompt=True),
-                           return_tensors="pt")
-        with torch.no_grad():
-            hf_logits = model(**inputs).logits[0].numpy()
-            out = model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, output_scores=True,
-                                 return_dict_in_generate=True)
+        hf_logits = hf_prefill_logits(model, processor, image, prompt)
+        _, hf_tokens, margins = hf_greedy(model, processor, image, prompt, NEW_TOKENS)
         ids, features = ours.encode_image(image, ours.prompt_ids(prompt))
         embeds = ours.embed(np.array([ids], np.int64), features)
         logits, _ = ours.step(embeds, ours.empty_cache())
         assert np.array_equal(logits, reference.step(embeds, reference.empty_cache())[0])
         assert np.abs(logits[0] - hf_logits).max() <= 1e-3
-        margins = [float(torch.topk(s[0], 2).values.diff().abs()) for s in out.scores]
-        hf = SimpleNamespace(token_ids=out.sequences[0, inputs["input_ids"].shape[1]:].tolist(), margins=margins)
+        hf = SimpleNamespace(token_ids=hf_tokens, margins=margins)
         generated = ours.generate(image, prompt, max_new_tokens=NEW_TOKENS)
         assert_same_up_to_near_ties(generated, hf)
         assert generated.token_ids == reference.generate(image, prompt, max_new_tokens=NEW_TOKENS).token_ids

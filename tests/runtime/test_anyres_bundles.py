@@ -7,9 +7,8 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
-import torch
 
-from builders import assert_same_up_to_near_ties, random_image
+from builders import assert_same_up_to_near_ties, hf_greedy, hf_prefill_logits, random_image
 from mmtrt.errors import UserError
 from mmtrt.runtime import load
 from mmtrt.runtime.batch import Request
@@ -35,23 +34,12 @@ def case(request, anyres_checkpoints):
     return family, source, load(bundle)
 
 
-def reference(model, processor, image, prompt):
-    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": prompt}]}]
-    inputs = processor(images=image, text=processor.apply_chat_template(messages, add_generation_prompt=True),
-                       return_tensors="pt")
-    with torch.no_grad():
-        logits = model(**inputs).logits[0].numpy()
-        out = model.generate(**inputs, max_new_tokens=NEW_TOKENS, do_sample=False, output_scores=True,
-                             return_dict_in_generate=True)
-    margins = [float(torch.topk(s[0], 2).values.diff().abs()) for s in out.scores]
-    return inputs["input_ids"][0].tolist(), logits, out.sequences[0, inputs["input_ids"].shape[1]:].tolist(), margins
-
-
 def test_tokens_prompt_and_prefill_logits_equal_transformers(case, rng):
     family, (model, processor), pipe = case
     for index, (height, width) in enumerate(SIZES[family]):
         image, prompt = random_image(rng, height, width), PROMPTS[index % len(PROMPTS)]
-        ref_ids, ref_logits, ref_tokens, margins = reference(model, processor, image, prompt)
+        ref_ids, ref_tokens, margins = hf_greedy(model, processor, image, prompt, NEW_TOKENS)
+        ref_logits = hf_prefill_logits(model, processor, image, prompt)
         ids, features = pipe.encode_image(image, pipe.prompt_ids(prompt))
         assert ids == ref_ids, (height, width)
         logits, _ = pipe.step(pipe.embed(np.array([ids], np.int64), features), pipe.empty_cache())
