@@ -18,7 +18,7 @@ from mmtrt.eval.budget import Evaluate, check_budgets
 from mmtrt.eval.options import load_suite_data, suite_options
 from mmtrt.eval.userdata import Sample
 from mmtrt.pipeline.source import source_model
-from mmtrt.ir import export
+from mmtrt.ir import export, source_weights
 from mmtrt.ir.frontend import COMPONENTS, FRONTEND_PROPERTIES, describe_source, fit_envelope, load_source, lower
 from mmtrt.ir.graph import ModelIR
 from mmtrt.partition.assign import assign_backends
@@ -92,7 +92,8 @@ def compile_recipe(recipe_path: str | Path, out: str | Path, force: bool = False
     where export and calibration run (`auto`: CUDA when a GPU is visible)."""
     started = time.perf_counter()
     plan = make_plan(recipe_path)
-    with writer.staging_folder(Path(out), force) as folder, export.on_device(export.resolve_device(device)):
+    with writer.staging_folder(Path(out), force) as folder, export.on_device(export.resolve_device(device)), \
+            source_weights.kept():
         with stage("loading the model", key=f"load {facts_digest(plan.facts)}"):
             model, processor = load_source(plan.recipe.model, plan.recipe_dir, own_dtype=True)
         ir = lower(model, processor)

@@ -98,10 +98,12 @@ def _save_checkpoints(tmp_path_factory, builders: dict) -> dict:
 
 def _compiler_lowering_once(checkpoints: dict, tmp_path_factory):
     """compile(family, recipe lines after `model:`, name) -> bundle. Each family is exported once: later compiles
-    run their passes on a copy of the first one's lowered IR (lowering is deterministic), which saves the export."""
+    run their passes on a copy of the first one's lowered IR (lowering is deterministic), which saves the export.
+    The kept IR holds its weights itself: the first compile's source model is gone when the next one runs."""
     import copy
 
     import mmtrt.compiler
+    from mmtrt.ir import source_weights
 
     lowered, real_lower = {}, mmtrt.compiler.lower
 
@@ -109,6 +111,8 @@ def _compiler_lowering_once(checkpoints: dict, tmp_path_factory):
         family = model.config.model_type
         if family not in lowered:
             lowered[family] = real_lower(model, processor)
+            for comp in lowered[family].onnx_components():
+                source_weights.materialize(comp.onnx)
         return copy.deepcopy(lowered[family])
 
     def compile_(family: str, recipe_tail: str, name: str) -> Path:

@@ -22,6 +22,7 @@ from mmtrt.bundle.staging import (OWNER, claim, raise_if_terminated, signals_def
                                   sweep_stale)
 from mmtrt.bundle.stored import StoredTensors, fresh_name, transpose_node
 from mmtrt.errors import UserError
+from mmtrt.ir import source_weights
 from mmtrt.ir.graph import ModelIR
 
 
@@ -152,9 +153,11 @@ def save_onnx(model: onnx.ModelProto, path: Path, threshold: int, stored: Stored
         sink = None
         for tensor in model.graph.initializer:
             kept = shell.graph.initializer.add()
-            raw = tensor.raw_data if tensor.HasField("raw_data") else None
+            raw = source_weights.tensor_bytes(tensor)
             if raw is None or len(raw) + _BYTES_OVERHEAD < threshold:
                 kept.CopyFrom(tensor)
+                if raw is not None and source_weights.is_reference(tensor):
+                    source_weights.materialize_one(kept, raw)
                 continue
             _copy_fields(tensor, kept, skip="raw_data")
             del kept.external_data[:]

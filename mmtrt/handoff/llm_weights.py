@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from mmtrt.handoff.awq_gemm import dequantized, int4_linears
 from mmtrt.handoff.trtllm_export import (
@@ -24,6 +23,7 @@ from mmtrt.handoff.trtllm_export import (
     _lm_head,
     _through_casts,
 )
+from mmtrt.ir import source_weights
 from mmtrt.quant.linears import find_linears
 
 HF_ROLE = {**HF_MODULE, "k_proj": "self_attn.k_proj", "v_proj": "self_attn.v_proj"}
@@ -83,4 +83,4 @@ def _array_of(model: onnx.ModelProto, name: str) -> np.ndarray:
 
 
 def _array(tensor: onnx.TensorProto) -> np.ndarray:
-    return numpy_helper.to_array(tensor).astype(np.float32)
+    return source_weights.array(tensor).astype(np.float32)

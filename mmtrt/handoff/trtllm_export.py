@@ -24,9 +24,9 @@ from pathlib import Path
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
 from mmtrt.handoff.trtllm_plan import CHECKPOINT_DIR
+from mmtrt.ir import source_weights
 from mmtrt.ir.graph import ModelIR
 from mmtrt.ir.rewrite import attr
 from mmtrt.quant import TRTLLM_GROUPS
@@ -118,7 +118,7 @@ def _graph_linears(ir: ModelIR, outputs: dict[tuple[int, str], str]) -> dict[tup
         while name in producer and producer[name].op_type == "Cast":
             name = producer[name].input[0]
         if name in inits:
-            weight = numpy_helper.to_array(inits[name]).astype(np.float32)
+            weight = source_weights.array(inits[name]).astype(np.float32)
             weights[key] = (Linear(node, name, *weight.shape, layer=key[0], role=key[1]), weight.T)
     return weights
 
@@ -131,7 +131,7 @@ def float_checkpoint(ir: ModelIR, dtype: str) -> tuple[dict, dict[str, np.ndarra
     inits = {t.name: t for t in model.graph.initializer}
 
     def linear(prefix: str, keys: list[tuple[int, str]]) -> dict[str, np.ndarray]:
-        weights = [numpy_helper.to_array(inits[found[k].weight]).T for k in keys]  # ONNX holds W as [in, out]
+        weights = [source_weights.array(inits[found[k].weight]).T for k in keys]  # ONNX holds W as [in, out]
         return float_linear_tensors(prefix, np.concatenate(weights), dtype)
 
     return _llama(ir, found, linear, None, dtype, None)
@@ -161,7 +161,7 @@ def _llama(ir: ModelIR, found: dict[tuple[int, str], Linear], linear, head: tupl
         node = _through_casts(producer, tensor)
         if node is None or node.op_type != "RMSNormalization":
             raise NotExportable(f"{tensor} is not made by an RMSNormalization; not a LLaMA decoder")
-        return numpy_helper.to_array(inits[node.input[1]]).astype(cast), attr(node, "epsilon", 1e-5)
+        return source_weights.array(inits[node.input[1]]).astype(cast), attr(node, "epsilon", 1e-5)
 
     tensors = {llama_name("model.embed_tokens.weight"): _embedding(ir).astype(cast)}
     for i in range(facts["num_layers"]):
@@ -215,7 +215,7 @@ def _bias(tensor: str, model: onnx.ModelProto, producer: dict[str, onnx.NodeProt
             while name in producer and producer[name].op_type == "Cast":
                 name = producer[name].input[0]
             if name in inits:
-                return numpy_helper.to_array(inits[name]).astype(np.float32)
+                return source_weights.array(inits[name]).astype(np.float32)
     return None
 
 
@@ -250,10 +250,10 @@ def _lm_head(inits: dict[str, onnx.TensorProto], producer: dict, logits: onnx.No
     while name in producer and producer[name].op_type == "Cast":
         name = producer[name].input[0]
     if name in producer and producer[name].op_type == "Transpose" and producer[name].input[0] in inits:
-        return numpy_helper.to_array(inits[producer[name].input[0]])
+        return source_weights.array(inits[producer[name].input[0]])
     if name not in inits:
         raise NotExportable("the LLM's logits are not made by a MatMul with a constant weight")
-    return numpy_helper.to_array(inits[name]).T
+    return source_weights.array(inits[name]).T
 
 
 def _embedding(ir: ModelIR) -> np.ndarray:
@@ -261,7 +261,7 @@ def _embedding(ir: ModelIR) -> np.ndarray:
     int8 rows (Gather from an int8 [V, H] table and from its row scales [V, 1], multiplied)."""
     graph = ir.components["embed"].onnx.graph
     inits = {t.name: t for t in graph.initializer}
-    tables = [numpy_helper.to_array(inits[n.input[0]]) for n in graph.node if n.op_type == "Gather" and n.input[0] in inits]
+    tables = [source_weights.array(inits[n.input[0]]) for n in graph.node if n.op_type == "Gather" and n.input[0] in inits]
     if len(tables) == 1:
         return tables[0]
     rows = [t for t in tables if t.dtype == np.int8]
@@ -279,7 +279,7 @@ def _rotary_base(model: onnx.ModelProto, head_dim: int) -> float:
     for cos in (n for n in model.graph.node if n.op_type == "Cos"):
         mul = _through_casts(producer, cos.input[0])
         for name in (mul.input if mul is not None and mul.op_type == "Mul" else []):
-            inv = numpy_helper.to_array(inits[name]).astype(np.float64).reshape(-1) if name in inits else None
+            inv = source_weights.array(inits[name]).astype(np.float64).reshape(-1) if name in inits else None
             if inv is not None and inv.size == head_dim // 2 and inv.size > 1:
                 base = float(inv[1] ** (-head_dim / 2))
                 if np.allclose(inv, base ** (-np.arange(0, head_dim, 2) / head_dim), rtol=1e-4):

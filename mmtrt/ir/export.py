@@ -18,6 +18,7 @@ from torch.export import Dim
 from transformers.cache_utils import DynamicCache
 
 from mmtrt.errors import UserError
+from mmtrt.ir import source_weights
 
 OPSET = 23
 _device: ContextVar[str] = ContextVar("export_device", default="cpu")
@@ -108,6 +109,7 @@ def _export(module, args, dynamic_shapes, input_names, output_names) -> onnx.Mod
         warnings.simplefilter("ignore")
         program = torch.onnx.export(module, args, dynamo=True, opset_version=OPSET, dynamic_shapes=dynamic_shapes,
                                     input_names=input_names, output_names=output_names, verbose=False)
+    source_weights.refer(program.model)
     model = program.model_proto
     del program
     _forget_matched_graphs()

@@ -11,8 +11,8 @@ from typing import Any
 
 import numpy as np
 import onnx
-from onnx import numpy_helper
 
+from mmtrt.ir import source_weights
 from mmtrt.ir.spec import TensorSpec  # noqa: F401 (the IR's users import it from here)
 
 
@@ -43,7 +43,7 @@ class Component:
     def initializer(self, name: str) -> np.ndarray:
         for t in self.onnx.graph.initializer:
             if t.name == name:
-                return numpy_helper.to_array(t)
+                return source_weights.array(t)
         raise KeyError(name)
 
 

@@ -7,6 +7,8 @@ import onnx
 import onnx_graphsurgeon as gs
 from onnx import numpy_helper
 
+from mmtrt.ir import source_weights
+
 
 def producers(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
     return {out: node for node in graph.node for out in node.output}
@@ -16,7 +18,7 @@ def const_value(graph: onnx.GraphProto, name: str) -> np.ndarray | None:
     """The value of an initializer or Constant-node output, or None when the tensor is computed."""
     for t in graph.initializer:
         if t.name == name:
-            return numpy_helper.to_array(t)
+            return source_weights.array(t)
     node = producers(graph).get(name)
     if node is not None and node.op_type == "Constant":
         return numpy_helper.to_array(node.attribute[0].t)

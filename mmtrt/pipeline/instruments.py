@@ -7,9 +7,14 @@ from pathlib import Path
 
 import onnx
 
+from mmtrt.bundle.writer import save_onnx
 from mmtrt.errors import UserError
+from mmtrt.ir import source_weights
 from mmtrt.ir.graph import ModelIR, graph_io
 from mmtrt.pipeline.pass_base import Pass
+
+
+DUMP_THRESHOLD = 1024  # onnx.save_model's size_threshold
 
 
 class VerificationError(RuntimeError):
@@ -28,7 +33,7 @@ def verify_ir(ir: ModelIR) -> None:
     """ONNX checker with shape inference on every graph, and every graph's I/O equal to its component contract."""
     for comp in ir.onnx_components():
         try:
-            onnx.checker.check_model(comp.onnx, full_check=True)
+            onnx.checker.check_model(source_weights.checkable(comp.onnx), full_check=True)
         except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
             raise VerificationError(f"component {comp.name}: {exc}") from exc
         for which, declared in (("inputs", comp.inputs), ("outputs", comp.outputs)):
@@ -74,8 +79,8 @@ def dump_folder(folder: Path) -> Path:
 
 
 class Dump(Instrument):
-    """Writes every ONNX graph after every pass, for debugging a pass. It saves a copy: saving with external data
-    moves the initializers out of the proto it is given, which would strip the live IR."""
+    """Writes every ONNX graph after every pass, for debugging a pass, as `onnx.save_model` would with external
+    data (a weight still in the source model included), leaving the live IR as it was."""
 
     def __init__(self, folder: Path):
         self.folder = dump_folder(folder)
@@ -86,6 +91,4 @@ class Dump(Instrument):
         for comp in ir.onnx_components():
             out = self.folder / f"{self.count:02d}_{p.name}" / f"{comp.name}.onnx"
             out.parent.mkdir(parents=True, exist_ok=True)
-            copy = onnx.ModelProto()
-            copy.CopyFrom(comp.onnx)
-            onnx.save_model(copy, out, save_as_external_data=True, location=f"{comp.name}.onnx.data")
+            save_onnx(comp.onnx, out, DUMP_THRESHOLD)

@@ -8,6 +8,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from mmtrt.errors import UserError
+from mmtrt.ir import source_weights
 from mmtrt.ir.graph import ModelIR
 from mmtrt.pipeline.instruments import Instrument
 from mmtrt.pipeline.pass_base import Pass
@@ -66,9 +67,13 @@ def component_stats(ir: ModelIR, names) -> dict[str, dict[str, int]]:
 
 
 def run_passes(passes: list[Pass], ir: ModelIR, instruments: list[Instrument]) -> list[dict]:
-    """Run each pass with every instrument around it; returns one report per pass."""
+    """Run each pass with every instrument around it, its components' weights in memory; returns one report per
+    pass."""
     reports = []
     for i, p in enumerate(passes):
+        for name in p.components:
+            if ir.components[name].onnx is not None:
+                source_weights.materialize(ir.components[name].onnx)
         before = component_stats(ir, p.components)
         for inst in instruments:
             inst.before(p, ir)

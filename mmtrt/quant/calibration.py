@@ -113,10 +113,11 @@ def session(model: onnx.ModelProto) -> ort.InferenceSession:
     """A calibration session on the compile's device: ONNX Runtime's CUDA provider under `--device cuda` where
     this ONNX Runtime has it (its kernels round differently from the CPU's, so calibrated bundles differ in the
     last bits), else the CPU."""
+    from mmtrt.ir import source_weights
     from mmtrt.ir.export import device
 
     cuda = device().type == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers()
-    return ort.InferenceSession(model.SerializeToString(), session_options(None, spin=False),
+    return ort.InferenceSession(source_weights.in_memory(model).SerializeToString(), session_options(None, spin=False),
                                 providers=["CUDAExecutionProvider"] * cuda + ["CPUExecutionProvider"])
 
 

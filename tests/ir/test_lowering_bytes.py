@@ -1,10 +1,11 @@
 """Lowering that follows the checkpoint's dtype writes the bytes the float32 lowering writes.
 
-The compiler loads a checkpoint in its own dtype, widens one component at a time to float32 for its export and
-saves each graph one initializer at a time. The reference is the straightforward path: the whole model loaded as
-float32 by transformers, every component exported, saved by `onnx.save_model` with its external data. Every
-family's tiny model is saved in bfloat16 (every bfloat16 is exactly a float32), so both must agree to the byte,
-graph and weights.
+The compiler loads a checkpoint in its own dtype and exports each component with its large weights left in the
+source model (`source_weights.kept()`: the graphs refer to them, and the writer widens one at a time as it saves
+each graph); without `kept()`, one component at a time is widened to float32 for its export. The reference is the
+straightforward path: the whole model loaded as float32 by transformers, every component exported, saved by
+`onnx.save_model` with its external data. Every family's tiny model is saved in bfloat16 (every bfloat16 is
+exactly a float32), so all must agree to the byte, graph and weights.
 """
 
 import onnx
@@ -13,6 +14,7 @@ import torch
 import transformers
 
 from mmtrt.bundle.writer import save_onnx
+from mmtrt.ir import source_weights
 from mmtrt.ir.families import family
 from mmtrt.ir.frontend import load_source, lower
 from mmtrt.recipe import ModelSource
@@ -63,8 +65,17 @@ def test_bfloat16_checkpoint_lowers_to_the_float32_bytes(name, tmp_path):
     assert next(own.parameters()).dtype == torch.bfloat16
     ir = lower(own, own_processor)
     assert next(own.parameters()).dtype == torch.bfloat16  # each component widened for its export only
-    got = streamed_files(ir, tmp_path / "streamed")
+    assert_same_files(streamed_files(ir, tmp_path / "streamed"), expected)
 
+    with source_weights.kept():
+        ir = lower(own, own_processor)
+        references = [t.name for c in ir.onnx_components() for t in c.onnx.graph.initializer
+                      if source_weights.is_reference(t)]
+        assert references  # the large weights stayed in the source model until the save
+        assert_same_files(streamed_files(ir, tmp_path / "kept"), expected)
+
+
+def assert_same_files(got, expected):
     assert sorted(got) == sorted(expected)
     assert any(f.endswith(".data") for f in got)
     for file in expected:

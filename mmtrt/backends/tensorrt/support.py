@@ -16,6 +16,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, numpy_helper
 
+from mmtrt.ir import source_weights
 from mmtrt.ir.rewrite import attr
 
 TABLE_SOURCE = "onnx/onnx-tensorrt docs/operators.md (TensorRT 10.15, opset 9-24) + TensorRT 11.0 release notes (Swish)"
@@ -99,7 +100,7 @@ class GraphFacts:
     constants: dict[str, onnx.TensorProto]
 
     def value(self, name: str) -> np.ndarray:
-        return numpy_helper.to_array(self.constants[name])
+        return source_weights.array(self.constants[name])
 
     def rank(self, name: str) -> int | None:
         shape = self.shapes.get(name)

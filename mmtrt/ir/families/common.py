@@ -13,7 +13,7 @@ from typing import Any
 import onnx
 import torch
 
-from mmtrt.ir import export
+from mmtrt.ir import export, source_weights
 from mmtrt.ir.graph import Component, graph_io
 from mmtrt.progress import facts_digest, stage
 
@@ -77,7 +77,7 @@ def exported_as_float32(modules: Sequence[torch.nn.Module]):
         for t in itertools.chain(module.parameters(), module.buffers()):
             if id(t) in saved:
                 continue
-            wide = t.data.float() if t.is_floating_point() else t.data
+            wide = _stand_in(t, target)
             if wide is not t.data or t.device != target:
                 saved[id(t)] = (t, t.data)
                 t.data = wide.to(target)
@@ -87,6 +87,16 @@ def exported_as_float32(modules: Sequence[torch.nn.Module]):
         for t, data in saved.values():
             t.data = data
         saved.clear()
+
+
+def _stand_in(t: torch.Tensor, target: torch.device) -> torch.Tensor:
+    """What the export traces for `t`: a placeholder for a large weight that stays in the source model
+    (`source_weights.kept()`, on the CPU), else its values as float32."""
+    if target.type == "cpu":
+        held = source_weights.placeholder(t.data)
+        if held is not None:
+            return held
+    return t.data.float() if t.is_floating_point() else t.data
 
 
 def language_components(model, llm: dict[str, Any]) -> dict[str, Component]:

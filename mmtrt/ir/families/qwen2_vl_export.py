@@ -20,9 +20,10 @@ from __future__ import annotations
 
 import onnx
 import torch
-from onnx import helper, numpy_helper
+from onnx import helper
 from torch.export import Dim
 
+from mmtrt.ir import source_weights
 from mmtrt.ir.export import DecoderWithCache, _export, kv_names
 from mmtrt.ir.rewrite import attr
 
@@ -110,7 +111,7 @@ def linears_as_matmul(model: onnx.ModelProto) -> onnx.ModelProto:
         if weight is None or attr(gemm, "transA", 0) or scaled:
             continue
         if attr(gemm, "transB", 0):
-            weight.CopyFrom(numpy_helper.from_array(numpy_helper.to_array(weight).T.copy(), weight.name))
+            weight.CopyFrom(source_weights.transposed(weight))
             stale = [v for v in graph.value_info if v.name == weight.name]  # the exporter's [N, K]
             for value in stale:
                 graph.value_info.remove(value)

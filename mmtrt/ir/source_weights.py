@@ -1,0 +1,199 @@
+"""Weights that stay in the source model until the bundle is written, so compile memory follows the checkpoint.
+
+Holding every exported graph's float32 weights at once made a lossless compile's memory 4x the checkpoint's
+bytes. While `kept()` is active, the export traces each large parameter as a float32 placeholder that takes no
+memory (an allocation nobody writes), and each initializer of the exported graph that reads a placeholder (the
+parameter itself, or the transpose of it the exporter folds) becomes a reference to its source tensor, in the
+checkpoint's own dtype, and to the view the exporter took of it. The reference is an external data entry whose
+location names no file: the bundle writer widens the source one tensor at a time as it saves (`tensor_bytes`),
+and a pass that edits a graph takes its weights into memory first (`materialize`). The bytes are the float32
+export's to the bit, since every bfloat16 and float16 value is exactly a float32.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+from contextvars import ContextVar
+from dataclasses import dataclass
+
+import numpy as np
+import onnx
+import onnx_ir as ir
+import torch
+from onnxscript.optimizer._constant_folding import DEFAULT_CONSTANT_FOLD_INPUT_SIZE_LIMIT
+
+LOCATION = "mmtrt:source-model"
+# a parameter the exporter may fold with anything is exported with its real values; larger ones only meet the
+# folder's always-fold Transpose, which a view of the placeholder records exactly
+SMALL = DEFAULT_CONSTANT_FOLD_INPUT_SIZE_LIMIT
+
+
+@dataclass(frozen=True)
+class _View:
+    source: torch.Tensor  # the parameter's tensor in the checkpoint's dtype, on the CPU
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]  # in elements, into the source laid out contiguously
+    offset: int
+
+    def array(self) -> np.ndarray:
+        """The view's float32 values, in one new array (the source is widened into it)."""
+        out = torch.empty(self.shape, dtype=torch.float32)
+        out.copy_(self.source.contiguous().as_strided(self.shape, self.strides, self.offset))
+        return out.numpy()
+
+
+class _Registry:
+    def __init__(self):
+        self.placeholders: dict[int, tuple[int, torch.Tensor, torch.Tensor]] = {}  # start -> (end, held, source)
+        self.views: dict[str, _View] = {}
+        self.keys = itertools.count()
+
+    def placeholder(self, source: torch.Tensor) -> torch.Tensor:
+        held = torch.empty(source.shape, dtype=torch.float32)
+        start = held.data_ptr()
+        self.placeholders[start] = (start + held.numel() * 4, held, source.detach().cpu())
+        return held
+
+    def view_of(self, array: np.ndarray) -> _View | None:
+        """The view of a source that `array` (a float32 array over a placeholder's memory) is, or None."""
+        if array.dtype != np.float32 or array.size == 0:
+            return None
+        address = array.__array_interface__["data"][0]
+        for start, (end, _, source) in self.placeholders.items():
+            if start <= address < end:
+                return _View(source, tuple(array.shape), tuple(s // 4 for s in array.strides), (address - start) // 4)
+        return None
+
+
+_registry: ContextVar[_Registry | None] = ContextVar("source_weights", default=None)
+
+
+@contextlib.contextmanager
+def kept():
+    """For the duration, exports leave large weights in the source model and graphs refer to them."""
+    token = _registry.set(_Registry())
+    try:
+        yield
+    finally:
+        _registry.reset(token)
+
+
+def active() -> bool:
+    return _registry.get() is not None
+
+
+def placeholder(source: torch.Tensor) -> torch.Tensor | None:
+    """A float32 stand-in for a large floating parameter while `kept()` is active, else None."""
+    registry = _registry.get()
+    if registry is None or not source.is_floating_point() or source.numel() <= SMALL:
+        return None
+    return registry.placeholder(source)
+
+
+def refer(model: ir.Model) -> None:
+    """Every initializer of an exported `model` that views a placeholder becomes a reference to its source."""
+    registry = _registry.get()
+    if registry is None:
+        return
+    for value in model.graph.initializers.values():
+        tensor = value.const_value
+        raw = getattr(tensor, "raw", None)
+        array = raw.detach().numpy() if isinstance(raw, torch.Tensor) and raw.device.type == "cpu" else raw
+        view = registry.view_of(array) if isinstance(array, np.ndarray) else None
+        if view is None:
+            continue
+        key = f"{LOCATION}/{next(registry.keys)}"
+        registry.views[key] = view
+        value.const_value = ir.ExternalTensor(key, 0, array.size * 4, ir.DataType.FLOAT, shape=ir.Shape(view.shape),
+                                              name=value.name)
+    registry.placeholders.clear()  # the views hold their sources; the placeholders' memory goes back
+
+
+def _key(tensor: onnx.TensorProto) -> str | None:
+    if tensor.data_location != onnx.TensorProto.EXTERNAL:
+        return None
+    location = next((e.value for e in tensor.external_data if e.key == "location"), "")
+    return location if location.startswith(f"{LOCATION}/") else None
+
+
+def is_reference(tensor: onnx.TensorProto) -> bool:
+    return _key(tensor) is not None
+
+
+def tensor_bytes(tensor: onnx.TensorProto) -> bytes | memoryview | None:
+    """The raw bytes of `tensor`: its own, or its source's widened (a view of one new array); None for a tensor
+    in another form."""
+    key = _key(tensor)
+    if key is None:
+        return tensor.raw_data if tensor.HasField("raw_data") else None
+    registry = _registry.get()
+    if registry is None or key not in registry.views:
+        raise RuntimeError(f"initializer {tensor.name} refers to a source model that is no longer held")
+    return memoryview(registry.views[key].array()).cast("B")
+
+
+def materialize(model: onnx.ModelProto) -> None:
+    """Take every referenced weight of `model` into the graph, for a pass that reads or edits it."""
+    for tensor in model.graph.initializer:
+        if is_reference(tensor):
+            materialize_one(tensor, tensor_bytes(tensor))
+
+
+def materialize_one(tensor: onnx.TensorProto, raw) -> None:
+    del tensor.external_data[:]
+    tensor.data_location = onnx.TensorProto.DEFAULT
+    tensor.raw_data = bytes(raw)
+
+
+def transposed(tensor: onnx.TensorProto) -> onnx.TensorProto:
+    """A 2-D initializer transposed, a reference staying a reference."""
+    key = _key(tensor)
+    if key is None:
+        return onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(tensor).T.copy(), tensor.name)
+    registry = _registry.get()
+    view = registry.views[key]
+    flipped = _View(view.source, view.shape[::-1], view.strides[::-1], view.offset)
+    new_key = f"{LOCATION}/{next(registry.keys)}"
+    registry.views[new_key] = flipped
+    out = onnx.TensorProto()
+    out.CopyFrom(tensor)
+    out.dims[:] = flipped.shape
+    for entry in out.external_data:
+        if entry.key == "location":
+            entry.value = new_key
+    return out
+
+
+def checkable(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` for the ONNX checker, which reads every initializer's bytes: its referenced weights declared as
+    graph inputs of the same type and shape instead (the copy holds no weights that are not in `model`)."""
+    references = [t for t in model.graph.initializer if is_reference(t)]
+    if not references:
+        return model
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    kept = [t for t in copy.graph.initializer if not is_reference(t)]
+    del copy.graph.initializer[:]
+    copy.graph.initializer.extend(kept)
+    copy.graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, t.dims) for t in references)
+    return copy
+
+
+def in_memory(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` with every weight in the graph, for a session made from its bytes: `model` itself, or a copy with
+    its referenced weights taken in."""
+    if not any(is_reference(t) for t in model.graph.initializer):
+        return model
+    copy = onnx.ModelProto()
+    copy.CopyFrom(model)
+    materialize(copy)
+    return copy
+
+
+def array(tensor: onnx.TensorProto) -> np.ndarray:
+    """`numpy_helper.to_array`, for an initializer that may refer to its source."""
+    if not is_reference(tensor):
+        return onnx.numpy_helper.to_array(tensor)
+    registry = _registry.get()
+    return registry.views[_key(tensor)].array() if registry else onnx.numpy_helper.to_array(tensor)
