@@ -24,6 +24,7 @@ from mmtrt.bundle.stored import StoredTensors, fresh_name, transpose_node
 from mmtrt.errors import UserError
 from mmtrt.ir import source_weights
 from mmtrt.ir.graph import ModelIR
+from mmtrt.progress import track
 
 
 @contextlib.contextmanager
@@ -137,12 +138,13 @@ def _libc():
 
 
 def save_onnx(model: onnx.ModelProto, path: Path, threshold: int, stored: StoredTensors | None = None,
-              table: bool = False) -> list[str]:
+              table: bool = False, desc: str | None = None) -> list[str]:
     """Save with large initializers in one external data file; returns the file names it reads, the model's first.
     The files are `onnx.save_model(save_as_external_data=True, all_tensors_to_one_file=True)`'s to the byte, but
     written one initializer at a time from `model` (left as it was), so saving holds no second copy of the weights.
     With `stored` (the tensors saved so far beside `path`), an initializer already saved is read from there, and
-    recorded there when it is new; `table`: `model`'s large tensors are token tables, shared with a tied lm_head."""
+    recorded there when it is new; `table`: `model`'s large tensors are token tables, shared with a tied lm_head.
+    `desc`: a progress bar over the initializers under that name (widening a 7B LLM's takes minutes)."""
     data = f"{path.name}.data"
     shell = _without_initializers(model)
     taken = {t.name for t in model.graph.initializer} | {o for n in model.graph.node for o in n.output}
@@ -151,7 +153,8 @@ def save_onnx(model: onnx.ModelProto, path: Path, threshold: int, stored: Stored
     transposes, read = [], set()
     with contextlib.ExitStack() as files:
         sink = None
-        for tensor in model.graph.initializer:
+        initializers = model.graph.initializer
+        for tensor in track(initializers, desc, len(initializers)) if desc else initializers:
             kept = shell.graph.initializer.add()
             raw = source_weights.tensor_bytes(tensor)
             if raw is None or len(raw) + _BYTES_OVERHEAD < threshold:
@@ -222,7 +225,8 @@ def write_artifacts(ir: ModelIR, folder: Path, threshold: int, stored: StoredTen
     files = {}
     for comp in ir.components.values():
         if comp.onnx is not None:
-            written = save_onnx(comp.onnx, folder / f"{comp.name}.onnx", threshold, stored, table=comp.name == "embed")
+            written = save_onnx(comp.onnx, folder / f"{comp.name}.onnx", threshold, stored, table=comp.name == "embed",
+                                desc=f"writing {comp.name}")
         else:
             (folder / f"{comp.name}.json").write_text(dumps(comp.spec))
             written = [f"{comp.name}.json"]
