@@ -89,7 +89,7 @@ def stage_bundle(plan: Plan, ir: ModelIR, reports: list[dict], folder: Path) -> 
 def compile_recipe(recipe_path: str | Path, out: str | Path, force: bool = False, dump_dir: Path | None = None,
                    device: str = "auto") -> Path:
     """Compile a recipe into a bundle folder at `out`; nothing is left at `out` if any step fails. `device`:
-    where export and calibration run (`auto`: CUDA when a GPU is visible)."""
+    where calibration runs (`auto`: CUDA when a GPU is visible)."""
     started = time.perf_counter()
     plan = make_plan(recipe_path)
     with writer.staging_folder(Path(out), force) as folder, export.on_device(export.resolve_device(device)), \

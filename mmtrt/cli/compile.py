@@ -59,5 +59,5 @@ def add_command(sub) -> None:
     p.add_argument("--force", action="store_true", help="replace an existing bundle folder")
     p.add_argument("--dump-ir", type=Path, metavar="DIR", help="write every ONNX graph after every pass into DIR")
     p.add_argument("--device", choices=["auto", "cpu", "cuda"], default="auto",
-                   help="where export and calibration run (default auto: CUDA when a GPU is visible)")
+                   help="where calibration runs (default auto: CUDA when a GPU is visible); the export traces on the CPU")
     p.set_defaults(func=_compile)

@@ -26,7 +26,8 @@ _device: ContextVar[str] = ContextVar("export_device", default="cpu")
 
 @contextlib.contextmanager
 def on_device(name: str):
-    """Export (and the float32 widening before it) on torch device `name` for the duration."""
+    """Calibration, and export where the source model does not keep its weights, on torch device `name` for the
+    duration."""
     token = _device.set(name)
     try:
         yield
@@ -35,7 +36,16 @@ def on_device(name: str):
 
 
 def device() -> torch.device:
+    """The compile's device: where calibration runs."""
     return torch.device(_device.get())
+
+
+def trace_device() -> torch.device:
+    """Where the export traces: the compile's device, except while the source model keeps the large weights
+    (`source_weights.kept()`, every compile), where it is the CPU. There the weights are placeholders in CPU
+    memory nobody writes, and the export computes nothing of size, so the GPU would save no time and would hold
+    each component's float32 weights."""
+    return torch.device("cpu") if source_weights.active() else device()
 
 
 def resolve_device(choice: str) -> str:
@@ -104,7 +114,7 @@ def kv_names(num_layers: int, prefix: str) -> list[str]:
 
 
 def _export(module, args, dynamic_shapes, input_names, output_names) -> onnx.ModelProto:
-    args = torch.utils._pytree.tree_map(lambda t: t.to(device()) if isinstance(t, torch.Tensor) else t, args)
+    args = torch.utils._pytree.tree_map(lambda t: t.to(trace_device()) if isinstance(t, torch.Tensor) else t, args)
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
         program = torch.onnx.export(module, args, dynamo=True, opset_version=OPSET, dynamic_shapes=dynamic_shapes,

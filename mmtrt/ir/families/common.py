@@ -68,16 +68,17 @@ def lowered(name: str, sizes: dict[str, Any], export_graph: Callable[[], onnx.Mo
 
 @contextlib.contextmanager
 def exported_as_float32(modules: Sequence[torch.nn.Module]):
-    """The modules' floating tensors as float32 on `export.device()` while one component exports, their own
+    """The modules' floating tensors as float32 on `export.trace_device()` while one component exports, their own
     tensors back afterwards: a bfloat16 checkpoint is widened one component at a time (exactly: every bfloat16 is
-    a float32), and only the component being exported is ever held twice."""
-    target = export.device()
+    a float32), and only the component being exported is ever held twice; under `source_weights.kept()` its large
+    tensors are placeholders instead, and none is held twice."""
+    target = export.trace_device()
     saved: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     for module in modules:
         for t in itertools.chain(module.parameters(), module.buffers()):
             if id(t) in saved:
                 continue
-            wide = _stand_in(t, target)
+            wide = _stand_in(t)
             if wide is not t.data or t.device != target:
                 saved[id(t)] = (t, t.data)
                 t.data = wide.to(target)
@@ -89,13 +90,12 @@ def exported_as_float32(modules: Sequence[torch.nn.Module]):
         saved.clear()
 
 
-def _stand_in(t: torch.Tensor, target: torch.device) -> torch.Tensor:
+def _stand_in(t: torch.Tensor) -> torch.Tensor:
     """What the export traces for `t`: a placeholder for a large weight that stays in the source model
-    (`source_weights.kept()`, on the CPU), else its values as float32."""
-    if target.type == "cpu":
-        held = source_weights.placeholder(t.data)
-        if held is not None:
-            return held
+    (`source_weights.kept()`), else its values as float32."""
+    held = source_weights.placeholder(t.data)
+    if held is not None:
+        return held
     return t.data.float() if t.is_floating_point() else t.data
 
 
