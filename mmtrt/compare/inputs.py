@@ -31,6 +31,10 @@ def generate(manifest: dict[str, Any], component: str, rng: np.random.Generator)
     """Feeds a model of this bundle accepts: token ids below the vocabulary size, an all-ones attention mask,
     positions continuing the cache, normal values elsewhere."""
     vocab = manifest["model"]["llm"]["vocab_size"]
+    if component == "vision" and "patches" in manifest["dims"]:
+        raise UserError("compare cannot draw inputs for this model's vision component (its patch indices follow "
+                        "an image's grid); compare --partition embed llm, or check the whole bundle with "
+                        "`mmtrt eval BUNDLE --suite parity`")
     feeds = []
     for sizes in _iterations(component, manifest["dims"]):
         feed = {}

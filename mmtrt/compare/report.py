@@ -18,7 +18,7 @@ from mmtrt.bundle.manifest import bundle_hash, read_manifest
 from mmtrt.bundle.verify import verify_bundle
 from mmtrt.compare import inputs as compare_inputs
 from mmtrt.compare.diff import bundle_differences
-from mmtrt.compare.runners import bundle_runner, torch_runner
+from mmtrt.compare.runners import TORCH_FAMILIES, bundle_runner, torch_runner
 from mmtrt.errors import UserError
 from mmtrt.runtime.executors import engine_choices
 
@@ -36,6 +36,10 @@ def compare(a: Path, b: Path | None, *, reference: str | None = None, atol: floa
     for bundle, manifest in ((a, ma), (b, mb)):
         if manifest is not None:
             verify_bundle(bundle, manifest)
+    if b is None and ma["model"]["architecture"] not in TORCH_FAMILIES:
+        raise UserError(f"compare --reference torch runs the components of {', '.join(TORCH_FAMILIES)} models, not "
+                        f"{ma['model']['architecture']}; check this bundle against transformers with "
+                        "`mmtrt eval BUNDLE --suite parity --source-model FOLDER`")
     components = _components(components)
     seed = int(np.random.SeedSequence().entropy % (1 << 63)) if seed is None else seed
     feeds = (compare_inputs.load(inputs_file, ma, components) if inputs_file else

@@ -96,6 +96,9 @@ class TorchPartition:
         return {name: t.numpy() for name, t in zip(self.outputs, result)}
 
 
+TORCH_FAMILIES = ("llava", "llava_next", "llava_onevision")
+
+
 def torch_runner(model, manifest: dict[str, Any], component: str, name: str) -> tuple[BaseRunner, str]:
     from mmtrt.ir import export
 

@@ -72,3 +72,14 @@ def test_bad_usage_is_one_line(tiny_bundle, capsys, args, words):
     extra = [tiny_bundle] if args else []
     code, _, err = run_compare(capsys, tiny_bundle, *extra, *args)
     assert code == 2 and len(err.strip().splitlines()) == 1 and all(w in err for w in words)
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--reference", "torch"], ["--reference torch runs the components of", "qwen2_vl", "--suite parity"]),
+    (["SELF"], ["cannot draw inputs for this model's vision component", "--partition embed llm"]),
+])
+def test_what_compare_cannot_draw_for_qwen2_vl_is_one_line(qwen_bundle, capsys, args, words):
+    bundle = qwen_bundle("qwen2_vl")
+    code, _, err = run_compare(capsys, bundle, *[bundle if a == "SELF" else a for a in args])
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert all(w in err for w in words), err
