@@ -15,7 +15,7 @@ import onnx
 from onnx import numpy_helper
 
 from mmtrt.prune.groups import PruneGroup
-from mmtrt.quant.calibration import run_with_outputs
+from mmtrt.quant.session import run_with_outputs
 
 
 def l2_scores(model: onnx.ModelProto, group: PruneGroup) -> np.ndarray:

@@ -21,7 +21,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
-from mmtrt.quant.calibration import session
+from mmtrt.quant.session import session
 from mmtrt.quant.int4 import Grid, num_groups
 from mmtrt.quant.linears import GraphIndex, Group, region_inputs
 

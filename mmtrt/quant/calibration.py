@@ -20,17 +20,14 @@ from pathlib import Path
 from typing import Iterator
 
 import numpy as np
-import onnx
-import onnxruntime as ort
-from onnx import helper
 
 from mmtrt.preprocess.anyres import NEWLINE_ASSET, build_tiler, pack
-from mmtrt.backends.onnxruntime_backend import session_options
 from mmtrt.errors import UserError
 from mmtrt.eval import userdata
 from mmtrt.ir.facts import item_tokens
 from mmtrt.ir.graph import ModelIR
 from mmtrt.progress import track
+from mmtrt.quant.session import session
 
 TEXT_WINDOW = 512
 BATCH_TOKENS = 512  # sequences of one length are batched up to about this many tokens
@@ -107,35 +104,6 @@ def check_recipe_data(passes, data: RecipeData | None) -> None:
     if data is not None and not used:
         raise UserError("the recipe declares calibration data but no pass uses it; set calibration: {images: recipe} "
                         "(or text: recipe) in awq_int4 or channel_prune, or remove the calibration section")
-
-
-def session(model: onnx.ModelProto) -> ort.InferenceSession:
-    """A calibration session on the compile's device: ONNX Runtime's CUDA provider under `--device cuda` where
-    this ONNX Runtime has it (its kernels round differently from the CPU's, so calibrated bundles differ in the
-    last bits), else the CPU."""
-    from mmtrt.ir import source_weights
-    from mmtrt.ir.export import device
-
-    cuda = device().type == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers()
-    return ort.InferenceSession(source_weights.in_memory(model).SerializeToString(), session_options(None, spin=False),
-                                providers=["CUDAExecutionProvider"] * cuda + ["CPUExecutionProvider"])
-
-
-def run_with_outputs(model: onnx.ModelProto, names: list[str],
-                     batches: list[dict[str, np.ndarray]]) -> Iterator[dict[str, np.ndarray]]:
-    """Run `model` on each batch for the tensors `names` alone; yields them with the feeds."""
-    graph_inputs = {v.name for v in model.graph.input}
-    extra = [n for n in dict.fromkeys(names) if n not in graph_inputs]
-    declared = [onnx.ValueInfoProto.FromString(o.SerializeToString()) for o in model.graph.output]
-    del model.graph.output[:]  # only the captures: ONNX Runtime then drops the nodes they do not need (lm_head)
-    model.graph.output.extend(helper.make_empty_tensor_value_info(n) for n in extra)
-    try:
-        sess = session(model)
-    finally:
-        del model.graph.output[:]
-        model.graph.output.extend(declared)
-    for feeds in track(batches, "calibration batches", total=len(batches)):
-        yield {**feeds, **dict(zip(extra, sess.run(extra, feeds)))}
 
 
 def calibration_batches(ir: ModelIR, images: str, samples: int, text_windows: int,

@@ -2,7 +2,8 @@
 scales into the graph, and lower every quantized linear for the backend that will run it (mmtrt/quant/lowering.py).
 
 Every search reads the activations of the unmodified float graph (as the reference implementations do: scaling
-alone does not change any output), so all groups are calibrated in one pass over the calibration batches.
+alone does not change any output). Calibration runs one decoder layer at a time (mmtrt/quant/layerwise.py): the
+searches of a layer's groups run, and its statistics are dropped, before the next layer's are gathered.
 """
 
 from __future__ import annotations
@@ -10,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import time
 from dataclasses import dataclass
+from typing import Callable, Iterator
 
 import numpy as np
 import onnx
@@ -17,7 +19,7 @@ from onnx import helper, numpy_helper
 
 from mmtrt.quant.awq import (GroupStats, ModuleLoss, OwnLoss, ScaleResult, effective_weight, scaled_blocks, search_clip,
                              search_scale)
-from mmtrt.quant.calibration import run_with_outputs
+from mmtrt.quant.layerwise import captured
 from mmtrt.quant.linears import GraphIndex, Group, Linear, find_linears, region_inputs
 from mmtrt.quant.lowering import GPTQ, QuantizedLinear, Settings, lower_linears, replace_nodes, sig
 
@@ -46,15 +48,17 @@ def quantize_component(model: onnx.ModelProto, component: str, batches: list[dic
     groups = _selected(groups, settings.select)
     if not groups:
         return [], {"groups": []}
-    stats = _calibrate(model, index, groups, batches, settings)
-    calibrated = time.perf_counter()
     weights = {lin.weight: index.initializers[lin.weight] for g in groups for lin in g.linears}
-    plans, reports = [], []
-    for group in groups:
-        ws = [numpy_helper.to_array(weights[lin.weight]).T.astype(np.float32) for lin in group.linears]
-        plan, report = _search(model, index, group, ws, stats.pop(group.input), settings)
-        plans.append(plan)
-        reports.append(report)
+    plans, reports, searching = [], [], 0.0
+    for chunk, stats in _calibrate(model, index, groups, batches, settings):
+        searched = time.perf_counter()
+        for group in chunk:
+            ws = [numpy_helper.to_array(weights[lin.weight]).T.astype(np.float32) for lin in group.linears]
+            plan, report = _search(model, index, group, ws, stats.pop(group.input), settings)
+            plans.append(plan)
+            reports.append(report)
+        searching += time.perf_counter() - searched
+    calibrated = time.perf_counter() - searching  # the search ran between the layers' calibrations
     folds = fold_scales(model, index, linears, groups, [p.result.scale for p in plans])
     for report, fold in zip(reports, folds):
         report["fold"] = None if fold is None else fold[0]
@@ -74,16 +78,37 @@ def _selected(groups: list[Group], select: Callable[[str], bool]) -> list[Group]
     return out
 
 
-def _calibrate(model, index: GraphIndex, groups: list[Group], batches, settings: Settings) -> dict[str, GroupStats]:
-    """One pass over the batches: |x| sums and Gram matrices of every group input over all of them, the module
-    regions' feeds over the first batches holding at most `search_tokens` tokens (at least one batch)."""
+def _by_layer(groups: list[Group]) -> list[list[Group]]:
+    """Runs of consecutive groups in one decoder layer (a group outside the layers alone)."""
+    chunks: list[list[Group]] = []
+    for g in groups:
+        layer = g.linears[0].layer
+        if chunks and layer is not None and chunks[-1][0].linears[0].layer == layer:
+            chunks[-1].append(g)
+        else:
+            chunks.append([g])
+    return chunks
+
+
+def _calibrate(model, index: GraphIndex, groups: list[Group], batches,
+               settings: Settings) -> Iterator[tuple[list[Group], dict[str, GroupStats]]]:
+    """Per chunk of `_by_layer`, in graph order: its groups and, over all batches, the |x| sums and Gram matrices
+    of their inputs and the module regions' feeds over the first batches holding at most `search_tokens` tokens
+    (at least one batch)."""
+    chunks = _by_layer(groups)
+    needs = [{g.input: region_inputs(index, g) for g in chunk if g.region} for chunk in chunks]
+    names = [list(dict.fromkeys([g.input for g in chunk] + [n for ns in need.values() for n in ns]))
+             for chunk, need in zip(chunks, needs)]
+    for chunk, need, runs in zip(chunks, needs, captured(model, names, batches)):
+        yield chunk, _chunk_stats(chunk, need, runs, settings)
+
+
+def _chunk_stats(chunk: list[Group], needs: dict[str, list[str]], runs, settings: Settings) -> dict[str, GroupStats]:
     stats = {g.input: GroupStats.empty(g.linears[0].k, settings.grid.group, full=settings.needs_hessian or not g.region)
-             for g in groups}
-    needs = {g.input: region_inputs(index, g) for g in groups if g.region}
-    names = list(dict.fromkeys([g.input for g in groups] + [n for ns in needs.values() for n in ns]))
+             for g in chunk}
     searched = 0
-    for i, tensors in enumerate(run_with_outputs(model, names, batches)):
-        first = tensors[groups[0].input]
+    for i, tensors in enumerate(runs):
+        first = tensors[chunk[0].input]
         tokens = first.size // first.shape[-1]
         keep = i == 0 or searched + tokens <= settings.search_tokens
         searched += tokens if keep else 0

@@ -23,7 +23,8 @@ from mmtrt.ir.export import VisionWithProjector
 from mmtrt.ir.graph import ModelIR
 from mmtrt.pipeline.source import frozen
 from mmtrt.progress import track
-from mmtrt.quant.calibration import Sequence, _llm_feeds, _tokenizer, run_with_outputs, session
+from mmtrt.quant.calibration import Sequence, _llm_feeds, _tokenizer
+from mmtrt.quant.session import run_with_outputs, session
 
 
 @dataclass

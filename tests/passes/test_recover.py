@@ -24,7 +24,8 @@ from mmtrt.eval import digits
 from mmtrt.ir.export import VisionWithProjector
 from mmtrt.ir.frontend import lower
 from mmtrt.pipeline.source import source_model
-from mmtrt.quant.calibration import Sequence, _llm_feeds, session
+from mmtrt.quant.calibration import Sequence, _llm_feeds
+from mmtrt.quant.session import session
 from mmtrt.recover import distill
 from passes.recover.recover import Recover, RecoverConfig, find_site
 from passes.vision.token_prune import TokenPrune, TokenPruneConfig
