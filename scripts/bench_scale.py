@@ -2,8 +2,8 @@
 written tensor by tensor), each compiled losslessly and with awq_int4 in a subprocess; wall time, peak RSS and
 bundle bytes as ratios to the checkpoint's bytes, and `mmtrt compare --reference torch` on one request.
 
-    python scripts/bench_scale.py onevision-0.5b --work /tmp/scale [--layers 4 4] [--dtype bfloat16] [--awq]
-        [--no-compare]
+    python scripts/bench_scale.py onevision-0.5b --work /tmp/scale [--layers 4 4] [--dtype bfloat16]
+        [--recipes lossless awq_int4] [--no-compare]
 
 `--no-compare` where the float32 bundle and the PyTorch model do not fit in memory together (a 7B bundle is
 28 GB of float32 weights, which `compare` loads into ONNX Runtime beside the source model).
@@ -61,7 +61,7 @@ def measure(name: str, work: Path, layers, dtype: torch.dtype, kinds: list[str],
                                    "--source-model", str(checkpoint), "--json-out", str(report)],
                                   capture_output=True, check=False).returncode if rc == 0 and compare else None
         rows.append({"model": name, "recipe": kind, "checkpoint_bytes": weights, "compile_s": round(wall, 1),
-                     "peak_rss_ratio": round(peak / weights, 2), "bundle_ratio": round(folder_bytes(bundle) / weights, 2)
+                     "peak_rss_bytes": peak, "peak_rss_ratio": round(peak / weights, 2), "bundle_ratio": round(folder_bytes(bundle) / weights, 2)
                      if rc == 0 else None, "compile_rc": rc, "compare_rc": compared})
         print(json.dumps(rows[-1]), flush=True)
     return rows
@@ -73,11 +73,11 @@ def main() -> None:
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--layers", type=int, nargs=2, metavar=("VISION", "TEXT"), help="fewer layers for a trial")
     parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32")
-    parser.add_argument("--awq", action="store_true", help="also compile with awq_int4")
+    parser.add_argument("--recipes", nargs="+", choices=sorted(RECIPES), default=["lossless"],
+                        help="the recipes to compile (default: lossless)")
     parser.add_argument("--no-compare", action="store_true", help="skip `compare --reference torch`")
     args = parser.parse_args()
-    kinds = ["lossless"] + (["awq_int4"] if args.awq else [])
-    measure(args.model, args.work, args.layers, getattr(torch, args.dtype), kinds, not args.no_compare)
+    measure(args.model, args.work, args.layers, getattr(torch, args.dtype), args.recipes, not args.no_compare)
 
 
 if __name__ == "__main__":

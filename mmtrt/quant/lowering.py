@@ -160,10 +160,15 @@ def replace_nodes(model: onnx.ModelProto, replacements: dict[int, list[onnx.Node
     del graph.node[:]
     graph.node.extend(nodes)
     graph.initializer.extend(initializers)
+    drop_unused_initializers(graph)
+
+
+def drop_unused_initializers(graph: onnx.GraphProto) -> None:
+    """Delete, in place, the initializers nothing reads (rebuilding the list would copy every weight twice)."""
     used = {n for node in graph.node for n in node.input} | {o.name for o in graph.output}
-    keep = [t for t in graph.initializer if t.name in used]
-    del graph.initializer[:]
-    graph.initializer.extend(keep)
+    for i in reversed(range(len(graph.initializer))):
+        if graph.initializer[i].name not in used:
+            del graph.initializer[i]
 
 
 def _copy(node: onnx.NodeProto) -> onnx.NodeProto:

@@ -197,7 +197,8 @@ def fold_scales(model: onnx.ModelProto, index: GraphIndex, linears: list[Linear]
         if id(lin.node) in weights:
             dtype = _dtype(index, lin)
             lin.weight = lin.node.input[1] = f"{lin.name}.awq_weight"
-            new.append(numpy_helper.from_array(weights.pop(id(lin.node)).astype(dtype), lin.weight))
+            # into the graph one at a time: a list of them would be a second float32 copy of every scaled linear
+            model.graph.initializer.append(numpy_helper.from_array(weights.pop(id(lin.node)).astype(dtype), lin.weight))
     replace_nodes(model, {i: [mul, model.graph.node[i]] for i, mul in inserts.items()}, new)
     return folds
 
