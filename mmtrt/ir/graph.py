@@ -79,3 +79,18 @@ def graph_io(model: onnx.ModelProto, which: str) -> list[TensorSpec]:
         dims = tuple(d.dim_param if d.dim_param else d.dim_value for d in t.shape.dim)
         specs.append(TensorSpec(v.name, ONNX_DTYPES.get(t.elem_type, str(t.elem_type)), dims))
     return specs
+
+
+def node_inputs(node: onnx.NodeProto) -> list[str]:
+    """The tensors a node reads, including those its subgraph bodies read from the enclosing graph."""
+    names = [n for n in node.input if n]
+    for a in node.attribute:
+        for graph in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
+            names += _outer_references(graph)
+    return names
+
+
+def _outer_references(graph: onnx.GraphProto) -> list[str]:
+    local = {v.name for v in graph.input} | {t.name for t in graph.initializer}
+    local |= {o for n in graph.node for o in n.output}
+    return [name for n in graph.node for name in node_inputs(n) if name not in local]

@@ -18,6 +18,7 @@ import onnx
 from onnx import helper
 
 from mmtrt.backends.tensorrt.support import TABLE_SOURCE, GraphFacts, Verdict, check_node
+from mmtrt.ir.graph import node_inputs
 from mmtrt.kernels.catalog import plugin_of
 from mmtrt.recipe import PartitionPolicy
 
@@ -123,21 +124,6 @@ def _nbytes(t: onnx.TensorProto) -> int:
     for d in t.dims:
         count *= d
     return count * max(helper.tensor_dtype_to_np_dtype(t.data_type).itemsize, 1)
-
-
-def node_inputs(node: onnx.NodeProto) -> list[str]:
-    """The tensors a node reads, including those its subgraph bodies read from the enclosing graph."""
-    names = [n for n in node.input if n]
-    for a in node.attribute:
-        for graph in ([a.g] if a.type == onnx.AttributeProto.GRAPH else list(a.graphs)):
-            names += _outer_references(graph)
-    return names
-
-
-def _outer_references(graph: onnx.GraphProto) -> list[str]:
-    local = {v.name for v in graph.input} | {t.name for t in graph.initializer}
-    local |= {o for n in graph.node for o in n.output}
-    return [name for n in graph.node for name in node_inputs(n) if name not in local]
 
 
 def place(model: onnx.ModelProto, component: str, targeted: bool, min_segment_size: int) -> Placement:

@@ -23,7 +23,8 @@ from mmtrt.backends.tensorrt.parser_form import write_form
 from mmtrt.bundle.manifest import sha256_file
 from mmtrt.bundle.stored import StoredTensors
 from mmtrt.bundle.writer import save_onnx
-from mmtrt.partition.placement import TENSORRT, Placement, Segment, node_inputs
+from mmtrt.ir.graph import node_inputs
+from mmtrt.partition.placement import TENSORRT, Placement, Segment
 
 SUFFIX = ".segment.onnx"
 POINTS = ("min", "opt", "max")

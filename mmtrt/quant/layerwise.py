@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from mmtrt.ir.graph import node_inputs
 from mmtrt.progress import track
 from mmtrt.quant.session import session
 
@@ -43,12 +44,14 @@ def plan_stages(graph: onnx.GraphProto, chunks: list[list[str]]) -> list[Stage]:
             i = todo.pop()
             if i not in owner:
                 owner[i] = c
-                todo += [producer[n] for n in reads(graph.node[i]) if n in producer]
-    nodes = [sorted(i for i, c in owner.items() if c == s) for s in range(len(chunks))]
+                todo += [producer[n] for n in node_inputs(graph.node[i]) if n in producer]
+    nodes: list[list[int]] = [[] for _ in chunks]
+    for i in sorted(owner):
+        nodes[owner[i]].append(i)
     inputs = []
     for s, chosen in enumerate(nodes):
         made = {out for i in chosen for out in graph.node[i].output}
-        read = [n for i in chosen for n in reads(graph.node[i]) if n not in made and n not in constants]
+        read = [n for i in chosen for n in node_inputs(graph.node[i]) if n not in made and n not in constants]
         inputs.append(list(dict.fromkeys(read + [n for n in chunks[s] if n not in made])))
     stages = []
     for s, chosen in enumerate(nodes):
@@ -56,24 +59,6 @@ def plan_stages(graph: onnx.GraphProto, chunks: list[list[str]]) -> list[Stage]:
         later = {n for ins in inputs[s + 1:] for n in ins}
         stages.append(Stage(chosen, inputs[s], [n for n in made if n in later or n in chunks[s]]))
     return stages
-
-
-def reads(node: onnx.NodeProto) -> list[str]:
-    """The tensors a node reads: its inputs and what its subgraphs (If, Loop, Scan) take from the outer scope."""
-    names = [n for n in node.input if n]
-    for attr in node.attribute:
-        for graph in [attr.g] if attr.type == onnx.AttributeProto.GRAPH else attr.graphs:
-            names += _outer_reads(graph)
-    return names
-
-
-def _outer_reads(graph: onnx.GraphProto) -> list[str]:
-    made = {v.name for v in graph.input} | {t.name for t in graph.initializer}
-    out = []
-    for node in graph.node:
-        out += [n for n in reads(node) if n not in made]
-        made.update(node.output)
-    return out
 
 
 def captured(model: onnx.ModelProto, chunks: list[list[str]],
@@ -104,7 +89,7 @@ def _run_stage(model: onnx.ModelProto, stage: Stage, names: list[str], cache: li
 def _stage_model(model: onnx.ModelProto, stage: Stage, example: dict[str, np.ndarray]) -> onnx.ModelProto:
     """The stage's nodes as a model: its inputs typed from the example batch, the initializers its nodes read."""
     nodes = [model.graph.node[i] for i in stage.nodes]
-    used = {n for node in nodes for n in reads(node)}
+    used = {n for node in nodes for n in node_inputs(node)}
     inputs = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(example[n].dtype), None)
               for n in stage.inputs]
     graph = helper.make_graph(nodes, "stage", inputs, [helper.make_empty_tensor_value_info(n) for n in stage.outputs],

@@ -22,7 +22,8 @@ from onnx import numpy_helper
 from mmtrt.ir.graph import ModelIR
 from mmtrt.kernels import launch
 from mmtrt.kernels.catalog import PLUGINS
-from mmtrt.partition.placement import TENSORRT, node_inputs, place_component
+from mmtrt.ir.graph import node_inputs
+from mmtrt.partition.placement import TENSORRT, place_component
 from mmtrt.pipeline.pass_base import Pass
 from passes.fusion.graph_view import GraphView, NoMatch, NotCandidate, check
 from passes.fusion.int4_gemm_match import Int4GemmMatch, int8_pairs, match_int4_gemm, np_type

@@ -20,7 +20,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 from mmtrt.backends.tensorrt.support import SUPPORTED, TYPED_TENSOR
 from mmtrt.ir.graph import ModelIR
-from mmtrt.partition.placement import TENSORRT, graph_facts, node_inputs, place_component
+from mmtrt.ir.graph import node_inputs
+from mmtrt.partition.placement import TENSORRT, graph_facts, place_component
 from mmtrt.pipeline.pass_base import Pass
 from passes.precision.cast_precision_config import CastPrecisionConfig, NORMALIZATIONS
 
