@@ -25,7 +25,8 @@ from mmtrt.runtime.pipeline import Generation, Pipeline, Refused
 from mmtrt.runtime.sampling import SamplingParams
 from mmtrt.runtime.streaming import Delta
 
-FAMILIES = ("llava", "llava_next", "llava_onevision")  # those whose vLLM model takes image_embeds as one tensor
+# those whose vLLM model takes image_embeds (Qwen2-VL's with the image's grid, from which vLLM sets M-RoPE positions)
+FAMILIES = ("llava", "llava_next", "llava_onevision", "qwen2_vl", "qwen2_5_vl")
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -54,8 +55,10 @@ class VllmPipeline(Pipeline):
         self.backends["llm"] = f"vllm {self.engine.version} ({dtype}, {self.folder})"
 
     def embed_request(self, prep: Prepared, seen: dict[str, np.ndarray] | None = None) -> Prepared:
-        """The image's features (the LLM's image rows, after the bundle's vision passes) in `prep.embeds`, and the
-        ids with the image's run cut to its own count: vLLM embeds the text itself."""
+        """The image's vLLM inputs in `prep.embeds`: its features (the LLM's image rows, after the bundle's vision
+        passes) as `image_embeds`, and a Qwen2-VL image's grid as `image_grid_thw`, from which vLLM sets the M-RoPE
+        positions the bundle's runtime sets; the ids with the image's run cut to its own count: vLLM embeds the
+        text itself."""
         import time
 
         t1 = time.perf_counter()
@@ -64,7 +67,9 @@ class VllmPipeline(Pipeline):
             raise UserError(f"the request holds {len(features)} images; vLLM is started with one image per prompt")
         if features and self.variable_tokens:
             prep.ids = self.fit_image_tokens(prep.ids, features[0].shape[1])
-        prep.embeds = features[0] if features else None
+        prep.embeds = {"image_embeds": features[0]} if features else None
+        if features and self.family:
+            prep.embeds["image_grid_thw"] = np.asarray([prep.pixels[0].grid], np.int64)
         prep.timings["vision_ms"], prep.pixels = 1e3 * (time.perf_counter() - t1), []
         return prep
 

@@ -51,9 +51,9 @@ class VllmScheduler:
         s = prep.sampling
         sampling = {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k, "seed": s.seed,
                     "repetition_penalty": s.repetition_penalty}
-        features = prep.embeds  # this pipeline's embed_request leaves the image features there
+        image_inputs = prep.embeds  # this pipeline's embed_request leaves the image's vLLM inputs there
         self.pipe.engine.submit(rid, collapse_image_runs(prep.ids, self.pipe.model["image_token_id"]),
-                                features, sampling, prep.limit,
+                                image_inputs, sampling, prep.limit,
                                 list(self.pipe.model["eos_token_ids"]), self.messages.put)
         self.active.append(seq)
         return seq, Delta((), "")

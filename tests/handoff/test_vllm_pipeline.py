@@ -47,7 +47,7 @@ def engine_tokens(engine, ids, features, max_tokens, eos) -> list[int]:
 
     messages: queue.SimpleQueue = queue.SimpleQueue()
     sampling = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": None, "repetition_penalty": 1.0}
-    engine.submit(engine.new_id(), ids, features, sampling, max_tokens, eos, messages.put)
+    engine.submit(engine.new_id(), ids, {"image_embeds": features}, sampling, max_tokens, eos, messages.put)
     tokens = []
     while True:
         message = messages.get(timeout=120)
