@@ -149,7 +149,7 @@ def measure_vllm(args, folder: Path, facts: dict, rng) -> list[tuple]:
     model, total, batch, rows = facts["model"], facts["total"], max(args.clients), []
     kv_bytes = kv_pool_bytes(model["llm"], batch, total)
     for dtype in args.dtypes:
-        engine = VllmProcess(folder, model["image_token_id"], dtype, total, batch, kv_bytes, prefix_caching=True)
+        engine = VllmProcess().load(folder, model["image_token_id"], dtype, total, batch, kv_bytes, prefix_caching=True)
         try:
             submitter = vllm_alone_submitter(engine, facts["ids"], model["eos_token_ids"], NEW_TOKENS,
                                              PROMPT_TOKENS.setdefault("vLLM", set()))

@@ -19,17 +19,22 @@ WORKER = Path(__file__).with_name("vllm_worker.py")
 
 
 class VllmProcess:
-    """One worker process running one vLLM engine; requests from any thread, their messages to callbacks."""
+    """One worker process running one vLLM engine; requests from any thread, their messages to callbacks. The
+    process starts (and imports vLLM, seconds) at construction; `load` waits for it, then loads the folder, so
+    whatever the caller does in between (loading the bundle's vision side, compiling) overlaps the import."""
 
-    def __init__(self, folder: Path, image_token_id: int, dtype: str = "float32", max_model_len: int = 2048,
-                 max_num_seqs: int = 8, kv_cache_bytes: int = 1 << 28, python: str | None = None,
-                 prefix_caching: bool = False):
+    def __init__(self, python: str | None = None):
         self.python = python or vllm_python()
         self.process = subprocess.Popen([self.python, str(WORKER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
         self.callbacks: dict[str, Callable[[dict], None]] = {}
         self.exited: str | None = None  # once the worker is gone: why every later request fails at once
         self.lock = threading.Lock()
         self.ids = itertools.count()
+        self.version = None  # vLLM's, once loaded
+
+    def load(self, folder: Path, image_token_id: int, dtype: str = "float32", max_model_len: int = 2048,
+             max_num_seqs: int = 8, kv_cache_bytes: int = 1 << 28, prefix_caching: bool = False) -> VllmProcess:
+        """The engine on `folder`; closes the process when it cannot be had."""
         try:
             greeting = self._read()
             if not greeting["ok"]:
@@ -46,8 +51,8 @@ class VllmProcess:
             self.close()
             raise
         self.version = loaded["vllm"]
-        self.reader = threading.Thread(target=self._route, name="mmtrt-vllm-reader", daemon=True)
-        self.reader.start()
+        threading.Thread(target=self._route, name="mmtrt-vllm-reader", daemon=True).start()
+        return self
 
     def new_id(self) -> str:
         """A request id unique in this worker (pipelines sharing it number their requests alike)."""

@@ -15,6 +15,7 @@ from mmtrt.errors import UserError
 from mmtrt.handoff.hf_export import export_hf
 from mmtrt.handoff.vllm_env import vllm_python
 from mmtrt.handoff.vllm_pipeline import load as load_vllm
+from mmtrt.handoff.vllm_process import VllmProcess
 from mmtrt.handoff.vllm_scheduler import collapse_image_runs
 from mmtrt.runtime import Request, load
 
@@ -22,6 +23,14 @@ try:
     vllm_python()
 except UserError as exc:
     pytest.skip(f"no vLLM environment: {exc}", allow_module_level=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def worker():
+    """vLLM's process, started before the module's other fixtures: it imports vLLM while the bundle compiles."""
+    process = VllmProcess()
+    yield process
+    process.close()
 
 PROMPT = "What is in the picture?"
 SIZES = ((64, 30), (30, 64), (60, 60))  # (width, height): grids of 1x2, 2x1 and 2x2 tiles
@@ -44,12 +53,10 @@ def ours(bundle):
 
 
 @pytest.fixture(scope="module")
-def split(bundle, tmp_path_factory):
+def split(worker, bundle, tmp_path_factory):
     folder = tmp_path_factory.mktemp("next-hf") / "hf"
     export_hf(bundle, folder)
-    pipe = load_vllm(bundle, folder)
-    yield pipe
-    pipe.close()
+    return load_vllm(bundle, folder, engine=worker)
 
 
 def test_images_of_different_grids_decoded_together_give_mmtrt_runs_tokens(ours, split, rng):

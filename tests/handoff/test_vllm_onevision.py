@@ -13,12 +13,21 @@ from mmtrt.errors import UserError
 from mmtrt.handoff.hf_export import export_hf
 from mmtrt.handoff.vllm_env import vllm_python
 from mmtrt.handoff.vllm_pipeline import load as load_vllm
+from mmtrt.handoff.vllm_process import VllmProcess
 from mmtrt.runtime import Request, load
 
 try:
     vllm_python()
 except UserError as exc:
     pytest.skip(f"no vLLM environment: {exc}", allow_module_level=True)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def worker():
+    """vLLM's process, started before the module's other fixtures: it imports vLLM while the bundle compiles."""
+    process = VllmProcess()
+    yield process
+    process.close()
 
 PROMPT = "What is in the picture?"
 
@@ -38,12 +47,10 @@ def one_layer_bundle(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def split(one_layer_bundle, tmp_path_factory):
+def split(worker, one_layer_bundle, tmp_path_factory):
     folder = tmp_path_factory.mktemp("onevision-hf") / "hf"
     export_hf(one_layer_bundle, folder)
-    pipe = load_vllm(one_layer_bundle, folder)
-    yield pipe
-    pipe.close()
+    return load_vllm(one_layer_bundle, folder, engine=worker)
 
 
 def test_a_projector_of_two_vision_layers_is_refused_in_one_line(onevision_bundle, tmp_path, capsys):
