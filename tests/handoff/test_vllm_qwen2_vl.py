@@ -1,8 +1,9 @@
-"""vLLM (its own environment, on the CPU) behind a tiny Qwen2-VL bundle: the bundle's image features go to vLLM as
-image_embeds with the image's grid (image_grid_thw), from which vLLM sets the M-RoPE positions the bundle's runtime
-sets; its greedy tokens are `mmtrt run`'s, one request or several of different grids decoded together. vLLM alone
-on the exported folder (its own preprocessing and vision tower) gives the bundle's tokens too. The tiny model's
-heads are 32 wide (hidden 128): vLLM's CPU attention has no kernel for 16. One vLLM engine for the module."""
+"""vLLM (its own environment, on the CPU) behind tiny Qwen2-VL and Qwen2.5-VL bundles: the bundle's image features go
+to vLLM as image_embeds with the image's grid (image_grid_thw), from which vLLM sets the M-RoPE positions the
+bundle's runtime sets; its greedy tokens are `mmtrt run`'s, one request or several of different grids decoded
+together. vLLM alone on the exported folder (its own preprocessing and vision tower) gives the bundle's tokens too.
+The tiny models' heads are 32 wide (hidden 128): vLLM's CPU attention has no kernel for 16. One vLLM engine at a
+time, one per family."""
 
 from __future__ import annotations
 
@@ -25,26 +26,32 @@ except UserError as exc:
     pytest.skip(f"no vLLM environment: {exc}", allow_module_level=True)
 
 
-@pytest.fixture(scope="module", autouse=True)
-def worker():
-    """vLLM's process, started before the module's other fixtures: it imports vLLM while the bundle compiles."""
-    process = VllmProcess()
-    yield process
-    process.close()
-
 PROMPT = "What is in the picture?"
 SIZES = ((56, 84), (150, 60), (90, 90))  # (width, height): grids 4x6, 12x4 (patches), 6x6
 
 
+@pytest.fixture(scope="module", params=["qwen2_vl", "qwen2_5_vl"])
+def family(request):
+    return request.param
+
+
+@pytest.fixture(scope="module", autouse=True)
+def worker(family):
+    """vLLM's process, started before the family's other fixtures: it imports vLLM while the bundle compiles."""
+    process = VllmProcess()
+    yield process
+    process.close()
+
+
 @pytest.fixture(scope="module")
-def bundle(tmp_path_factory):
+def bundle(family, tmp_path_factory):
     from mmtrt.zoo.tiny_qwen2_vl import build_tiny_qwen2_vl
 
-    folder = tmp_path_factory.mktemp("qwen2-vl-vllm")
-    model, processor = build_tiny_qwen2_vl("qwen2_vl", hidden=128)
+    folder = tmp_path_factory.mktemp(f"{family}-vllm")
+    model, processor = build_tiny_qwen2_vl(family, hidden=128)
     model.save_pretrained(folder / "checkpoint")
     processor.save_pretrained(folder / "checkpoint")
-    return compile_to(folder, "model: {source: hf, path: checkpoint}\n", "qwen2-vl.bundle")
+    return compile_to(folder, "model: {source: hf, path: checkpoint}\n", f"{family}.bundle")
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +61,7 @@ def ours(bundle):
 
 @pytest.fixture(scope="module")
 def split(worker, bundle, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("qwen2-vl-hf") / "hf"
+    folder = tmp_path_factory.mktemp("qwen-hf") / "hf"
     export_hf(bundle, folder)
     return load_vllm(bundle, folder, engine=worker)
 
