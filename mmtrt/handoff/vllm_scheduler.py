@@ -35,12 +35,17 @@ class VllmScheduler:
         return len(self.active) + len(joining) < self.max_batch
 
     def joins(self, prep: Prepared, joining: tuple[Prepared, ...]) -> bool:
-        """Any requests are handed over together: vLLM schedules their prefills itself."""
-        return True
+        """Each request is handed over alone, as soon as its own image is encoded: vLLM prefills it while mmtrt
+        encodes the next one (admitted together, every image would be encoded before vLLM got the first)."""
+        return False
 
     def admit_together(self, preps: list[Prepared], between=None) -> list[tuple[Sequence, Delta]]:
-        """`between` is not called: vLLM's own scheduler interleaves prefills with decode steps."""
-        return [self.admit(prep) for prep in preps]
+        """vLLM's own scheduler interleaves prefills with decode steps; `between` (the loop's step) runs when vLLM
+        has sent tokens already, so they reach their clients while the next images are encoded."""
+        events = [self.admit(prep) for prep in preps]
+        if between is not None and not self.messages.empty():
+            between()
+        return events
 
     def admit(self, prep: Prepared) -> tuple[Sequence, Delta]:
         """Hand the request to vLLM; its tokens come in later steps, so the delta it returns is empty."""
