@@ -1,12 +1,13 @@
 """Time to first token, decode ms per token and tokens/s with 1 and 8 concurrent requests, on one checkpoint:
 `mmtrt run` on its plain and token-pruned bundles (its batch: every image encoded, then all decoded together); vLLM
 alone on the exported folder (its own preprocessing and vision tower), fp32 and bf16; and the split (mmtrt's vision
-side, vLLM's LLM fed with image_embeds) in `mmtrt serve --llm vllm`'s loop, plain and token-pruned. Every request carries an image no engine has seen (both cache encoder outputs by content). Within one
-vLLM dtype the three vLLM rows share one engine and run in rounds (alone, split plain, split pruned, again), and the
-two `mmtrt run` rows alike: medians of interleaved runs. Accuracy: the token-pruned split's top-1 agreement with the
-plain split's greedy answers, teacher-forced as the agreement suite measures (handoff/vllm_agreement.py).
+side, vLLM's LLM fed with image_embeds) in `mmtrt serve --llm vllm`'s loop, plain and token-pruned. Every request
+carries an image no engine has seen (both cache encoder outputs by content). Within one vLLM dtype the three vLLM
+rows share one engine and run in rounds (alone, split plain, split pruned, again): medians of interleaved runs; the
+`mmtrt run` rows come first, one bundle loaded at a time. Accuracy: the token-pruned split's top-1 agreement with
+the plain split's greedy answers, teacher-forced as the agreement suite measures (handoff/vllm_agreement.py).
 
-    PYTHONPATH=. python scripts/bench_vllm.py --model smollm-llava --work /work/data/vllm --out docs/results/vllm-split.md
+    PYTHONPATH=. python scripts/bench_vllm.py --model smollm-llava --work DIR --out docs/results/vllm-split.md
 
 The checkpoint is a random-weight one of a real architecture (scripts/scale_models.py), written once into
 WORK/MODEL; its results go to WORK/MODEL/results.json, and --out writes the page from every model's results there.
@@ -205,12 +206,13 @@ def measure(args, paths: dict[str, Path]) -> dict:
     from mmtrt.handoff.vllm_process import VllmProcess
     from mmtrt.runtime import load
 
-    size, rng, result = MODELS[args.model]["size"], np.random.default_rng(0), {"rows": [], "prompt_tokens": {}, "agreement": {}}
-    ours = {name: load(paths[name], threads=args.threads, spin=False) for name in ("plain", "pruned")}
-    result["rows"] += rounds({f"mmtrt run ({n} bundle)": batch_submitter(p) for n, p in ours.items()},
-                             rng, size, args.repeats)
-    del ours
-    gc.collect()
+    size, rng = MODELS[args.model]["size"], np.random.default_rng(0)
+    result = {"rows": [], "prompt_tokens": {}, "agreement": {}}
+    for name in ("plain", "pruned"):  # one at a time: a real-size bundle's whole model is loaded here
+        ours = load(paths[name], threads=args.threads, spin=False)
+        result["rows"] += rounds({f"mmtrt run ({name} bundle)": batch_submitter(ours)}, rng, size, args.repeats)
+        del ours
+        gc.collect()
     for dtype in args.dtypes:
         engine = VllmProcess()
         pipes = {name: load_split(paths[name], paths["hf"], dtype, 8, threads=args.threads, spin=False,

@@ -114,7 +114,8 @@ def measure_mmtrt(args, source: Path, rng) -> tuple[list[tuple], dict[str, float
         facts = {"ids": placeholder_ids(pipe, PROMPT), "model": pipe.model, "total": pipe.dims["total"]["max"]}
         loop = ServingLoop(pipe, max(args.clients))
         try:
-            rows += measure(LABELS[name], serving_submitter(loop, PROMPT, NEW_TOKENS, PROMPT_TOKENS.setdefault("mmtrt", set())), rng,
+            counted = PROMPT_TOKENS.setdefault("mmtrt", set())
+            rows += measure(LABELS[name], serving_submitter(loop, PROMPT, NEW_TOKENS, counted), rng,
                             args.repeats, args.clients)
         finally:
             loop.close()

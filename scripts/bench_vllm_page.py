@@ -28,7 +28,8 @@ def section(model: str, result: dict) -> list[str]:
     tokens = sorted({tuple(t) for a in result["agreement"].values() for t in a["image_tokens"]})
     declared = (f"the pruned bundle declares agreement_top1_drop {result['declared']:g} (it measured "
                 f"{result['measured']:g} at compile time)" if result["declared"] is not None else
-                "the pruned bundle declares no budget (its compile-time evaluation does not fit this host at this size)")
+                "the pruned bundle declares no budget (its compile-time evaluation does not fit this host at this "
+                "size)")
     agreement = "; ".join(f"{d}: token-pruned split {a['pruned_split']:g}%, vLLM alone {a['vllm_alone']:g}%"
                           for d, a in result["agreement"].items())
     load = ", ".join(f"{a:.1f}" for a in result["load"][0]) + " before, " + ", ".join(
@@ -38,12 +39,13 @@ def section(model: str, result: dict) -> list[str]:
         f"Date: {result['date']}. Commit: {result['commit']}. Machine: 2-core x86-64 VM (AVX-512), 24 GB, no GPU, "
         f"shared with other jobs (load average {load}). Command: `{command}`.", "",
         f"{DESCRIPTIONS[model]}; the prompt \"Describe the picture in detail.\", 24 new tokens, greedy; every "
-        f"request's image unseen. `mmtrt run` runs its batch (every image encoded, then all decoded together); "
+        "request's image unseen. `mmtrt run` runs its batch (every image encoded, then all decoded together); "
         "the split runs in `mmtrt serve --llm vllm`'s loop (each image encoded at admission and handed to vLLM, "
-        f"which prefills it while the next one is encoded). {result['threads']} threads for every engine (ONNX Runtime not spinning; vLLM bound "
-        "to the same cores), OMP_WAIT_POLICY=PASSIVE. 8 clients: 8 requests at once, decoded together by each "
-        f"engine. Medians of {result['repeats']} interleaved rounds after a warm-up. Image tokens per request (plain, "
-        f"token-pruned): {', '.join(f'{a} and {b}' for a, b in tokens)}; prompt tokens as vLLM alone counted them: "
+        f"which prefills it while the next one is encoded). {result['threads']} threads for every engine (ONNX "
+        "Runtime not spinning; vLLM bound to the same cores), OMP_WAIT_POLICY=PASSIVE. 8 clients: 8 requests at "
+        f"once, decoded together by each engine. Medians of {result['repeats']} rounds after a warm-up, the vLLM "
+        "rows of one dtype interleaved. Image tokens per request (plain, token-pruned): "
+        f"{', '.join(f'{a} and {b}' for a, b in tokens)}; prompt tokens as vLLM alone counted them: "
         + "; ".join(f"{', '.join(map(str, v))} ({k.split('(')[1].rstrip(')')})"
                     for k, v in result["prompt_tokens"].items()) + ".", "",
         f"Accuracy: {declared}. Top-1 agreement with the plain split's greedy answers on 4 unseen images, "

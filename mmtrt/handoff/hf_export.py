@@ -122,7 +122,8 @@ def _state_and_config(model, bundle: Path, manifest: dict, fmt: str):
             quantization["group_size"], exclude_names(hub_floats, floats))
     elif quantization is not None:
         skipped = [hub_name(family, LLM_PREFIX + m) for m in quantization["modules_to_not_convert"]]
-        config.quantization_config = {**quantization, "modules_to_not_convert": [*skipped, *float_towers(family, state)]}
+        skipped += float_towers(family, state)
+        config.quantization_config = {**quantization, "modules_to_not_convert": skipped}
     listed = "exclude_modules" if fmt == "modelopt" else "modules_to_not_convert"
     reasons = "; ".join(sorted(set(why.values())))
     floats = [f"awq_int4: {len(why)} linears written in float ({listed}): {reasons}"] if why else []
