@@ -11,7 +11,8 @@ DESCRIPTIONS = {
                     "layers, hidden 576) and a SigLIP of DINOv2 ViT-S/14's size at 224 px (256 image tokens), "
                     "float32 weights; every request one 224x224 image",
     "onevision-0.5b": "a random-weight LLaVA-OneVision-0.5B (SigLIP so400m/14 at 384, Qwen2-0.5B, vocabulary "
-                      "151,936), float32 weights; every request one 500x300 image (its any-resolution grid)",
+                      "151,936), a bfloat16 checkpoint as on the Hub, compiled and exported in float32; every request "
+                      "one 500x300 image (its any-resolution grid)",
 }
 
 
