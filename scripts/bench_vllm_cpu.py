@@ -27,7 +27,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
 sys.path.insert(0, str(ROOT / "tests"))
-from bench_vllm import placeholder_ids, timed, vllm_alone_submitter  # noqa: E402
+from bench_vllm import placeholder_ids, serving_submitter, timed, vllm_alone_submitter  # noqa: E402
 
 PROMPT = "Describe the picture in detail."
 NEW_TOKENS = 33
@@ -102,24 +102,6 @@ def measure(name: str, submitter, rng, repeats: int, clients: list[int]) -> list
     return rows
 
 
-def serving_submitter(loop, prompt_tokens: set):
-    """`mmtrt serve`'s loop: requests queue, and join the batch between decode steps as places free up (the
-    image encoded at admission, a long prefill in pieces beside the running ones)."""
-    from mmtrt.runtime import Request
-
-    def submit(image, on_tokens):
-        handles = []
-
-        def on_delta(delta):
-            if delta.finish_reason:
-                prompt_tokens.add(handles[0].generation.prompt_tokens)
-            on_tokens(len(delta.token_ids), delta.finish_reason is not None)
-
-        handles.append(loop.submit(Request(image, PROMPT, NEW_TOKENS), on_delta=on_delta))
-
-    return submit, lambda: None
-
-
 def measure_mmtrt(args, source: Path, rng) -> tuple[list[tuple], dict[str, float], dict]:
     """Each recipe's bundle through the serving loop; the prompt ids and facts vLLM's requests need."""
     from mmtrt.runtime import load
@@ -132,7 +114,8 @@ def measure_mmtrt(args, source: Path, rng) -> tuple[list[tuple], dict[str, float
         facts = {"ids": placeholder_ids(pipe, PROMPT), "model": pipe.model, "total": pipe.dims["total"]["max"]}
         loop = ServingLoop(pipe, max(args.clients))
         try:
-            rows += measure(LABELS[name], serving_submitter(loop, PROMPT_TOKENS.setdefault("mmtrt", set())), rng,
+            counted = PROMPT_TOKENS.setdefault("mmtrt", set())
+            rows += measure(LABELS[name], serving_submitter(loop, PROMPT, NEW_TOKENS, counted), rng,
                             args.repeats, args.clients)
         finally:
             loop.close()
@@ -149,7 +132,7 @@ def measure_vllm(args, folder: Path, facts: dict, rng) -> list[tuple]:
     model, total, batch, rows = facts["model"], facts["total"], max(args.clients), []
     kv_bytes = kv_pool_bytes(model["llm"], batch, total)
     for dtype in args.dtypes:
-        engine = VllmProcess(folder, model["image_token_id"], dtype, total, batch, kv_bytes, prefix_caching=True)
+        engine = VllmProcess().load(folder, model["image_token_id"], dtype, total, batch, kv_bytes, prefix_caching=True)
         try:
             submitter = vllm_alone_submitter(engine, facts["ids"], model["eos_token_ids"], NEW_TOKENS,
                                              PROMPT_TOKENS.setdefault("vLLM", set()))

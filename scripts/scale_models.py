@@ -22,6 +22,7 @@ from transformers import (
     Qwen2VLImageProcessor,
     Qwen2VLProcessor,
     Qwen2VLVideoProcessor,
+    SiglipImageProcessor,
     SiglipVisionConfig,
 )
 
@@ -102,4 +103,25 @@ def qwen2_vl_2b(layers: tuple[int, int] | None = None, vocab: int = 151936):
     return Qwen2VLForConditionalGeneration, config, processor, _generation(tokenizer)
 
 
-MODELS = {"onevision-0.5b": onevision_05b, "qwen2-vl-2b": qwen2_vl_2b, "llava-1.5-7b": llava15_7b}
+def smollm_llava(layers: tuple[int, int] | None = None, vocab: int = 49152):
+    """zoo:dino-smollm-page's sizes with a tower vLLM's LLaVA takes: a SigLIP of DINOv2 ViT-S/14's size at 224 (12
+    layers, 256 image tokens) and SmolLM2-135M (30 layers, hidden 576, 9 heads of 64, 3 KV heads, tied embeddings)."""
+    vision_layers, text_layers = layers or (12, 30)
+    tokenizer = byte_tokenizer()
+    config = LlavaConfig(
+        vision_config=SiglipVisionConfig(hidden_size=384, intermediate_size=1536, num_hidden_layers=vision_layers,
+                                         num_attention_heads=6, image_size=224, patch_size=14),
+        text_config=LlamaConfig(vocab_size=vocab, hidden_size=576, intermediate_size=1536,
+                                num_hidden_layers=text_layers, num_attention_heads=9, num_key_value_heads=3,
+                                max_position_embeddings=8192, rms_norm_eps=1e-5, tie_word_embeddings=True,
+                                rope_parameters={"rope_type": "default", "rope_theta": 100000.0}, bos_token_id=None),
+        image_token_index=tokenizer.convert_tokens_to_ids(IMAGE_TOKEN), vision_feature_layer=-1,
+        vision_feature_select_strategy="full", projector_hidden_act="gelu", tie_word_embeddings=True)
+    processor = LlavaProcessor(image_processor=SiglipImageProcessor(size={"height": 224, "width": 224}),
+                               tokenizer=tokenizer, patch_size=14, vision_feature_select_strategy="full",
+                               chat_template=tokenizer.chat_template, image_token=IMAGE_TOKEN,
+                               num_additional_image_tokens=0)
+    return LlavaForConditionalGeneration, config, processor, _generation(tokenizer)
+
+
+MODELS = {"smollm-llava": smollm_llava, "onevision-0.5b": onevision_05b, "qwen2-vl-2b": qwen2_vl_2b, "llava-1.5-7b": llava15_7b}

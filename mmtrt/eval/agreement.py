@@ -60,6 +60,9 @@ def source_reference(source, sample: Sample, max_new_tokens: int) -> tuple[list[
         out = model.generate(**inputs, max_new_tokens=max_new_tokens, do_sample=False)
         answer = out[0, prompt_len:].tolist()
         full = {**inputs, "input_ids": out[:, :-1], "attention_mask": torch.ones_like(out[:, :-1])}
+        if "mm_token_type_ids" in inputs:  # Qwen2-VL's processor marks the image's tokens; the answer's are text (0)
+            full["mm_token_type_ids"] = torch.nn.functional.pad(inputs["mm_token_type_ids"],
+                                                                (0, out.shape[1] - 1 - prompt_len))
         logits = model(**full).logits[0, prompt_len - 1:].double()
     return answer, logits.log_softmax(-1).numpy()
 

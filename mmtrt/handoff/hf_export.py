@@ -122,12 +122,20 @@ def _state_and_config(model, bundle: Path, manifest: dict, fmt: str):
             quantization["group_size"], exclude_names(hub_floats, floats))
     elif quantization is not None:
         skipped = [hub_name(family, LLM_PREFIX + m) for m in quantization["modules_to_not_convert"]]
+        skipped += float_towers(family, state)
         config.quantization_config = {**quantization, "modules_to_not_convert": skipped}
     listed = "exclude_modules" if fmt == "modelopt" else "modules_to_not_convert"
     reasons = "; ".join(sorted(set(why.values())))
     floats = [f"awq_int4: {len(why)} linears written in float ({listed}): {reasons}"] if why else []
     kind = None if quantization is None else ("modelopt" if fmt == "modelopt" else "awq")
     return state, config, kind, floats, hf_quant
+
+
+def float_towers(family: str, state: dict) -> list[str]:
+    """The top-level modules beside the LLM (vision tower, projector), which the folder holds in float: a loader
+    quantizes every linear its list does not name (vLLM fails on the projector's float weight otherwise)."""
+    names = (hub_name(family, k) for k in state if not k.startswith(LLM_PREFIX) and k != "lm_head.weight")
+    return sorted({name.split(".", 1)[0] for name in names if "." in name})
 
 
 def modelopt_state(graph, num_layers: int):

@@ -16,6 +16,7 @@ from typing import Callable, Iterator
 
 import numpy as np
 
+from mmtrt.bundle.manifest import read_manifest
 from mmtrt.bundle.trust import Trust
 from mmtrt.errors import UserError
 from mmtrt.handoff.vllm_process import VllmProcess
@@ -25,7 +26,8 @@ from mmtrt.runtime.pipeline import Generation, Pipeline, Refused
 from mmtrt.runtime.sampling import SamplingParams
 from mmtrt.runtime.streaming import Delta
 
-FAMILIES = ("llava", "llava_next", "llava_onevision")  # those whose vLLM model takes image_embeds as one tensor
+# those whose vLLM model takes image_embeds (Qwen2-VL's with the image's grid, from which vLLM sets M-RoPE positions)
+FAMILIES = ("llava", "llava_next", "llava_onevision", "qwen2_vl", "qwen2_5_vl")
 DTYPES = ("float32", "bfloat16", "float16")
 
 
@@ -35,27 +37,26 @@ class VllmPipeline(Pipeline):
     def __init__(self, bundle: str | Path, folder: str | Path, dtype: str = "float32", max_batch: int | None = None,
                  python: str | None = None, threads: int | None = None, spin: bool = True, trust: Trust = Trust(),
                  engine: VllmProcess | None = None):
-        super().__init__(bundle, threads, spin, 0, trust)
-        family = self.model["architecture"]
-        if family not in FAMILIES:
-            raise UserError(f"{bundle}: --llm vllm takes the {', '.join(FAMILIES)} families, not {family}; serve "
-                            "this bundle with its own LLM (--llm bundle)")
-        if dtype not in DTYPES:
-            raise UserError(f"vLLM dtype {dtype!r} is not one of {', '.join(DTYPES)}")
-        if not (Path(folder) / "config.json").is_file():
-            raise UserError(f"{folder} holds no config.json; pass the folder `mmtrt export hf {bundle} FOLDER` wrote")
-        refuse_layer_list(folder)
-        self.folder, self.max_batch = Path(folder), max_batch or self.dims["batch"]["max"]
+        check(bundle, folder, dtype)
         self.owns_engine = engine is None
-        self.engine = engine or VllmProcess(self.folder, self.model["image_token_id"], dtype,
-                                            self.dims["total"]["max"], self.max_batch,
-                                            kv_pool_bytes(self.model["llm"], self.max_batch, self.dims["total"]["max"]),
-                                            python)
+        self.engine = engine or VllmProcess(python)  # started first: vLLM imports while the bundle loads
+        try:
+            super().__init__(bundle, threads, spin, 0, trust)
+            self.folder, self.max_batch = Path(folder), max_batch or self.dims["batch"]["max"]
+            if self.engine.version is None:
+                self.engine.load(self.folder, self.model["image_token_id"], dtype, self.dims["total"]["max"],
+                                 self.max_batch, kv_pool_bytes(self.model["llm"], self.max_batch,
+                                                               self.dims["total"]["max"]))
+        except BaseException:
+            self.close()
+            raise
         self.backends["llm"] = f"vllm {self.engine.version} ({dtype}, {self.folder})"
 
     def embed_request(self, prep: Prepared, seen: dict[str, np.ndarray] | None = None) -> Prepared:
-        """The image's features (the LLM's image rows, after the bundle's vision passes) in `prep.embeds`, and the
-        ids with the image's run cut to its own count: vLLM embeds the text itself."""
+        """The image's vLLM inputs in `prep.embeds`: its features (the LLM's image rows, after the bundle's vision
+        passes) as `image_embeds`, and a Qwen2-VL image's grid as `image_grid_thw`, from which vLLM sets the M-RoPE
+        positions the bundle's runtime sets; the ids with the image's run cut to its own count: vLLM embeds the
+        text itself."""
         import time
 
         t1 = time.perf_counter()
@@ -64,7 +65,9 @@ class VllmPipeline(Pipeline):
             raise UserError(f"the request holds {len(features)} images; vLLM is started with one image per prompt")
         if features and self.variable_tokens:
             prep.ids = self.fit_image_tokens(prep.ids, features[0].shape[1])
-        prep.embeds = features[0] if features else None
+        prep.embeds = {"image_embeds": features[0]} if features else None
+        if features and self.family:
+            prep.embeds["image_grid_thw"] = np.asarray([prep.pixels[0].grid], np.int64)
         prep.timings["vision_ms"], prep.pixels = 1e3 * (time.perf_counter() - t1), []
         return prep
 
@@ -128,6 +131,19 @@ class VllmPipeline(Pipeline):
         self.close()
 
 
+def check(bundle, folder, dtype: str) -> None:
+    """What refuses the pair before any process starts: the family, the dtype, the folder."""
+    family = read_manifest(Path(bundle))["model"]["architecture"]
+    if family not in FAMILIES:
+        raise UserError(f"{bundle}: --llm vllm takes the {', '.join(FAMILIES)} families, not {family}; serve "
+                        "this bundle with its own LLM (--llm bundle)")
+    if dtype not in DTYPES:
+        raise UserError(f"vLLM dtype {dtype!r} is not one of {', '.join(DTYPES)}")
+    if not (Path(folder) / "config.json").is_file():
+        raise UserError(f"{folder} holds no config.json; pass the folder `mmtrt export hf {bundle} FOLDER` wrote")
+    refuse_layer_list(folder)
+
+
 def kv_pool_bytes(llm: dict, sequences: int, tokens: int) -> int:
     """vLLM's KV pool: twice the float32 KV of `sequences` of `tokens` each (vLLM reserves a fraction of the host's
     memory otherwise, more than a shared host has free)."""
@@ -151,7 +167,8 @@ def load(bundle: str | Path, folder: str | Path, dtype: str = "float32", max_bat
          engine: VllmProcess | None = None) -> VllmPipeline:
     """The bundle's vision side and vLLM on `folder` (its `mmtrt export hf`); `python`: vLLM's interpreter
     (default MMTRT_VLLM_PYTHON, else the managed environment); `engine`: another pipeline's vLLM on the same
-    folder, shared (bundles that differ only on the vision side). Close it (or use `with`) to stop its own vLLM."""
+    folder, shared (bundles that differ only on the vision side), or a VllmProcess started earlier and not loaded
+    yet (this pipeline loads it; its starter closes it). Close the pipeline (or use `with`) to stop its own vLLM."""
     return VllmPipeline(bundle, folder, dtype, max_batch, python, threads, spin, Trust(expect_digest, public_key),
                         engine)
 

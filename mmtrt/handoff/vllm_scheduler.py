@@ -35,12 +35,17 @@ class VllmScheduler:
         return len(self.active) + len(joining) < self.max_batch
 
     def joins(self, prep: Prepared, joining: tuple[Prepared, ...]) -> bool:
-        """Any requests are handed over together: vLLM schedules their prefills itself."""
-        return True
+        """Each request is handed over alone, as soon as its own image is encoded: vLLM prefills it while mmtrt
+        encodes the next one (admitted together, every image would be encoded before vLLM got the first)."""
+        return False
 
     def admit_together(self, preps: list[Prepared], between=None) -> list[tuple[Sequence, Delta]]:
-        """`between` is not called: vLLM's own scheduler interleaves prefills with decode steps."""
-        return [self.admit(prep) for prep in preps]
+        """vLLM's own scheduler interleaves prefills with decode steps; `between` (the loop's step) runs when vLLM
+        has sent tokens already, so they reach their clients while the next images are encoded."""
+        events = [self.admit(prep) for prep in preps]
+        if between is not None and not self.messages.empty():
+            between()
+        return events
 
     def admit(self, prep: Prepared) -> tuple[Sequence, Delta]:
         """Hand the request to vLLM; its tokens come in later steps, so the delta it returns is empty."""
@@ -51,9 +56,9 @@ class VllmScheduler:
         s = prep.sampling
         sampling = {"temperature": s.temperature, "top_p": s.top_p, "top_k": s.top_k, "seed": s.seed,
                     "repetition_penalty": s.repetition_penalty}
-        features = prep.embeds  # this pipeline's embed_request leaves the image features there
+        image_inputs = prep.embeds  # this pipeline's embed_request leaves the image's vLLM inputs there
         self.pipe.engine.submit(rid, collapse_image_runs(prep.ids, self.pipe.model["image_token_id"]),
-                                features, sampling, prep.limit,
+                                image_inputs, sampling, prep.limit,
                                 list(self.pipe.model["eos_token_ids"]), self.messages.put)
         self.active.append(seq)
         return seq, Delta((), "")

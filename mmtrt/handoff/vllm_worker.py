@@ -4,11 +4,14 @@ Hugging Face folder, fed with the image embeddings mmtrt's vision side computed.
 vLLM pins its own torch, so it cannot share mmtrt's environment; mmtrt starts this file there as a script (it imports
 nothing of mmtrt: worker_framing.py sits beside it). Messages use that framing. mmtrt sends `load` (the folder and
 the engine's options; answered with {"ok", "vllm"} or why not), then any number of `generate` (an id, the prompt's
-ids with each image's placeholder as one token, the image's embeddings `image_embeds` [1, count, hidden] or, for
-vLLM's own vision side, the image `image` uint8 [H, W, 3]; sampling values), `cancel` (an id) and `exit`. Requests
+ids with each image's placeholder as one token, the image's embeddings `image_embeds` [1, count, hidden] (with
+Qwen2-VL's `image_grid_thw` [1, 3], from which vLLM sets the M-RoPE positions) or, for vLLM's own vision side, the
+image `image` uint8 [H, W, 3]; sampling values), `cancel` (an id) and `exit`. Requests
 run together, continuously batched by vLLM's engine, and each engine step sends every running request's new
 tokens: {"id", "tokens", "finish_reason"}, the first also with the prompt's length and image-token count as vLLM
-expanded them (vLLM expands the placeholder to the embeddings' count).
+expanded them (vLLM expands the placeholder to the embeddings' count), and, when the request asked for
+`prompt_ranks`, each prompt token's rank in vLLM's logits at the position before it (teacher forcing: 1 where it
+is vLLM's argmax).
 
 vLLM's scheduler starts its engine core with the spawn start method, which re-imports this script: hence the guard.
 """
@@ -17,6 +20,7 @@ import os
 import queue
 import sys
 import threading
+import traceback
 
 from worker_framing import read_message, write_message
 
@@ -30,20 +34,41 @@ def sampling_params(vllm, header: dict):
         temperature=s["temperature"], top_p=s["top_p"], top_k=s["top_k"] or -1, seed=s["seed"],
         repetition_penalty=s["repetition_penalty"], max_tokens=header["max_tokens"],
         stop_token_ids=header["eos_token_ids"], ignore_eos=True, detokenize=False,
-        output_kind=RequestOutputKind.DELTA)
+        output_kind=RequestOutputKind.DELTA, prompt_logprobs=0 if header.get("prompt_ranks") else None)
 
 
 def engine_prompt(header: dict, arrays: dict) -> dict:
     import torch
 
     prompt = {"prompt_token_ids": [int(i) for i in arrays["ids"]]}
-    if "image_embeds" in arrays:
+    if "image_grid_thw" in arrays:  # Qwen2-VL: the embeddings [count, hidden] and the grid its M-RoPE positions follow
+        prompt["multi_modal_data"] = {"image": {"image_embeds": torch.from_numpy(arrays["image_embeds"][0].copy()),
+                                                "image_grid_thw": torch.from_numpy(arrays["image_grid_thw"].copy())}}
+    elif "image_embeds" in arrays:
         prompt["multi_modal_data"] = {"image": torch.from_numpy(arrays["image_embeds"].copy())}
     elif "image" in arrays:  # vLLM's own preprocessing and vision tower (the comparison mmtrt's split is measured by)
         from PIL import Image
 
         prompt["multi_modal_data"] = {"image": Image.fromarray(arrays["image"])}
     return prompt
+
+
+EMBEDDING_SCHEMAS = (("llava", "LlavaImageEmbeddingInputs"), ("llava_next", "LlavaNextImageEmbeddingInputs"),
+                     ("llava_onevision", "LlavaOnevisionImageEmbeddingInputs"))
+
+
+def embeddings_of_any_count() -> None:
+    """vLLM 0.32 batches the image_embeds of every request whose image is scheduled in one step, and its LLaVA
+    families' schemas require one feature count ("ifs") across that batch, as their pixel schemas do not: two
+    images of different counts (any-resolution grids, a dynamic token budget) in one step fail validation and stop
+    the engine. Declaring the count dynamic lets the batch pass as the list of tensors the models already take."""
+    import importlib
+    from typing import get_args, get_type_hints
+
+    for module, name in EMBEDDING_SCHEMAS:
+        schema = getattr(importlib.import_module(f"vllm.model_executor.models.{module}"), name)
+        shape = get_args(get_type_hints(schema, include_extras=True)["data"])[1]
+        shape.dynamic_dims.add("ifs")
 
 
 class Worker:
@@ -53,6 +78,15 @@ class Worker:
         self.image_token_id = None
         self.fresh: set[str] = set()  # requests whose first output is still to come
 
+    def shut_down(self) -> None:
+        """The engine's and the process group's own teardown (which removes its rendezvous file); the interpreter's
+        is skipped (exit_now)."""
+        if self.llm is not None:
+            from vllm.distributed.parallel_state import destroy_distributed_environment
+
+            self.llm.llm_engine.engine_core.shutdown()
+            destroy_distributed_environment()
+
     def send(self, header: dict) -> None:
         write_message(self.protocol, header)
 
@@ -60,6 +94,7 @@ class Worker:
         import vllm
 
         self.vllm, self.image_token_id = vllm, header["image_token_id"]
+        embeddings_of_any_count()
         self.llm = vllm.LLM(model=header["model"], limit_mm_per_prompt={"image": 1, "video": 0},
                             dtype=header["dtype"], max_model_len=header["max_model_len"],
                             max_num_seqs=header["max_num_seqs"], kv_cache_memory_bytes=header["kv_cache_bytes"],
@@ -91,6 +126,8 @@ class Worker:
                 self.fresh.discard(out.request_id)
                 ids = out.prompt_token_ids or []
                 reply.update(prompt_tokens=len(ids), image_tokens=sum(i == self.image_token_id for i in ids))
+                if out.prompt_logprobs is not None:  # each prompt token's rank in the logits before it (1: argmax)
+                    reply["prompt_ranks"] = [0 if lp is None else lp[t].rank for lp, t in zip(out.prompt_logprobs, ids)]
             self.send(reply)
 
     def serve(self) -> int:
@@ -102,6 +139,7 @@ class Worker:
                 self.step()
                 continue
             if header is None or header["op"] == "exit":
+                self.shut_down()
                 return 0
             try:
                 if header["op"] == "generate":
@@ -141,5 +179,18 @@ def main() -> int:
     return worker.serve()
 
 
+def exit_now() -> None:
+    """The worker's exit code without the interpreter's teardown (seconds in native destructors; a daemon reader
+    thread holding stdin aborts it); a failure's traceback goes to the log first."""
+    try:
+        code = main()
+    except BaseException:
+        traceback.print_exc()
+        code = 1
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    exit_now()

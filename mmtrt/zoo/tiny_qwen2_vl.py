@@ -61,16 +61,19 @@ def _vision(family: str, hidden: int) -> dict:
                 fullatt_block_indexes=[1], **common)
 
 
-def build_tiny_qwen2_vl(family: str = "qwen2_vl", seed: int = SEED, min_tokens: int = 4, max_tokens: int = 20):
+def build_tiny_qwen2_vl(family: str = "qwen2_vl", seed: int = SEED, min_tokens: int = 4, max_tokens: int = 20,
+                        hidden: int = 64):
     """The model and its processor; the same arguments always give the same weights. The processor's pixel range
-    is min_tokens..max_tokens blocks of 28 x 28."""
+    is min_tokens..max_tokens blocks of 28 x 28. The LLM has 4 heads of hidden / 4 (vLLM's CPU attention needs
+    heads of 32: hidden 128), its M-RoPE sections in Qwen2-VL's proportions (16, 24, 24 of 64 frequencies)."""
     config_class, model_class, processor_class = FAMILIES[family]
     tokenizer = qwen_tokenizer()
     ids = {t: tokenizer.convert_tokens_to_ids(t) for t in SPECIAL_TOKENS}
-    hidden = 64
+    half = hidden // 8  # rotary frequencies per head
     text = dict(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=2 * hidden, num_hidden_layers=2,
                 num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
-                rope_parameters={"rope_type": "default", "mrope_section": [2, 3, 3], "rope_theta": 10000.0},
+                rope_parameters={"rope_type": "default", "mrope_section": [half // 4, 3 * half // 8, 3 * half // 8],
+                                 "rope_theta": 10000.0},
                 initializer_range=0.1, bos_token_id=ids["<|endoftext|>"], eos_token_id=ids["<|im_end|>"])
     config = config_class(text_config=text, vision_config=_vision(family, hidden),
                           image_token_id=ids[IMAGE_TOKEN], video_token_id=ids["<|video_pad|>"],

@@ -1,12 +1,15 @@
 """The parity suite on checkpoints whose chat template writes the BOS token itself (Mistral's and Gemma's do):
 its PyTorch reference must tokenize as the bundle does, and the two must agree; and on Qwen2-VL, whose M-RoPE
-positions the suite must feed."""
+positions the suite must feed, as must the agreement suite (an accuracy budget's) after an image."""
 
 import pytest
 
 from conftest import compile_to
+from builders import random_image
+from mmtrt.eval.agreement import agreement_suite
 from mmtrt.eval.source import source_model
 from mmtrt.eval.suites import parity_suite
+from mmtrt.eval.userdata import Sample
 from mmtrt.runtime import load
 from mmtrt.zoo.tiny_llava import build_tiny_llava
 
@@ -47,3 +50,14 @@ def test_parity_feeds_mrope_positions(qwen_checkpoints, qwen_bundle):
     report = parity_suite(pipe, limit=2, source=source_model(pipe.manifest, qwen_checkpoints["qwen2_vl"]))
     assert report["metrics"]["top1_agreement_pct"] == 100.0
     assert report["metrics"]["max_abs_logit_diff"] < 1e-3
+
+
+def test_agreement_on_qwen2_vl_teacher_forces_the_answer_after_the_image(qwen_checkpoints, qwen_bundle, rng):
+    """The source's answer appended after an image prompt: transformers' processor marks the prompt's image tokens
+    (mm_token_type_ids), and the answer's must be marked text for the source's M-RoPE positions to be computed."""
+    pipe = load(qwen_bundle("qwen2_vl"))
+    data = [Sample(random_image(rng, int(rng.integers(40, 120)), int(rng.integers(40, 120))), "What is in it?",
+                   where=f"sample {i}") for i in range(2)]
+    report = agreement_suite(pipe, data=data, source=source_model(pipe.manifest, qwen_checkpoints["qwen2_vl"]),
+                             max_new_tokens=6)
+    assert report["metrics"]["top1_agreement_pct"] == 100.0 and report["metrics"]["mean_kl"] < 1e-6

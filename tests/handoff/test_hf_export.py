@@ -3,7 +3,6 @@ from_pretrained from the folder alone, give the bundle's greedy tokens on fresh 
 Hub's whichever layout the source checkpoint was saved in."""
 
 import json
-import shutil
 
 import numpy as np
 import onnx
@@ -11,6 +10,7 @@ import pytest
 import torch
 from builders import decided_steps, dequantized_linears, hf_greedy, random_image
 from conftest import ROOT, compile_to
+from folder_reference import awq_weight, float_twin, read_tensors
 from safetensors import safe_open
 from safetensors.torch import load_file, save_file
 
@@ -158,24 +158,6 @@ def awq_llava(tmp_path_factory):
     return compile_to(tmp_path_factory.mktemp("awq"), recipe, "awq.bundle")
 
 
-def unpack_awq(packed: np.ndarray) -> np.ndarray:
-    """AutoAWQ GEMM's int32 [rows, cols / 8] -> [rows, cols]: nibble i of column c holds column 8c + [0, 2, 4, 6,
-    1, 3, 5, 7][i] (AutoAWQ's WQLinear_GEMM.from_linear packs in that order)."""
-    order = [0, 2, 4, 6, 1, 3, 5, 7]
-    words = packed.view(np.uint32)
-    out = np.zeros((packed.shape[0], packed.shape[1] * 8), np.int64)
-    for i in range(8):
-        out[:, order[i]::8] = (words >> (4 * i)) & 0xF
-    return out
-
-
-def awq_weight(tensors: dict, module: str, group: int) -> np.ndarray:
-    """The float weight [out, in] an AutoAWQ GEMM linear computes with: (q - zero) * scale per group of inputs."""
-    q, zeros = unpack_awq(tensors[f"{module}.qweight"]), unpack_awq(tensors[f"{module}.qzeros"])
-    scales = tensors[f"{module}.scales"].astype(np.float32)
-    return ((q - np.repeat(zeros, group, axis=0)) * np.repeat(scales, group, axis=0)).T.astype(np.float32)
-
-
 def test_an_awq_int4_llm_exports_as_autoawq_gemm_holding_the_bundles_int4_weights(awq_llava, tmp_path, rng):
     """transformers' AWQ loader needs gptqmodel, which does not install here: the packing is checked against the
     format, the weights against the bundle's graph, and the tokens with the folder dequantized into a float one."""
@@ -185,8 +167,7 @@ def test_an_awq_int4_llm_exports_as_autoawq_gemm_holding_the_bundles_int4_weight
     quant = config["quantization_config"]
     assert {k: quant[k] for k in ("quant_method", "version", "bits", "group_size", "zero_point")} == \
         {"quant_method": "awq", "version": "gemm", "bits": 4, "group_size": 32, "zero_point": True}
-    with safe_open(out / "model.safetensors", "np") as f:
-        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118 (safe_open is no dict)
+    tensors = read_tensors(out)
     graph = dequantized_linears(onnx.load(awq_llava / "llm.onnx"))
     prefix = "language_model.model."
     dense = {}
@@ -202,11 +183,4 @@ def test_an_awq_int4_llm_exports_as_autoawq_gemm_holding_the_bundles_int4_weight
             dense[module] = tensors[f"{module}.weight"]
         np.testing.assert_array_equal(dense[module], weight.astype(np.float32))
     assert sum(f"{m}.qweight" in tensors for m in dense) >= 4 * 6
-    float_folder = tmp_path / "dense"
-    shutil.copytree(out, float_folder)
-    del config["quantization_config"]
-    (float_folder / "config.json").write_text(json.dumps(config))
-    kept = {k: torch.from_numpy(v) for k, v in tensors.items() if not k.endswith(("qweight", "qzeros", "scales"))}
-    save_file(kept | {f"{m}.weight": torch.from_numpy(np.ascontiguousarray(w)) for m, w in dense.items()},
-              float_folder / "model.safetensors", metadata={"format": "pt"})
-    _greedy_equal(awq_llava, float_folder, rng, (44, 60))
+    _greedy_equal(awq_llava, float_twin(out, tmp_path / "dense", dense), rng, (44, 60))

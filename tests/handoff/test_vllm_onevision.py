@@ -13,18 +13,27 @@ from mmtrt.errors import UserError
 from mmtrt.handoff.hf_export import export_hf
 from mmtrt.handoff.vllm_env import vllm_python
 from mmtrt.handoff.vllm_pipeline import load as load_vllm
-from mmtrt.runtime import load
+from mmtrt.handoff.vllm_process import VllmProcess
+from mmtrt.runtime import Request, load
 
 try:
     vllm_python()
 except UserError as exc:
     pytest.skip(f"no vLLM environment: {exc}", allow_module_level=True)
 
+
+@pytest.fixture(scope="module", autouse=True)
+def worker():
+    """vLLM's process, started before the module's other fixtures: it imports vLLM while the bundle compiles."""
+    process = VllmProcess()
+    yield process
+    process.close()
+
 PROMPT = "What is in the picture?"
 
 
 @pytest.fixture(scope="module")
-def onevision_bundle(tmp_path_factory):
+def one_layer_bundle(tmp_path_factory):
     """A tiny LLaVA-OneVision whose projector reads the last vision layer only (hidden 128, heads of 32: vLLM's
     CPU attention has no kernel for 16), static KV layout."""
     from mmtrt.zoo.tiny_anyres import build_tiny_llava_onevision
@@ -38,34 +47,30 @@ def onevision_bundle(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
-def split(onevision_bundle, tmp_path_factory):
+def split(worker, one_layer_bundle, tmp_path_factory):
     folder = tmp_path_factory.mktemp("onevision-hf") / "hf"
-    export_hf(onevision_bundle, folder)
-    pipe = load_vllm(onevision_bundle, folder)
-    yield pipe
-    pipe.close()
+    export_hf(one_layer_bundle, folder)
+    return load_vllm(one_layer_bundle, folder, engine=worker)
 
 
-def test_a_projector_of_two_vision_layers_is_refused_in_one_line(anyres_compile, tmp_path, capsys):
+def test_a_projector_of_two_vision_layers_is_refused_in_one_line(onevision_bundle, tmp_path, capsys):
     from mmtrt.cli import main
 
-    bundle = anyres_compile("llava_onevision", "", "onevision-two-layers.bundle")  # vision_feature_layer [-2, -1]
-    export_hf(bundle, tmp_path / "hf")
-    code = main(["serve", str(bundle), "--llm", "vllm", "--llm-folder", str(tmp_path / "hf"), "--no-triton",
+    export_hf(onevision_bundle, tmp_path / "hf")  # the session's tiny OneVision: vision_feature_layer [-2, -1]
+    code = main(["serve", str(onevision_bundle), "--llm", "vllm", "--llm-folder", str(tmp_path / "hf"), "--no-triton",
                  "--port", "0"])
     err = capsys.readouterr().err.strip().splitlines()
     assert code == 2 and len(err) == 1 and "2 vision layers" in err[0] and "--llm bundle" in err[0], err
 
 
-def test_greedy_tokens_equal_mmtrt_run_on_images_of_different_sizes(onevision_bundle, split, rng):
-    ours = load(onevision_bundle, threads=1)
-    counts = set()
-    for width, height in ((50, 70), (96, 40), (64, 64)):
-        image = random_image(rng, width, height)
-        expected = ours.generate(image, PROMPT, max_new_tokens=12)
-        got = split.generate(image, PROMPT, max_new_tokens=12)
-        assert got.token_ids == expected.token_ids and got.text == expected.text
-        assert (got.prompt_tokens, got.image_tokens) == (expected.prompt_tokens, expected.image_tokens)
-        counts.add(got.image_tokens)
-    assert len(counts) > 1  # the images' sizes gave different grids: vLLM took each count as given
+def test_images_of_different_grids_decoded_together_give_mmtrt_runs_tokens(one_layer_bundle, split, rng):
+    """Their counts differ, and vLLM takes the images' embeddings in one batch."""
+    ours = load(one_layer_bundle, threads=1)
+    images = [random_image(rng, height, width) for width, height in ((50, 70), (96, 40), (64, 64))]
+    expected = [ours.generate(image, PROMPT, max_new_tokens=12) for image in images]
+    got = split.generate_batch([Request(image, PROMPT, 12) for image in images])
+    for g, e in zip(got, expected):
+        assert g.token_ids == e.token_ids and g.text == e.text
+        assert (g.prompt_tokens, g.image_tokens) == (e.prompt_tokens, e.image_tokens)
+    assert len({g.image_tokens for g in got}) > 1  # the images' sizes gave different grids: vLLM took each count
     assert set(split.runners) == {"vision"}

@@ -12,6 +12,7 @@ from hub_checkpoint import PRUNED_TOKENS, compile_plain_and_pruned, save_hub_lla
 from mmtrt.errors import UserError
 from mmtrt.handoff.vllm_env import vllm_python
 from mmtrt.handoff.vllm_pipeline import load as load_vllm
+from mmtrt.handoff.vllm_process import VllmProcess
 from mmtrt.handoff.vllm_scheduler import collapse_image_runs
 from mmtrt.runtime import SamplingParams, load
 
@@ -20,6 +21,13 @@ try:
 except UserError as exc:
     pytest.skip(f"no vLLM environment: {exc}", allow_module_level=True)
 
+
+@pytest.fixture(scope="module", autouse=True)
+def worker():
+    """vLLM's process, started before the module's other fixtures: it imports vLLM while the bundle compiles."""
+    process = VllmProcess()
+    yield process
+    process.close()
 
 
 @pytest.fixture(scope="module")
@@ -33,12 +41,8 @@ def bundles(folder):
 
 
 @pytest.fixture(scope="module")
-def pipes(bundles, folder):
-    plain = load_vllm(bundles["plain"], folder)
-    pruned = load_vllm(bundles["pruned"], folder, engine=plain.engine)
-    yield {"plain": plain, "pruned": pruned}
-    pruned.close()
-    plain.close()
+def pipes(worker, bundles, folder):
+    return {name: load_vllm(bundles[name], folder, engine=worker) for name in ("plain", "pruned")}
 
 
 def engine_tokens(engine, ids, features, max_tokens, eos) -> list[int]:
@@ -47,7 +51,7 @@ def engine_tokens(engine, ids, features, max_tokens, eos) -> list[int]:
 
     messages: queue.SimpleQueue = queue.SimpleQueue()
     sampling = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "seed": None, "repetition_penalty": 1.0}
-    engine.submit(engine.new_id(), ids, features, sampling, max_tokens, eos, messages.put)
+    engine.submit(engine.new_id(), ids, {"image_embeds": features}, sampling, max_tokens, eos, messages.put)
     tokens = []
     while True:
         message = messages.get(timeout=120)
