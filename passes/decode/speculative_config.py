@@ -10,7 +10,7 @@ from mmtrt.pipeline.pass_config import PassConfig
 
 
 class AdapterData(PassConfig):
-    images: Literal["digits", "recipe", "none"] = Field("none", description="Calibration images whose prompts' positions the adapter also trains on: `digits` (scikit-learn digits, train split, with the digits prompt), `recipe` (the recipe's `calibration.images` or `calibration.jsonl`) or `none` (text only).")
+    images: Literal["digits", "recipe", "none"] = Field("none", description="Calibration images whose sequences (the image features and the prompt, every position) the adapter also trains on: `digits` (scikit-learn digits, train split, with the digits prompt), `recipe` (the recipe's `calibration.images` or `calibration.jsonl`) or `none` (text only).")
     samples: int = Field(16, ge=0, description="Calibration images (the first ones of the chosen set).")
     text: Literal["reference", "recipe"] = Field("reference", description="Training text: `reference` (Python's documentation, windows from its end; the held-out score reads its start) or `recipe` (the recipe's `calibration.text` files, from their start).")
     text_windows: int = Field(16, ge=0, description="512-token windows of training text (a recipe text shorter than one window is used whole).")
