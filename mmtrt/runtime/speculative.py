@@ -1,15 +1,16 @@
 """Speculative decoding: a draft proposes up to k tokens, the full LLM scores them in one call, the kept ones stay.
 
 Per running sequence and step: the draft proposes d <= k tokens (never past the request's token limit); the last
-token and the draft go through the LLM, every running sequence's in one call where the KV layout allows (static,
-paged; hf: one call per sequence, speculative_kv.py), whose d + 1 positions give the target's choice at each. Greedy keeps a drafted token exactly when it is the argmax, so the tokens equal plain decoding's;
+token and the draft go through the LLM, every running sequence's in one call where the KV layout allows (paged;
+static and hf: one call per sequence, speculative_kv.py says why), whose d + 1 positions give the target's choice
+at each. Greedy keeps a drafted token exactly when it is the argmax, so the tokens equal plain decoding's;
 sampling keeps it with speculative sampling's rule (speculative_sampling.py), so they follow the same
 distribution. The first position that differs gives the target's own token, then the cache is cut back to the
 positions kept. Each kept token is one event, as plain steps give, so EOS, stop strings and the limit end a
 sequence inside an accepted run. A step where no sequence has a draft is the scheduler's plain batched step.
 
-k adapts per sequence to its acceptance rate once k tokens were proposed (a mean accepted run of a / (1 - a) tokens is expected,
-proposing one more than that, within 1..k). The bundle's manifest says which draft (`model.speculative`, written
+k adapts per sequence to its acceptance rate once k tokens were proposed (a mean accepted run of a / (1 - a) tokens
+is expected, proposing one more than that, within 1..k). The bundle's manifest says which draft (`model.speculative`, written
 by the `speculative` pass); `Pipeline.speculative` may be set to another configuration or None.
 """
 

@@ -7,8 +7,9 @@ The LLM graph of every layout takes several new tokens after a cache (as an imag
 - static: one call per row: ONNX Runtime's GroupQueryAttention, which the static graph attends with, takes several
   new tokens after a cache for one sequence at a time; the row's length is set back, and the graph writes the next
   tokens over the rejected ones' positions;
-- paged: every running sequence in one call (`verify_all`, the drafts padded to one width); the length is set back and the blocks past it return to the pool
-  (and to the sequence's promise, so admission's worst-case accounting is unchanged).
+- paged: every running sequence in one call (`verify_all`, the drafts padded to one width); the length is set back
+  and the blocks past it return to the pool (and to the sequence's promise, so admission's worst-case accounting
+  is unchanged).
 `lower_cache` gives a sequence's cache of the first layers in the hf layout, for the early-exit draft.
 """
 
