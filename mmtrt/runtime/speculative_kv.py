@@ -69,12 +69,12 @@ class RowVerifier:
 
 
 class BlockVerifier:
-    """paged: the sequence's block table."""
+    """paged: the sequence's block table (all running sequences' in one call: `verify_all`)."""
+
+    batches = True
 
     def __init__(self, pipe):
         self.stepper = pipe.stepper
-
-    batches = True
 
     def verify(self, seq: Sequence, _row: int, embeds: np.ndarray) -> np.ndarray:
         return self.stepper.run(embeds, [seq.prep.index], last_only=False)[0]
