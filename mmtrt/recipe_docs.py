@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import typing
+
 import sys
 
 from pydantic import BaseModel
@@ -31,7 +33,16 @@ model: {source: hf, path: /path/to/a/saved/LlavaForConditionalGeneration}
 def _type_name(annotation) -> str:
     if isinstance(annotation, type):
         return "mapping" if issubclass(annotation, BaseModel) else annotation.__name__
+    if _mapping(annotation):
+        return "mapping or None"
     return str(annotation).replace("typing.", "").replace("|", "or")
+
+
+def _mapping(annotation) -> type[BaseModel] | None:
+    """The options class of a field that is one (`X`) or may be one (`X | None`)."""
+    args = typing.get_args(annotation) if type(None) in typing.get_args(annotation) else (annotation,)
+    options = [a for a in args if isinstance(a, type) and issubclass(a, BaseModel)]
+    return options[0] if options else None
 
 
 def _section(model: type[BaseModel], prefix: str) -> list[str]:
@@ -40,8 +51,8 @@ def _section(model: type[BaseModel], prefix: str) -> list[str]:
         key = f"{prefix}{name}"
         default = "required" if field.is_required() else f"`{_default(field.default)}`"
         rows.append(f"| `{key}` | {_type_name(field.annotation)} | {default} | {field.description or ''} |")
-        if isinstance(field.annotation, type) and issubclass(field.annotation, BaseModel):
-            nested.append((field.annotation, f"{key}."))
+        if _mapping(field.annotation):
+            nested.append((_mapping(field.annotation), f"{key}."))
     lines = ["| key | type | default | meaning |", "| --- | --- | --- | --- |", *rows, ""]
     for cls, sub in nested:
         lines += [f"### `{sub[:-1]}`", "", *_section(cls, sub)]

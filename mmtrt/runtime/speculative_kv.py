@@ -1,11 +1,15 @@
-"""Verification calls, rollback and the lower layers' cache per KV layout: one sequence's last token and its draft in one LLM call, then
-its cache cut back to the positions that were kept.
+"""Verification calls, rollback and the lower layers' cache per KV layout: each sequence's last token and its
+draft scored by the LLM, then its cache cut back to the positions that were kept.
 
 The LLM graph of every layout takes several new tokens after a cache (as an image prefix's question does):
-- hf: the grown arrays are sliced back to the kept length;
-- static: the row's length is set back; the graph writes the next tokens over the rejected ones' rows;
-- paged: the length is set back and the blocks past it return to the pool (and to the sequence's promise, so
-  admission's worst-case accounting is unchanged).
+- hf: one call per sequence (its own grown arrays, as its plain steps are); the arrays are sliced back to the
+  kept length;
+- static: one call per row: ONNX Runtime's GroupQueryAttention, which the static graph attends with, takes several
+  new tokens after a cache for one sequence at a time; the row's length is set back, and the graph writes the next
+  tokens over the rejected ones' positions;
+- paged: every running sequence in one call (`verify_all`, the drafts padded to one width); the length is set back
+  and the blocks past it return to the pool (and to the sequence's promise, so admission's worst-case accounting
+  is unchanged).
 `lower_cache` gives a sequence's cache of the first layers in the hf layout, for the early-exit draft.
 """
 
@@ -18,6 +22,8 @@ from mmtrt.runtime.batch import Sequence
 
 class OwnCacheVerifier:
     """hf: the sequence's own grown cache arrays."""
+
+    batches = False  # the caches differ in length: batching them would copy every one into padded arrays per step
 
     def __init__(self, pipe):
         self.pipe = pipe
@@ -40,6 +46,8 @@ class OwnCacheVerifier:
 class RowVerifier:
     """static: row `row` of the shared buffers."""
 
+    batches = False  # GroupQueryAttention refuses a batch above one with several new tokens after a cache
+
     def __init__(self, pipe):
         self.stepper = pipe.stepper
 
@@ -61,13 +69,18 @@ class RowVerifier:
 
 
 class BlockVerifier:
-    """paged: the sequence's block table."""
+    """paged: the sequence's block table (all running sequences' in one call: `verify_all`)."""
+
+    batches = True
 
     def __init__(self, pipe):
         self.stepper = pipe.stepper
 
     def verify(self, seq: Sequence, _row: int, embeds: np.ndarray) -> np.ndarray:
         return self.stepper.run(embeds, [seq.prep.index], last_only=False)[0]
+
+    def verify_all(self, active: list[Sequence], embeds: np.ndarray) -> np.ndarray:
+        return self.stepper.run(embeds, [seq.prep.index for seq in active], last_only=False)
 
     def rollback(self, seq: Sequence, _row: int, keep: int) -> None:
         self.stepper.cache.truncate(seq.prep.index, keep)

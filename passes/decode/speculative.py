@@ -3,7 +3,9 @@
 The full LLM verifies every drafted token in one call per step, so greedy output stays token for token what plain
 decoding gives and sampling keeps its distribution (mmtrt/runtime/speculative.py); what a draft changes is how many
 tokens each full forward yields. `prompt_lookup` needs no weights. `early_exit` adds a component `draft`, the LLM's
-first layers with its final norm and lm_head (early_exit_graph.py), whose weights are the LLM's own in the bundle.
+first layers with its final norm and lm_head (early_exit_graph.py), whose weights are the LLM's own in the bundle,
+and optionally an exit adapter trained here on calibration data (exit_adapter.py; its report is the pass's
+`changes.llm.adapter`, its time the build report's `pass_times_ms`).
 The manifest's `model.speculative` carries the configuration the runtime reads.
 """
 
@@ -14,7 +16,7 @@ from typing import Any
 from mmtrt.errors import UserError
 from mmtrt.ir.graph import ModelIR
 from mmtrt.pipeline.pass_base import Pass
-from passes.decode.early_exit_graph import cut_early_exit
+from passes.decode.early_exit_graph import cut_early_exit, rms_norms
 from passes.decode.speculative_config import SpeculativeConfig
 
 DRAFT = "draft"
@@ -33,15 +35,21 @@ class Speculative(Pass):
         return {**facts, "speculative": draft_facts(self.config, facts["llm"])}
 
     def run(self, ir: ModelIR) -> dict:
-        ir.config["speculative"] = runtime_config(self.config)
-        if self.config.draft == "early_exit":
-            draft = cut_early_exit(ir.components["llm"], ir.config["llm"]["num_layers"], self.config.layers, DRAFT)
+        cfg = self.config
+        ir.config["speculative"] = runtime_config(cfg)
+        facts = draft_facts(cfg, ir.config["llm"])
+        if cfg.draft == "early_exit":
+            llm, num_layers = ir.components["llm"], ir.config["llm"]["num_layers"]
+            adapter = None
+            if cfg.adapter is not None:
+                from passes.decode.exit_adapter import train
+
+                *adapter, facts["adapter"] = train(ir, rms_norms(llm.onnx, num_layers), cfg.layers, cfg.adapter)
+            draft = cut_early_exit(llm, num_layers, cfg.layers, DRAFT, adapter)
             ir.components[DRAFT] = draft
             ir.config["speculative"]["component"] = DRAFT
-        facts = draft_facts(self.config, ir.config["llm"])
-        if self.config.draft == "early_exit":
             facts.update(draft_nodes=draft.node_count(), draft_params=draft.param_count(),
-                         llm_params=ir.components["llm"].param_count())
+                         llm_params=llm.param_count())
         return {"llm": facts}
 
 
@@ -60,7 +68,17 @@ def draft_facts(config: SpeculativeConfig, llm: dict[str, Any]) -> dict[str, Any
     if config.layers >= llm["num_layers"]:
         raise UserError(f"speculative: layers {config.layers} must be fewer than the LLM's {llm['num_layers']} "
                         f"decoder layers; pick 1..{llm['num_layers'] - 1}")
-    return {"draft": config.draft, "k": config.k, "draft_params": None, "bundle_growth_bytes": None,
-            "what": f"the first {config.layers} of {llm['num_layers']} decoder layers ({config.layers / llm['num_layers']:.0%}"
-                    " of the layers' parameters), final norm and lm_head; its weights are the LLM's own in the bundle, "
-                    "which grows by the draft's graph file only"}
+    layers = (f"the first {config.layers} of {llm['num_layers']} decoder layers ({config.layers / llm['num_layers']:.0%}"
+              " of the layers' parameters)")
+    if config.adapter is None:
+        return {"draft": config.draft, "k": config.k, "draft_params": None, "bundle_growth_bytes": None,
+                "what": f"{layers}, final norm and lm_head; its weights are the LLM's own in the bundle, which grows "
+                        "by the draft's graph file only"}
+    hidden, a = llm["hidden_size"], config.adapter
+    params = hidden * hidden + hidden
+    return {"draft": config.draft, "k": config.k, "draft_params": None, "adapter_params": params,
+            "bundle_growth_bytes": None,
+            "what": f"{layers}, an exit adapter of {params:,} parameters ({4 * params:,} bytes in float32, trained at "
+                    f"compile time: {a.steps} steps of {a.batch_tokens} positions on {a.data.text_windows} windows of "
+                    f"{a.data.text} text), then the LLM's final norm and lm_head; the layers' weights are the LLM's "
+                    "own in the bundle, which grows by the adapter and the draft's graph file"}

@@ -59,6 +59,40 @@ def test_a_batch_with_different_acceptance_gives_every_request_its_solo_tokens(b
     assert [g.speculative["accepted"] for g in batch] == [0, 3, 6]  # 2: 4 in its first step, 2 in its second
 
 
+def test_one_verification_call_per_step_on_paged_with_eos_limits_and_rejection_inside_the_batch(
+        tiny_paged_bundle, rng):
+    """Paged verifies every running sequence's draft in one call, padded to the longest: requests of different
+    token limits (the padding is cut near each one's limit), one whose EOS falls inside an accepted run, one whose
+    drafts are all rejected, and one with no draft at all in some steps, each gives its solo tokens."""
+    pipe = load(tiny_paged_bundle, prefix_cache_mib=0)
+    images = [random_image(rng, 64, 64) for _ in range(4)]
+    prompts, limits = PROMPTS + PROMPTS[:1], [24, 7, 24, 13]
+    answers = [pipe.generate(i, p, 24).token_ids for i, p in zip(images, prompts)]
+    eos, pipe.model["eos_token_ids"] = pipe.model["eos_token_ids"], [answers[2][9]]
+    try:
+        solo = [pipe.generate(i, p, n).token_ids for i, p, n in zip(images, prompts, limits)]
+        assert len(solo[2]) <= 10 and solo[2][-1] == answers[2][9]
+        v = vocab(pipe)
+        drafts = [answers[0], answers[1], answers[2], [(t + 1) % v for t in answers[3]]]  # the last: all rejected
+        pipe.speculative = {"draft": PerRequest(drafts, silent={0: range(3, 9)}), "k": 8}
+        calls = []
+        run = pipe.stepper.run
+
+        def counted(embeds, seqs, last_only, *args, **kwargs):
+            calls.append((len(seqs), embeds.shape[1], last_only))
+            return run(embeds, seqs, last_only, *args, **kwargs)
+        pipe.stepper.run = counted
+        batch = pipe.generate_batch([Request(i, p, n) for i, p, n in zip(images, prompts, limits)])
+    finally:
+        pipe.model["eos_token_ids"] = eos
+    assert [g.token_ids for g in batch] == solo
+    assert batch[3].speculative["accepted"] == 0 and batch[0].speculative["accepted"] > 0
+    verifications = [(n, width) for n, width, last_only in calls if not last_only]
+    # all four at once; the request of 7 tokens holds one and may take 6 more, which caps the width at 7 (the last
+    # token and 6 drafted); once it has finished, drafts of 8 are verified whole
+    assert verifications[0] == (4, 7) and (3, 9) in verifications
+
+
 class Continuation:
     """A draft that proposes a known answer's next tokens (`shift` 0: all accepted), or tokens that differ from
     them (`shift` > 0: every one rejected)."""
@@ -75,12 +109,15 @@ class Continuation:
 
 
 class PerRequest(Continuation):
-    """Each request (by its index) drafted from an answer of its own."""
+    """Each request (by its index) drafted from an answer of its own; `silent`: the request's token counts at
+    which it proposes nothing."""
 
-    def __init__(self, answers):
-        self.answers = answers
+    def __init__(self, answers, silent=None):
+        self.answers, self.silent = answers, silent or {}
 
     def propose(self, seq, count, _row):
+        if len(seq.tokens) in self.silent.get(seq.prep.index, ()):
+            return [], None
         tokens = self.answers[seq.prep.index]
         return tokens[len(seq.tokens):len(seq.tokens) + count], None
 
