@@ -53,13 +53,15 @@ class VllmPipeline(Pipeline):
                                             python)
         self.backends["llm"] = f"vllm {self.engine.version} ({dtype}, {self.folder})"
 
-    def embed_request(self, prep: Prepared, seen: dict[str, np.ndarray] | None = None) -> Prepared:
+    def embed_request(self, prep: Prepared, seen: dict[str, np.ndarray] | None = None,
+                      between: Callable[[], None] | None = None) -> Prepared:
         """The image's features (the LLM's image rows, after the bundle's vision passes) in `prep.embeds`, and the
-        ids with the image's run cut to its own count: vLLM embeds the text itself."""
+        ids with the image's run cut to its own count: vLLM embeds the text itself. `between`: as
+        RequestInputs.embed_request's (vLLM's step between an any-resolution image's tiles)."""
         import time
 
         t1 = time.perf_counter()
-        features = self._all_features(prep, seen)
+        features = self._all_features(prep, seen, between)
         if len(features) > 1:
             raise UserError(f"the request holds {len(features)} images; vLLM is started with one image per prompt")
         if features and self.variable_tokens:

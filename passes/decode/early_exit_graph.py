@@ -18,6 +18,7 @@ import onnx
 
 from mmtrt.errors import UserError
 from mmtrt.ir.graph import Component
+from mmtrt.ir.logits import without_logits_from
 from mmtrt.ir.rewrite import cleanup, replace_uses
 
 NORMS = ("RMSNormalization", "SimplifiedLayerNormalization")
@@ -39,6 +40,7 @@ def cut_early_exit(llm: Component, num_layers: int, keep: int, name: str = "draf
                         f"decoder layers give {2 * num_layers + 1} (a fusion rewrote them); put speculative before "
                         "fuse_skip_norm and kv_layout")
     norms[-1].input[0] = norms[2 * keep].input[0]
+    without_logits_from(graph)  # one token per call: the draft's lm_head reads it whole
     for value in graph.input:  # shape arithmetic may read any layer's cache; every layer's has layer 0's shape
         if _later_layer(value.name, keep):
             replace_uses(graph, value.name, CACHE.sub(r"past.0.\3", value.name))
