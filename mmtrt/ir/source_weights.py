@@ -7,15 +7,21 @@ parameter itself, or the transpose of it the exporter folds) becomes a reference
 checkpoint's own dtype, and to the view the exporter took of it. The reference is an external data entry whose
 location names no file: the bundle writer widens the source one tensor at a time as it saves (`tensor_bytes`),
 and a pass that edits a graph takes its weights into memory first (`materialize`). The bytes are the float32
-export's to the bit, since every bfloat16 and float16 value is exactly a float32.
+export's to the bit, since every bfloat16 and float16 value is exactly a float32. A checkpoint's safetensors
+are mapped, and a page read stays resident until the kernel needs it back: once a view is widened, its source's
+pages are handed back (`release`), so writing a bundle holds one tensor of the checkpoint at a time, not all of it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import ctypes
+import functools
 import itertools
+import os
 from contextvars import ContextVar
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import onnx
@@ -40,7 +46,40 @@ class _View:
         """The view's float32 values, in one new array (the source is widened into it)."""
         out = torch.empty(self.shape, dtype=torch.float32)
         out.copy_(self.source.contiguous().as_strided(self.shape, self.strides, self.offset))
+        release(self.source)
         return out.numpy()
+
+
+_PAGEOUT = 21  # MADV_PAGEOUT (Linux 5.4+): reclaim the pages now; clean file pages are read again when touched
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
+
+
+def release(tensor: torch.Tensor) -> None:
+    """Hand back the whole pages under `tensor` when they map a file (a safetensors checkpoint); memory of the
+    process's own (a model built in memory, a pickled checkpoint) is left alone, and so is every other system."""
+    start = tensor.data_ptr()
+    first, last = -(-start // _PAGE) * _PAGE, (start + tensor.numel() * tensor.element_size()) // _PAGE * _PAGE
+    if last > first and tensor.is_contiguous() and _maps_file(first, last):
+        _libc().madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), ctypes.c_int(_PAGEOUT))
+
+
+def _maps_file(first: int, last: int) -> bool:
+    """Whether [first, last) lies in one mapping of a file (/proc/self/maps: a non-zero inode)."""
+    try:
+        lines = Path("/proc/self/maps").read_text().splitlines()
+    except OSError:
+        return False
+    for line in lines:
+        fields = line.split()
+        low, high = (int(x, 16) for x in fields[0].split("-"))
+        if low <= first and last <= high:
+            return len(fields) > 5 and fields[4] != "0"
+    return False
+
+
+@functools.cache
+def _libc():
+    return ctypes.CDLL(None)
 
 
 class _Registry:
