@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import gc
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -35,13 +36,16 @@ SIZE = (500, 300)  # 2,015 prompt tokens on LLaVA-OneVision's any-resolution gri
 PROMPT_TOKENS: dict[str, set[int]] = {}  # engine -> the prompt lengths it counted (text and image tokens)
 
 
-def checkpoint(work: Path, layers) -> Path:
+def checkpoint(work: Path, layers, dtype: str = "float32") -> Path:
+    """The random checkpoint, its weights stored in `dtype` (bfloat16 halves the pages a compile maps; every
+    engine computes in the dtype it is given either way, and mmtrt's bundles are float32)."""
+    import torch
     from random_checkpoint import write_checkpoint
     from scale_models import MODELS
 
     folder = work / "checkpoint"
     if not (folder / "config.json").is_file():
-        write_checkpoint(folder, *MODELS["onevision-0.5b"](layers))
+        write_checkpoint(folder, *MODELS["onevision-0.5b"](layers), dtype=getattr(torch, dtype))
     return folder
 
 
@@ -49,13 +53,26 @@ def mmtrt_cli(*args: str) -> None:
     subprocess.run([sys.executable, "-m", "mmtrt.cli", *args], check=True, stdout=subprocess.DEVNULL)
 
 
+# A CPU host runs every component on ONNX Runtime: TensorRT forms of the graphs (a copy of the LLM's for a
+# kv_layout) would only cost the compile memory
+ON_THE_CPU = "partition: {vision: [onnxruntime], embed: [onnxruntime], llm: [onnxruntime]}\n"
 RECIPES = {  # passes after the model; every recipe's envelope is sized for the clients measured
     "bare": "",
     "static": "passes:\n  - kv_layout: {layout: static}\n",
     "int4": "passes:\n  - awq_int4: {}\n  - kv_layout: {layout: static}\n",
+    "int8": "passes:\n  - int8_weights: {components: [vision], activations: dynamic}\n"
+            "  - kv_layout: {layout: static}\n",
+    # the recipe that holds zoo:dino-smollm's budgets (docs/results/int8-activations.md), AWQ's search or not
+    "best": "passes:\n  - awq_int4: {group_size: 32, symmetric: false, zero_point: float}\n"
+            "  - int8_weights: {components: [vision], activations: dynamic}\n  - kv_layout: {layout: static}\n",
+    "best_rtn": "passes:\n  - awq_int4: {method: rtn, group_size: 32, symmetric: false, zero_point: float}\n"
+                "  - int8_weights: {components: [vision], activations: dynamic}\n  - kv_layout: {layout: static}\n",
 }
 LABELS = {"bare": "mmtrt, bare recipe (lossless, hf KV layout)", "static": "mmtrt, kv_layout static (lossless)",
-          "int4": "mmtrt, awq_int4 + kv_layout static"}
+          "int4": "mmtrt, awq_int4 + kv_layout static",
+          "int8": "mmtrt, vision int8 dynamic + kv_layout static",
+          "best": "mmtrt, awq_int4 g32 + vision int8 dynamic + static",
+          "best_rtn": "mmtrt, int4 g32 (RTN) + vision int8 dynamic + static"}
 
 
 def compiled(work: Path, source: Path, name: str, batch: int) -> tuple[Path, float]:
@@ -64,17 +81,17 @@ def compiled(work: Path, source: Path, name: str, batch: int) -> tuple[Path, flo
     if (bundle / "manifest.json").is_file():
         return bundle, 0.0
     recipe.write_text(f"model: {{source: hf, path: {source}}}\n{RECIPES[name]}"
-                      f"envelope:\n  batch: {{min: 1, opt: 1, max: {batch}}}\n")
+                      f"envelope:\n  batch: {{min: 1, opt: 1, max: {batch}}}\n{ON_THE_CPU}")
     started = time.perf_counter()
     mmtrt_cli("compile", str(recipe), "-o", str(bundle), "--force")
     return bundle, time.perf_counter() - started
 
 
-def exported(work: Path, bundle: Path) -> Path:
-    """The bundle's Hugging Face folder, which vLLM loads."""
+def exported(work: Path, source: Path, batch: int) -> Path:
+    """The bare bundle's Hugging Face folder, which vLLM loads (the bundle compiled for it where it is gone)."""
     folder = work / "hf"
     if not (folder / "config.json").is_file():
-        mmtrt_cli("export", "hf", str(bundle), str(folder))
+        mmtrt_cli("export", "hf", str(compiled(work, source, "bare", batch)[0]), str(folder))
     return folder
 
 
@@ -110,6 +127,8 @@ def measure_mmtrt(args, source: Path, rng) -> tuple[list[tuple], dict[str, float
     rows, compiles, facts = [], {}, {}
     for name in args.recipes:
         bundle, compiles[name] = compiled(args.work, source, name, max(args.clients))
+        if name == "bare" and args.dtypes:
+            exported(args.work, source, max(args.clients))
         pipe = load(bundle, threads=args.threads, spin=False)
         facts = {"ids": placeholder_ids(pipe, PROMPT), "model": pipe.model, "total": pipe.dims["total"]["max"]}
         loop = ServingLoop(pipe, max(args.clients))
@@ -121,6 +140,8 @@ def measure_mmtrt(args, source: Path, rng) -> tuple[list[tuple], dict[str, float
             loop.close()
         del pipe, loop
         gc.collect()
+        if args.discard_bundles:
+            shutil.rmtree(bundle)
     return rows, compiles, facts
 
 
@@ -147,22 +168,25 @@ def main() -> int:
     parser.add_argument("--work", type=Path, required=True)
     parser.add_argument("--out", type=Path)
     parser.add_argument("--layers", type=int, nargs=2, help="vision and LLM layers, for a cheaper trial")
+    parser.add_argument("--checkpoint-dtype", choices=["float32", "bfloat16"], default="float32",
+                        help="the random checkpoint's stored dtype")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--clients", type=int, nargs="+", default=[1, 8])
     parser.add_argument("--dtypes", nargs="*", default=["float32", "bfloat16"], help="vLLM's (none: mmtrt alone)")
     parser.add_argument("--recipes", nargs="+", default=["bare", "static"], choices=sorted(RECIPES),
                         help="mmtrt's (vLLM runs the bare bundle's export)")
+    parser.add_argument("--discard-bundles", action="store_true",
+                        help="delete each bundle once measured (a real-size bundle is 3.6 GB of disk)")
     args = parser.parse_args()
     os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{args.threads - 1}"  # all the cores mmtrt gets: none reserved
     args.work.mkdir(parents=True, exist_ok=True)
-    source, rng = checkpoint(args.work, args.layers), np.random.default_rng(0)
+    source, rng = checkpoint(args.work, args.layers, args.checkpoint_dtype), np.random.default_rng(0)
     rows, compiles, facts = measure_mmtrt(args, source, rng)
     if args.dtypes:
-        rows += measure_vllm(args, exported(args.work, compiled(args.work, source, "bare", max(args.clients))[0]),
-                             facts, rng)
+        rows += measure_vllm(args, exported(args.work, source, max(args.clients)), facts, rng)
     if args.out:
         write_table(args, rows, compiles)
     return 0
@@ -188,21 +212,23 @@ def write_table(args, rows, compiles: dict[str, float]) -> None:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=ROOT).stdout.strip()
     shape = f"{args.layers[0]} vision + {args.layers[1]} LLM layers" if args.layers else "all 26 + 24 layers"
-    command = "PYTHONPATH=. python scripts/bench_vllm_cpu.py --work DIR --out docs/results/vllm-cpu.md" + (
-        f" --layers {args.layers[0]} {args.layers[1]}" if args.layers else "")
+    command = "PYTHONPATH=. python scripts/bench_vllm_cpu.py " + " ".join(
+        "DIR" if a == str(args.work) else "FILE.md" if a == str(args.out) else a for a in sys.argv[1:])
     lines = [
         "# mmtrt against vLLM on the same CPU", "",
         f"Date: {time.strftime('%Y-%m-%d')}. Commit: {commit}. Machine: 2-core x86-64 VM (AVX-512), 24 GB, no GPU. "
         f"Command: `{command}`.", "",
         f"A random-weight LLaVA-OneVision-0.5B ({shape}: SigLIP so400m/14 at 384, Qwen2-0.5B, vocabulary 151,936), "
-        f"float32 weights. Every request: one {SIZE[0]}x{SIZE[1]} image, the prompt \"{PROMPT}\", {NEW_TOKENS} new "
-        f"tokens, greedy. {args.threads} threads for every engine (ONNX Runtime not spinning; vLLM bound to the same "
-        f"cores), OMP_WAIT_POLICY=PASSIVE. mmtrt runs each bundle in the serving loop `mmtrt serve` runs (requests "
-        "join between decode steps; a prefill beside running ones goes in pieces of 256 tokens): "
-        + "; ".join(recipe_line(n, s) for n, s in compiles.items()) + ". vLLM runs `mmtrt export hf` of the bare bundle "
-        "with its own preprocessing and vision tower, eager (no torch.compile). \"unseen\": every request's image is "
-        "new to both engines; \"repeated\": the image of an earlier request (both engines cache the encoder's output "
-        f"by content). TTFT: the best of {args.repeats} runs with one client, the median over clients with eight; "
+        f"{args.checkpoint_dtype} weights (mmtrt's bundles float32). Every request: one {SIZE[0]}x{SIZE[1]} image, "
+        f"the prompt \"{PROMPT}\", {NEW_TOKENS} new tokens, greedy. {args.threads} threads for every engine (ONNX "
+        "Runtime not spinning; vLLM bound to the same cores), OMP_WAIT_POLICY=PASSIVE. mmtrt runs each bundle in the "
+        "serving loop `mmtrt serve` runs (requests join between decode steps; beside running ones a prefill goes in "
+        "pieces of 256 tokens and the image's encoder a tile per call): "
+        + "; ".join(recipe_line(n, s) for n, s in compiles.items())
+        + ". vLLM runs `mmtrt export hf` of the bare bundle with its own preprocessing and vision tower, eager (no "
+        "torch.compile). \"unseen\": every request's image is new to both engines; \"repeated\": the image of an "
+        f"earlier request (both engines cache the encoder's output by content). TTFT: the best of {args.repeats} "
+        "runs with one client, the median over clients with eight; "
         "decode: the median per request of (last token - first token) / (tokens - 1). Ratios: vLLM's time over "
         "mmtrt's, and mmtrt's tokens/s over vLLM's; above 1 is mmtrt ahead. Prompt tokens per request as each "
         "engine counted them: " + "; ".join(f"{k} {', '.join(map(str, sorted(v)))}" for k, v in PROMPT_TOKENS.items())

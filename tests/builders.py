@@ -209,7 +209,7 @@ def graph_logits_as_checkpoint(bundle, ids, table, positions) -> np.ndarray:
     read back must reproduce. `positions`: the position_ids feed, [1, n] or M-RoPE's [3, 1, n]."""
     llm = json.loads((bundle / "manifest.json").read_text())["model"]["llm"]
     feeds = {"inputs_embeds": table[ids][None].astype(np.float32), "attention_mask": np.ones((1, len(ids)), np.int64),
-             "position_ids": positions,
+             "position_ids": positions, "logits_from": np.zeros(1, np.int64),
              **{f"past.{i}.{kind}": np.zeros((1, llm["num_kv_heads"], 0, llm["head_dim"]), np.float32)
                 for i in range(llm["num_layers"]) for kind in ("key", "value")}}
     options = session_options(None, spin=False, exact_int4=True)
@@ -294,7 +294,8 @@ def w4a16_shapes(shapes: dict, group: int) -> dict[str, tuple[int, ...]]:
 def tiny_llm_feeds(rng) -> dict[str, np.ndarray]:
     """Random inputs of zoo:tiny-llava's LLM graph: 7 new positions after 3 cached ones (4 layers, 2 KV heads of 32)."""
     feeds = {"inputs_embeds": rng.normal(size=(1, 7, 128)).astype(np.float32),
-             "attention_mask": np.ones((1, 10), np.int64), "position_ids": np.arange(3, 10, dtype=np.int64)[None]}
+             "attention_mask": np.ones((1, 10), np.int64), "position_ids": np.arange(3, 10, dtype=np.int64)[None],
+             "logits_from": np.zeros(1, np.int64)}
     for i in range(4):
         for kind in ("key", "value"):
             feeds[f"past.{i}.{kind}"] = rng.normal(size=(1, 2, 3, 32)).astype(np.float32)
@@ -345,7 +346,10 @@ def fake_quantized(source, model: onnx.ModelProto, linears_expected: int):
     linears = {k: v for k, v in dequantized_linears(model).items() if k.startswith("llm.")}
     assert len(linears) == linears_expected, sorted(linears)
     for name, (w, x) in linears.items():
-        norm = inits[producer[x].input[1]] if producer[x].op_type == "RMSNormalization" else None
+        made = producer[x]
+        if made.op_type == "Slice":  # the lm_head reads the final norm's rows from logits_from on
+            made = producer[made.input[0]]
+        norm = inits[made.input[1]] if made.op_type == "RMSNormalization" else None
         parts = name.split(".")
         if parts[1] == "lm_head":
             module, norm_module = ref.lm_head, lm.norm

@@ -50,6 +50,8 @@ def _values(name: str, dtype: str, shape: list[int], sizes: dict[str, int], voca
         return rng.integers(0, vocab, size=shape, dtype=np.int64)
     if name == "attention_mask":
         return np.ones(shape, NUMPY[dtype])
+    if name == "logits_from":  # every position's logits
+        return np.zeros(shape, NUMPY[dtype])
     if name == "position_ids":
         return np.broadcast_to(np.arange(sizes["past"], sizes["past"] + sizes["seq"]), shape).astype(NUMPY[dtype])
     return rng.standard_normal(shape).astype(NUMPY[dtype])

@@ -52,15 +52,17 @@ class VllmPipeline(Pipeline):
             raise
         self.backends["llm"] = f"vllm {self.engine.version} ({dtype}, {self.folder})"
 
-    def embed_request(self, prep: Prepared, seen: dict[str, np.ndarray] | None = None) -> Prepared:
+    def embed_request(self, prep: Prepared, seen: dict[str, np.ndarray] | None = None,
+                      between: Callable[[], None] | None = None) -> Prepared:
         """The image's vLLM inputs in `prep.embeds`: its features (the LLM's image rows, after the bundle's vision
         passes) as `image_embeds`, and a Qwen2-VL image's grid as `image_grid_thw`, from which vLLM sets the M-RoPE
         positions the bundle's runtime sets; the ids with the image's run cut to its own count: vLLM embeds the
-        text itself."""
+        text itself. `between`: as RequestInputs.embed_request's (vLLM's step between an any-resolution image's
+        tiles)."""
         import time
 
         t1 = time.perf_counter()
-        features = self._all_features(prep, seen)
+        features = self._all_features(prep, seen, between)
         if len(features) > 1:
             raise UserError(f"the request holds {len(features)} images; vLLM is started with one image per prompt")
         if features and self.variable_tokens:

@@ -19,6 +19,7 @@ from transformers.cache_utils import DynamicCache
 
 from mmtrt.errors import UserError
 from mmtrt.ir import source_weights
+from mmtrt.ir.logits import slice_logits
 
 OPSET = 23
 _device: ContextVar[str] = ContextVar("export_device", default="cpu")
@@ -180,4 +181,10 @@ def export_decoder(llava, num_layers: int, kv_heads: int, head_dim: int, hidden:
     }
     inputs = ["inputs_embeds", "attention_mask", "position_ids", *kv_names(num_layers, "past")]
     outputs = ["logits", *kv_names(num_layers, "present")]
-    return _export(DecoderWithCache(llava).eval(), example, dims, inputs, outputs)
+    return with_logits_from(_export(DecoderWithCache(llava).eval(), example, dims, inputs, outputs))
+
+
+def with_logits_from(model: onnx.ModelProto) -> onnx.ModelProto:
+    """The decoder's lm_head on the positions from its input `logits_from` on (mmtrt/ir/logits.py)."""
+    slice_logits(model.graph, "llm")
+    return model

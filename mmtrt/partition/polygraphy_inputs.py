@@ -34,6 +34,8 @@ def _value(name, dtype, shape, sizes, rng):
         return rng.integers(0, VOCAB_SIZE, size=shape).astype(dtype)
     if name == "attention_mask":
         return np.ones(shape, dtype)
+    if name == "logits_from":  # every position's logits
+        return np.zeros(shape, dtype)
     if name == "position_ids":
         return np.broadcast_to(np.arange(sizes["past"], sizes["past"] + sizes["seq"]), shape).astype(dtype)
     return rng.standard_normal(shape).astype(dtype)

@@ -152,10 +152,7 @@ def analyse(pipe, pixels: np.ndarray, ids: np.ndarray, threads: int | None = 1) 
     text = embeds[0][ids[0] != pipe.model["image_token_id"]]
     merged = pipe.embed(ids, features)
     llm_probe = ProbeSession(pipe.path, pipe.manifest["components"]["llm"]["artifact"], threads)
-    cache = pipe.empty_cache(1)
-    seq = merged.shape[1]
-    llm_out = llm_probe.run({"inputs_embeds": merged, "attention_mask": np.ones((1, seq), np.int64),
-                             "position_ids": np.arange(seq, dtype=np.int64)[None], **cache})
+    llm_out = llm_probe.run(pipe.hf.feeds(merged, pipe.empty_cache(1), None, 0, last_only=True))
     result = {
         "vision": layer_stats(vision_out, vision_probe.layers),
         "llm": layer_stats(llm_out, llm_probe.layers),

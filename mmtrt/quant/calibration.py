@@ -26,6 +26,7 @@ from mmtrt.errors import UserError
 from mmtrt.eval import userdata
 from mmtrt.ir.facts import item_tokens
 from mmtrt.ir.graph import ModelIR
+from mmtrt.ir.logits import LOGITS_FROM
 from mmtrt.progress import track
 from mmtrt.quant.session import session
 
@@ -294,4 +295,6 @@ def _llm_feeds(ir: ModelIR, seqs: list[Sequence]) -> dict[str, np.ndarray]:
     for spec in ir.components["llm"].inputs:
         if spec.name.startswith("past."):
             feeds[spec.name] = empty
+        elif spec.name == LOGITS_FROM:  # every position's, as the lm_head's calibration reads them all
+            feeds[spec.name] = np.zeros(1, np.int64)
     return feeds

@@ -17,6 +17,8 @@ from typing import Callable, Iterable
 import onnx
 from onnx import TensorProto
 
+from mmtrt.ir.logits import LOGITS_FROM
+
 NORMS = frozenset({"RMSNormalization", "LayerNormalization", "SimplifiedLayerNormalization",
                    "SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "GroupNormalization"})
 JOINS = frozenset({"Add", "Sub", "Sum"})
@@ -192,6 +194,9 @@ def _absorber(index: GraphIndex, by_node: dict, group: Group) -> tuple[str, obje
     if {id(n) for n in readers} != {id(lin.node) for lin in group.linears} or group.input in index.outputs:
         return None
     node = index.producer.get(group.input)
+    if node is not None and node.op_type == "Slice" and node.input[1:2] == [LOGITS_FROM] \
+            and len(index.consumers.get(node.input[0], [])) == 1 and node.input[0] not in index.outputs:
+        node = index.producer.get(node.input[0])  # the lm_head reads the final norm's rows from logits_from on
     if node is None:
         return None
     if node.op_type in ("RMSNormalization", "LayerNormalization") and all(

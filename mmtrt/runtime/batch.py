@@ -135,11 +135,12 @@ class StaticStepper:
     def save_prefix(self, row: int, tokens: int) -> list[np.ndarray]:
         return self.cache.save_row(row, tokens)
 
-    def run_all(self, embeds: np.ndarray, positions: np.ndarray | None = None, delta: int = 0) -> np.ndarray:
+    def run_all(self, embeds: np.ndarray, positions: np.ndarray | None = None, delta: int = 0,
+                last_only: bool = False) -> np.ndarray:
         """Rows 0..batch-1 from their lengths on (positions shifted by `delta` unless given); the logits of every
-        position."""
+        position, or of the last one."""
         self.cache.deltas[:embeds.shape[0]] = delta
-        return self.run(embeds, 0, embeds.shape[0], last_only=False, positions=positions)
+        return self.run(embeds, 0, embeds.shape[0], last_only=last_only, positions=positions)
 
     def run(self, embeds: np.ndarray, start: int, count: int, last_only: bool,
             positions: np.ndarray | None = None) -> np.ndarray:

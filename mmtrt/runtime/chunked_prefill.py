@@ -55,5 +55,5 @@ def chunked_own_cache(pipe, embeds: np.ndarray, positions: np.ndarray | None, to
     cache = pipe.empty_cache()
     logits = None
     for piece in pieces(embeds.shape[1], tokens if between else embeds.shape[1], between):
-        logits, cache = pipe.step(embeds[:, piece], cache, _part(positions, piece))
+        logits, cache = pipe.step(embeds[:, piece], cache, _part(positions, piece), last_only=True)
     return logits[0, -1], cache

@@ -134,10 +134,11 @@ class PagedStepper:
         slots = self.cache.slots(seq, 0, tokens)
         return [self.cache.host[past][slots] for past, _ in self.cache.names]
 
-    def run_all(self, embeds: np.ndarray, positions: np.ndarray | None = None, delta: int = 0) -> np.ndarray:
+    def run_all(self, embeds: np.ndarray, positions: np.ndarray | None = None, delta: int = 0,
+                last_only: bool = False) -> np.ndarray:
         seqs = self.direct[:embeds.shape[0]]
         self.cache.deltas.update(dict.fromkeys(seqs, delta))
-        return self.run(embeds, seqs, last_only=False, positions=positions)
+        return self.run(embeds, seqs, last_only=last_only, positions=positions)
 
     def run(self, embeds: np.ndarray, seqs: list[int], last_only: bool,
             positions: np.ndarray | None = None) -> np.ndarray:

@@ -24,6 +24,7 @@ from mmtrt.runtime.batch import Prepared, Request, Sequence, StaticStepper
 from mmtrt.runtime.chunked_prefill import PREFILL_CHUNK
 from mmtrt.runtime.encoder_cache import EncoderCache
 from mmtrt.runtime.executors import TRTLLM, component_runner, engine_choices, llm_engine_choice
+from mmtrt.runtime.hf_cache import HfLayout, grown
 from mmtrt.runtime.kv import StaticCache, cache_device, cache_providers
 from mmtrt.runtime.paged import PagedCache, PagedStepper
 from mmtrt.runtime.prefix import PrefixCache
@@ -113,6 +114,7 @@ class Pipeline(RequestInputs):
         self.backends = {name: "+".join(r.providers) for name, r in self.runners.items()}
         self.backends["preprocess"] = "numpy" if covers(self.preprocess_spec) else "torchvision"
         self.stepper = self._static_stepper() if self.kv and "llm" in self.runners else None
+        self.hf = HfLayout(self.specs["llm"], self.model["llm"])
         self.prefixes = PrefixCache(prefix_cache_mib)
         self.encoder_cache = EncoderCache(encoder_cache_mib)
         self.decoding = threading.Lock()  # held by the one Scheduler driving the KV cache
@@ -176,30 +178,17 @@ class Pipeline(RequestInputs):
         if self.stepper:
             self.stepper.reset(batch)
             return self.stepper.cache
-        llm = self.model["llm"]
-        shape = (batch, llm["num_kv_heads"], 0, llm["head_dim"])
-        return {s.name: np.zeros(shape, np.float32) for s in self.specs["llm"] if s.name.startswith("past.")}
+        return self.hf.empty(batch)
 
-    def step(self, embeds: np.ndarray, cache, positions: np.ndarray | None = None,
-             delta: int = 0) -> tuple[np.ndarray, Any]:
-        """One LLM call from the cache's length on: returns the logits of every position and the grown cache.
-        Positions count on from the cache's length plus `delta` (M-RoPE's rope delta), unless given."""
+    def step(self, embeds: np.ndarray, cache, positions: np.ndarray | None = None, delta: int = 0,
+             last_only: bool = False) -> tuple[np.ndarray, Any]:
+        """One LLM call from the cache's length on: returns the logits of every position (of the last one only
+        where `last_only`) and the grown cache. Positions count on from the cache's length plus `delta` (M-RoPE's
+        rope delta), unless given."""
         if self.stepper:
-            return self.stepper.run_all(embeds, positions, delta), cache
-        past = next(iter(cache.values())).shape[2]
-        batch, seq = embeds.shape[:2]
-        if positions is None:
-            spec = next(s for s in self.specs["llm"] if s.name == "position_ids")  # [3, batch, seq] under M-RoPE
-            positions = np.broadcast_to(np.arange(past, past + seq, dtype=np.int64) + delta,
-                                        spec.shape[:-2] + (batch, seq))
-        feeds = {
-            "inputs_embeds": embeds,
-            "attention_mask": np.ones((batch, past + seq), np.int64),
-            "position_ids": np.ascontiguousarray(positions),
-            **cache,
-        }
-        out = self._run("llm", feeds)
-        return out["logits"], {k.replace("present.", "past."): v for k, v in out.items() if k.startswith("present.")}
+            return self.stepper.run_all(embeds, positions, delta, last_only), cache
+        out = self._run("llm", self.hf.feeds(embeds, cache, positions, delta, last_only))
+        return out["logits"], grown(out)
 
     def generate(self, image, prompt: str, max_new_tokens: int | None = None, raw_prompt: bool = False,
                  sampling: SamplingParams | None = None, on_delta: Callable[[Delta], None] | None = None) -> Generation:

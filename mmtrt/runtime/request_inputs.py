@@ -1,10 +1,17 @@
 """A request's inputs, before the LLM: the prompt's ids through the chat template, each image's pixels and
 features (tiled, by patches, or at one size), the image-token run fitted to each image's own count, and the image
-prefix's key. `Pipeline` takes these methods; they read its manifest, tokenizer, runners and KV stepper."""
+prefix's key. `Pipeline` takes these methods; they read its manifest, tokenizer, runners and KV stepper.
+
+An any-resolution image's tiles are independent inputs of the vision encoder (its batch), so a request admitted
+beside running ones is encoded `vision_chunk` tiles per call with the running ones' decode step between calls
+(`between`), as its prefill is chunked (chunked_prefill.py): the admission then stalls their tokens for one call,
+not for the whole encoder.
+"""
 
 from __future__ import annotations
 
 import time
+from typing import Callable
 
 import numpy as np
 from PIL import Image
@@ -12,6 +19,7 @@ from PIL import Image
 from mmtrt.preprocess.anyres import grid_tiles, pack
 from mmtrt.errors import UserError
 from mmtrt.runtime.batch import Prepared, Request
+from mmtrt.runtime.chunked_prefill import pieces
 from mmtrt.runtime.encoder_cache import encoder_key
 from mmtrt.runtime.image_bounds import check_image
 from mmtrt.runtime.image_file import open_image
@@ -24,6 +32,8 @@ from mmtrt.runtime.sampling import SamplingParams
 
 class RequestInputs:
     """What can be refused before the encoders run (`check`, on any thread), then the embedding (`embed_request`)."""
+
+    vision_chunk = 1  # tiles per vision call of an image encoded while other sequences run
 
     def prompt_ids(self, prompt: str, raw_prompt: bool = False, images: int = 1, text_spans=()) -> list[int]:
         """`text_spans` of a raw prompt: a client's text in it (special tokens split, see Request)."""
@@ -62,12 +72,14 @@ class RequestInputs:
                             f"bundle takes at most {self.anyres['max_tiles']}; pass a smaller image or recompile "
                             "with a larger envelope.image.max_tiles")
 
-    def image_features(self, pixels: np.ndarray, size: tuple[int, int] | None = None) -> np.ndarray:
+    def image_features(self, pixels: np.ndarray, size: tuple[int, int] | None = None,
+                       between: Callable[[], None] | None = None) -> np.ndarray:
         """The image's tokens [1, count, D]: under a dynamic budget the first `image_token_count` of the block;
-        for an any-resolution model its tiles' features packed by the image's (height, width) `size`."""
+        for an any-resolution model its tiles' features packed by the image's (height, width) `size`, its tiles
+        encoded `vision_chunk` at a time with `between()` after every call but the last where given."""
         if self.family:
             return self._run("vision", self.family.vision_feeds(pixels))["image_features"]
-        out = self._run("vision", {"pixel_values": pixels})
+        out = self._tiles(pixels, between) if self.anyres and between else self._run("vision", {"pixel_values": pixels})
         if self.anyres:
             if size is None:
                 raise ValueError("an any-resolution model's image features need the image's (height, width)")
@@ -75,6 +87,12 @@ class RequestInputs:
         if not self.dynamic_tokens:
             return out["image_features"]
         return out["image_features"][:, :int(out["image_token_count"][0])]
+
+    def _tiles(self, pixels: np.ndarray, between: Callable[[], None]) -> dict[str, np.ndarray]:
+        """The vision outputs of the tiles in pieces, joined along the tiles."""
+        outs = [self._run("vision", {"pixel_values": pixels[piece]})
+                for piece in pieces(len(pixels), self.vision_chunk, between)]
+        return {name: np.concatenate([out[name] for out in outs]) for name in outs[0]}
 
     def encode_image(self, image, ids: list[int]) -> tuple[list[int], np.ndarray]:
         """The image's features [1, count, D] and `ids` (from `prompt_ids`) with the expanded placeholder cut to
@@ -130,11 +148,16 @@ class RequestInputs:
                 self.stepper.check(prep)
         return prep
 
-    def embed_request(self, prep: Prepared, seen: dict[str, np.ndarray] | None = None) -> Prepared:
+    def embed_request(self, prep: Prepared, seen: dict[str, np.ndarray] | None = None,
+                      between: Callable[[], None] | None = None) -> Prepared:
         """Embed a checked request: the vision encoder is skipped when the image's prefix is stored, or when the
-        encoder cache or `seen` (by `encoder_key`, filled here) has the same pixels' features already."""
-        t1 = time.perf_counter()
-        features = self._all_features(prep, seen) if self.variable_tokens else None
+        encoder cache or `seen` (by `encoder_key`, filled here) has the same pixels' features already.
+        `between`: what runs between the vision calls of an any-resolution image's tiles (the running sequences'
+        decode step); its time is not counted in the request's `vision_ms`."""
+        t1, aside = time.perf_counter(), [0.0]
+        if between is not None:
+            between = _timed(between, aside)
+        features = self._all_features(prep, seen, between) if self.variable_tokens else None
         if features is not None:
             prep.ids = self.fit_image_tokens(prep.ids, [f.shape[1] for f in features]) if features else prep.ids
             if self.family:
@@ -147,10 +170,10 @@ class RequestInputs:
             prep.embeds, prep.prefix = self.embed(np.array([prep.ids[prep.prefix_len:]], np.int64)), stored
         else:
             if features is None:
-                features = self._all_features(prep, seen)
+                features = self._all_features(prep, seen, between)
             prep.embeds = self.embed(np.array([prep.ids], np.int64),
                                      np.concatenate(features, axis=1) if features else None)
-        prep.timings["vision_ms"], prep.pixels = 1e3 * (time.perf_counter() - t1), []
+        prep.timings["vision_ms"], prep.pixels = 1e3 * (time.perf_counter() - t1 - aside[0]), []
         return prep
 
     @property
@@ -165,8 +188,9 @@ class RequestInputs:
         keyed = b"".join(self._keyed(p, size) for p, size in zip(prep.pixels, prep.sizes))
         prep.prefix_key = prefix_key(keyed, prep.ids, n) if n else None
 
-    def _all_features(self, prep: Prepared, seen: dict[str, np.ndarray] | None) -> list[np.ndarray]:
-        return [self._features(p, size, seen) for p, size in zip(prep.pixels, prep.sizes)]
+    def _all_features(self, prep: Prepared, seen: dict[str, np.ndarray] | None,
+                      between: Callable[[], None] | None = None) -> list[np.ndarray]:
+        return [self._features(p, size, seen, between) for p, size in zip(prep.pixels, prep.sizes)]
 
     def _keyed(self, pixels, size: tuple[int, int]) -> bytes:
         """What identifies an image's features: its pixels (a Qwen2-VL image's patches with its grid), and for an
@@ -174,15 +198,25 @@ class RequestInputs:
         key = pixels.tobytes()
         return key + np.asarray(size, np.int64).tobytes() if self.anyres else key
 
-    def _features(self, pixels, size: tuple[int, int], seen: dict[str, np.ndarray] | None) -> np.ndarray:
+    def _features(self, pixels, size: tuple[int, int], seen: dict[str, np.ndarray] | None,
+                  between: Callable[[], None] | None) -> np.ndarray:
         """The image's features from `seen` (this batch's), the encoder cache (every request's), or the encoder."""
         key = encoder_key(self.hash, pixels, size if self.anyres else None)
         features = seen.get(key) if seen is not None else None
         if features is None and self.encoder_cache.limit:
             features = self.encoder_cache.get(key)
         if features is None:
-            features = self.image_features(pixels, size)
+            features = self.image_features(pixels, size, between)
             self.encoder_cache.put(key, features)
         if seen is not None:
             seen[key] = features
         return features
+
+
+def _timed(between: Callable[[], None], spent: list[float]) -> Callable[[], None]:
+    """`between`, adding its seconds to spent[0]."""
+    def run() -> None:
+        t0 = time.perf_counter()
+        between()
+        spent[0] += time.perf_counter() - t0
+    return run

@@ -6,7 +6,8 @@ out): it holds `max_queue` requests beyond the batch places free now, since a bu
 no overload. Between decode steps the loop thread cancels what was cancelled, admits queued requests while the
 scheduler has places (the vision encoder runs then, the encoder and image-prefix caches shared by every request;
 the prefills of the admitted ones in one LLM call where the KV layout allows it), and decodes one token for every
-running sequence. Each step's `Delta`s go to the requests' handles (iterate one) or callbacks.
+running sequence. While sequences run, an admission's any-resolution image is encoded a tile per call and its
+prefill runs in pieces, each followed by their decode step, so an admission never stalls them for long. Each step's `Delta`s go to the requests' handles (iterate one) or callbacks.
 """
 
 from __future__ import annotations
@@ -191,7 +192,8 @@ class ServingLoop:
             embedded = []
             for handle in group:
                 try:
-                    embedded.append((handle, self.pipe.embed_request(handle.prep)))
+                    between = self._step if self.scheduler.active else None
+                    embedded.append((handle, self.pipe.embed_request(handle.prep, between=between)))
                 except Exception as exc:  # this request's failure (its places are already free); the others run on
                     self._fail(handle, exc)
             if not embedded:

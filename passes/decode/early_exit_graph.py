@@ -20,6 +20,7 @@ import onnx
 
 from mmtrt.errors import UserError
 from mmtrt.ir.graph import Component
+from mmtrt.ir.logits import without_logits_from
 from mmtrt.ir.rewrite import cleanup, replace_uses
 from passes.decode.exit_adapter import attach
 
@@ -53,6 +54,7 @@ def cut_early_exit(llm: Component, num_layers: int, keep: int, name: str = "draf
         norms[-1].input[0] = norms[2 * keep].input[0]
     else:
         attach(model, norms[2 * keep].input[0], norms[-1], *adapter)
+    without_logits_from(graph)  # one token per call: the draft's lm_head reads it whole
     for value in graph.input:  # shape arithmetic may read any layer's cache; every layer's has layer 0's shape
         if _later_layer(value.name, keep):
             replace_uses(graph, value.name, CACHE.sub(r"past.0.\3", value.name))

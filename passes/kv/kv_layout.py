@@ -7,8 +7,8 @@ into `com.microsoft.GroupQueryAttention` over a buffer `[batch, H_kv, capacity, 
 attention is causal up to that length, and nothing is copied. The rotary embedding stays the graph's own ONNX
 `RotaryEmbedding`, applied to the 3-D projections, so positions come from `position_ids` exactly as before.
 
-The lm_head runs on the positions from `logits_from` on (the runtime asks for the last one in prefill and for all
-of them where perplexity or parity needs them). The manifest's `model.kv_cache` says how to drive the graph.
+The lm_head runs on the positions from `logits_from` on (mmtrt/ir/logits.py: the exporter's graph takes it; one
+lowered before it did gets it here). The manifest's `model.kv_cache` says how to drive the graph.
 """
 
 from __future__ import annotations
@@ -20,6 +20,7 @@ from onnx import TensorProto, helper
 
 from mmtrt.errors import UserError
 from mmtrt.ir.graph import ModelIR
+from mmtrt.ir.logits import LOGITS_FROM, lm_head, slice_logits, takes_logits_from
 from mmtrt.ir.rewrite import attr, cleanup, import_domain, producers
 from mmtrt.pipeline.pass_base import Pass
 from passes.kv.cache_type import adopt_reduced_cache, cache_in_fp16
@@ -31,7 +32,7 @@ CACHE_TYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16"}
 NO_BF16 = ("kv_layout: a bfloat16 KV cache does not run: ONNX Runtime's CPU GroupQueryAttention has no bfloat16 "
            "kernel (1.31) and the runtimes hold float32 or float16 buffers; use cast_precision dtype fp16 "
            "(or cache_dtype fp16 on an fp32 LLM)")
-SEQLENS, TOTAL, LOGITS_FROM = "seqlens_k", "total_sequence_length", "logits_from"
+SEQLENS, TOTAL = "seqlens_k", "total_sequence_length"
 
 
 class KvLayout(Pass):
@@ -60,7 +61,8 @@ class KvLayout(Pass):
         rewrite = rewrite_attention if self.config.layout == "static" else self._paged
         layers = rewrite(model.graph, ir.config["llm"])
         import_domain(model, "com.microsoft")
-        head = slice_logits(model.graph)
+        head = (lm_head(model.graph).name if takes_logits_from(model.graph)
+                else slice_logits(model.graph, "kv_layout"))
         if reduced is None and self.config.cache_dtype == "fp16":
             cache_in_fp16(model.graph, self.config.layout)
         model = cleanup(model)
@@ -208,28 +210,6 @@ def _single(consumers, name: str, op: str) -> onnx.NodeProto:
     if len(users) != 1 or users[0].op_type != op:
         raise UserError(f"kv_layout: {name} should feed one {op}; found {[u.op_type for u in users]}")
     return users[0]
-
-
-def slice_logits(graph: onnx.GraphProto) -> str:
-    """Run the lm_head on positions logits_from.. only: Slice its input on the sequence axis."""
-    prods = producers(graph)
-    head = prods["logits"]
-    while head.op_type == "Cast":
-        head = prods[head.input[0]]
-    hidden = head.input[0]
-    sliced = f"{hidden}.from"
-    graph.node.extend([
-        helper.make_node("Constant", [], ["kv_layout.logits_end"], value=helper.make_tensor(
-            "end", TensorProto.INT64, [1], [2**62])),
-        helper.make_node("Constant", [], ["kv_layout.seq_axis"], value=helper.make_tensor(
-            "axis", TensorProto.INT64, [1], [1])),
-        helper.make_node("Slice", [hidden, LOGITS_FROM, "kv_layout.logits_end", "kv_layout.seq_axis"], [sliced],
-                         name="kv_layout.logits_from"),
-    ])
-    head.input[0] = sliced
-    graph.input.append(helper.make_tensor_value_info(LOGITS_FROM, TensorProto.INT64, [1]))
-    _set_dim(next(o for o in graph.output if o.name == "logits"), 1, "logits_seq")
-    return head.name or head.op_type
 
 
 def _drop_unused_inputs(graph: onnx.GraphProto) -> None:

@@ -26,7 +26,7 @@ def llm_feeds(bundle, embeds):
     llm = json.loads((bundle / "manifest.json").read_text())["model"]["llm"]
     seq = embeds.shape[1]
     feeds = {"inputs_embeds": embeds, "attention_mask": np.ones((1, seq), np.int64),
-             "position_ids": np.arange(seq, dtype=np.int64)[None]}
+             "position_ids": np.arange(seq, dtype=np.int64)[None], "logits_from": np.zeros(1, np.int64)}
     for i in range(llm["num_layers"]):
         for kind in ("key", "value"):
             feeds[f"past.{i}.{kind}"] = np.zeros((1, llm["num_kv_heads"], 0, llm["head_dim"]), np.float32)

@@ -78,7 +78,7 @@ def _llm_feeds(embeds, tiny):
     cfg = tiny[0].config.text_config
     seq = embeds.shape[1]
     feeds = {"inputs_embeds": embeds, "attention_mask": np.ones((1, seq), np.int64),
-             "position_ids": np.arange(seq, dtype=np.int64)[None]}
+             "position_ids": np.arange(seq, dtype=np.int64)[None], "logits_from": np.zeros(1, np.int64)}
     head_dim = cfg.hidden_size // cfg.num_attention_heads
     for i in range(cfg.num_hidden_layers):
         for kind in ("key", "value"):

@@ -131,7 +131,7 @@ def lowered_tiny(tiny_bundle, dtype):
 def llm_feeds(rng, hidden=128, layers=4, kv_heads=2, head_dim=32, past=20, seq=12):
     feeds = {"inputs_embeds": rng.normal(size=(1, seq, hidden)).astype(np.float32),
              "attention_mask": np.ones((1, past + seq), np.int64),
-             "position_ids": np.arange(past, past + seq)[None]}
+             "position_ids": np.arange(past, past + seq)[None], "logits_from": np.zeros(1, np.int64)}
     for i in range(layers):
         for kind in ("key", "value"):
             feeds[f"past.{i}.{kind}"] = rng.normal(size=(1, kv_heads, past, head_dim)).astype(np.float32)

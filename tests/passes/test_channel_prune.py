@@ -56,11 +56,11 @@ def llm_steps(model, embeds, kv_heads):
              for i in range(layers) for kind in ("key", "value")}
     names = [o.name for o in sess.get_outputs()]
     feeds = {"inputs_embeds": embeds, "attention_mask": np.ones((batch, seq), np.int64),
-             "position_ids": np.tile(np.arange(seq), (batch, 1)), **cache}
+             "position_ids": np.tile(np.arange(seq), (batch, 1)), "logits_from": np.zeros(1, np.int64), **cache}
     out = dict(zip(names, sess.run(None, feeds)))
     cache = {k.replace("present.", "past."): v for k, v in out.items() if k.startswith("present.")}
     step = {"inputs_embeds": embeds[:, -1:], "attention_mask": np.ones((batch, seq + 1), np.int64),
-            "position_ids": np.full((batch, 1), seq), **cache}
+            "position_ids": np.full((batch, 1), seq), "logits_from": np.zeros(1, np.int64), **cache}
     return out["logits"], sess.run(["logits"], step)[0]
 
 

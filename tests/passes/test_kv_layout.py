@@ -66,7 +66,8 @@ def test_polygraphy_gets_no_generic_loader_for_a_layout_cache_and_says_why(stati
 def _hf_call(sess, embeds, past_len, past):
     batch, seq = embeds.shape[:2]
     feeds = {"inputs_embeds": embeds, "attention_mask": np.ones((batch, past_len + seq), np.int64),
-             "position_ids": np.tile(np.arange(past_len, past_len + seq), (batch, 1)), **past}
+             "position_ids": np.tile(np.arange(past_len, past_len + seq), (batch, 1)),
+             "logits_from": np.zeros(1, np.int64), **past}
     return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
 
 

@@ -6,6 +6,7 @@ import copy
 
 import numpy as np
 import onnxruntime as ort
+import pytest
 from onnx import numpy_helper
 
 from mmtrt.backends.onnxruntime_backend import session_options
@@ -57,3 +58,51 @@ def test_int8_vision_matches_numpy_dequantized_weights(tiny, rng):
     got, want = _run(ir.components["vision"].onnx, pixels), _run(reference, pixels)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5)
     assert not np.allclose(got, _run(float_vision, pixels), rtol=1e-4, atol=1e-5)
+
+
+def _weight_codes(w: np.ndarray) -> np.ndarray:
+    """numpy's int8 codes of w times their per-column scales."""
+    w_scales = np.abs(w).max(axis=0).astype(np.float32).astype(np.float64) / 127
+    return np.clip(np.rint(w / w_scales), -127, 127) * w_scales
+
+
+def _per_tensor(x: np.ndarray) -> np.ndarray:
+    """ONNX's DynamicQuantizeLinear on x (uint8, one scale for the tensor, the range widened to hold 0), dequantized."""
+    x = x.astype(np.float64)
+    scale = (max(x.max(), 0) - min(x.min(), 0)) / 255
+    zero = np.clip(np.rint(-min(x.min(), 0) / scale), 0, 255)
+    return (np.clip(np.rint(x / scale) + zero, 0, 255) - zero) * scale
+
+
+def _per_token(x: np.ndarray) -> np.ndarray:
+    """Each row on its own symmetric grid of 255 steps (max|row| / 127), dequantized."""
+    scale = np.abs(x).max(axis=-1, keepdims=True) / np.float32(127)
+    return np.clip(np.rint(x / scale), -127, 127).astype(np.float64) * scale
+
+
+@pytest.mark.parametrize("activations, quantized, ops", [
+    ("dynamic", _per_tensor, ["DynamicQuantizeMatMul", "Relu", "DynamicQuantizeMatMul"]),
+    ("per_token", _per_token, ["MatMulInteger", "Relu", "MatMulInteger"])])
+def test_quantized_activations_give_the_integer_product_of_the_quantized_input(rng, activations, quantized, ops):
+    """Two linears with a Relu between: each multiplies its input, quantized at run time per tensor or per row,
+    by the int8 weight, exactly up to float rounding."""
+    from onnx import TensorProto, helper
+
+    from builders import make_model
+    from mmtrt.quant.int8_weights import int8_weight_linears
+
+    w1, w2 = rng.normal(size=(48, 64)).astype(np.float32), rng.normal(size=(64, 32)).astype(np.float32)
+    model = make_model([helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("Relu", ["h"], ["r"]),
+                        helper.make_node("MatMul", ["r", "w2"], ["y"])],
+                       [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 5, 48])],
+                       [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], [("w1", w1), ("w2", w2)])
+    report = int8_weight_linears(model, "vision", lambda name: True, activations)
+    assert report["linears_quantized"] == 2 and report["activations"] == activations
+    assert [n.op_type for n in model.graph.node if n.op_type in {*ops, "MatMul"}] == ops
+    x = rng.normal(size=(2, 5, 48)).astype(np.float32) + 0.5
+    x[1, 2] *= 30  # one token far larger than the others
+    got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+    hidden = np.maximum(quantized(x) @ _weight_codes(w1), 0).astype(np.float32)
+    want = quantized(hidden) @ _weight_codes(w2)
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+    assert not np.allclose(got, np.maximum(x @ w1, 0) @ w2, rtol=1e-4, atol=1e-4 * np.abs(want).max())

@@ -39,7 +39,8 @@ def grown_logits(hf_model, embeds_per_step):
                     for i in sess.get_inputs() if i.name.startswith("past.")}
         length = next(iter(past.values())).shape[2]
         result = sess.run(None, {"inputs_embeds": embeds, "attention_mask": np.ones((batch, length + seq), np.int64),
-                                 "position_ids": np.tile(np.arange(length, length + seq), (batch, 1)), **past})
+                                 "position_ids": np.tile(np.arange(length, length + seq), (batch, 1)),
+                                 "logits_from": np.zeros(1, np.int64), **past})
         named = dict(zip([o.name for o in sess.get_outputs()], result))
         past = {k.replace("present.", "past."): v for k, v in named.items() if k.startswith("present.")}
         out.append(named["logits"])

@@ -89,6 +89,7 @@ def test_fp16_vision_and_llm_stay_close(qwen, rng):
     llm_feeds = {"inputs_embeds": rng.normal(size=(1, 9, llm["hidden_size"])).astype(np.float32),
                  "attention_mask": np.ones((1, 9), np.int64),
                  "position_ids": np.stack([np.arange(9), np.arange(9) // 2, np.arange(9) % 3])[:, None],
+                 "logits_from": np.zeros(1, np.int64),
                  **{s.name: np.zeros((1, llm["num_kv_heads"], 0, llm["head_dim"]), np.float32)
                     for s in pipe.specs["llm"] if s.name.startswith("past.")}}
     for name, feeds, output in (("vision", vision_feeds, "image_features"), ("llm", llm_feeds, "logits")):

@@ -74,7 +74,7 @@ class GrowingCache:
     def step(self, embeds, positions):
         total = next(iter(self.past.values())).shape[2] + embeds.shape[1]
         names = [o.name for o in self.session.get_outputs()]
-        out = dict(zip(names, self.session.run(None, {"inputs_embeds": embeds, "position_ids": positions,
+        out = dict(zip(names, self.session.run(None, {"inputs_embeds": embeds, "position_ids": positions, "logits_from": np.zeros(1, np.int64),
                                                       "attention_mask": np.ones((1, total), np.int64),
                                                       **self.past})))
         self.past = {k.replace("present.", "past."): v for k, v in out.items() if k.startswith("present.")}

@@ -24,7 +24,7 @@ from onnx import helper
 from torch.export import Dim
 
 from mmtrt.ir import source_weights
-from mmtrt.ir.export import DecoderWithCache, _export, kv_names
+from mmtrt.ir.export import DecoderWithCache, _export, kv_names, with_logits_from
 from mmtrt.ir.rewrite import attr
 
 WINDOW_INPUTS = ("window_index", "window_reverse", "window_id")
@@ -158,4 +158,4 @@ def export_decoder(model, num_layers: int, kv_heads: int, head_dim: int, hidden:
     }
     inputs = ["inputs_embeds", "attention_mask", "position_ids", *kv_names(num_layers, "past")]
     outputs = ["logits", *kv_names(num_layers, "present")]
-    return _export(DecoderWithCache(model).eval(), example, dims, inputs, outputs)
+    return with_logits_from(_export(DecoderWithCache(model).eval(), example, dims, inputs, outputs))

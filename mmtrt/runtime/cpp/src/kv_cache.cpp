@@ -14,14 +14,17 @@ const json& kv_facts(const Manifest& manifest) {
   return found == model.end() || found->is_null() ? none : *found;
 }
 
-// The grown copy of the exporter's graph; a fresh (empty) cache at each open.
+// The grown copy of the exporter's graph; a fresh (empty) cache at each open. A graph that takes logits_from
+// (bundles compiled since it existed) runs the lm_head on the last position only.
 class HfKvCache : public KvCache {
  public:
   explicit HfKvCache(const Manifest& manifest) {
     const json& llm = manifest.raw.at("model").at("llm");
     shape_ = {1, llm.at("num_kv_heads").get<int64_t>(), 0, llm.at("head_dim").get<int64_t>()};
-    for (const auto& spec : manifest.inputs.at("llm"))
+    for (const auto& spec : manifest.inputs.at("llm")) {
       if (spec.name.rfind("past.", 0) == 0) names_.push_back(spec.name);
+      if (spec.name == "logits_from") logits_from_ = {0};
+    }
   }
 
   void open(int64_t) override {
@@ -40,6 +43,11 @@ class HfKvCache : public KvCache {
     position_value_ = host_tensor(positions_, {1, seq});
     feeds["attention_mask"] = mask_value_;
     feeds["position_ids"] = position_value_;
+    if (!logits_from_.empty()) {
+      logits_from_[0] = seq - 1;
+      logits_from_value_ = host_tensor(logits_from_, {1});
+      feeds["logits_from"] = logits_from_value_;
+    }
     for (const auto& [name, value] : past_) feeds[name] = value;
   }
 
@@ -54,8 +62,8 @@ class HfKvCache : public KvCache {
   std::vector<std::string> names_;
   Tensors past_;
   int64_t length_ = 0;
-  std::vector<int64_t> mask_, positions_;
-  Ort::Value mask_value_{nullptr}, position_value_{nullptr};
+  std::vector<int64_t> mask_, positions_, logits_from_;  // logits_from_: empty where the graph does not take it
+  Ort::Value mask_value_{nullptr}, position_value_{nullptr}, logits_from_value_{nullptr};
 };
 
 struct CacheType {
