@@ -194,17 +194,6 @@ def copy_fields(src, dst, skip: str) -> None:
             setattr(dst, field.name, value)
 
 
-def in_memory(model: onnx.ModelProto) -> onnx.ModelProto:
-    """`model` with every weight in the graph, for a session made from its bytes: `model` itself, or a copy with
-    its referenced weights taken in."""
-    if not any(is_reference(t) for t in model.graph.initializer):
-        return model
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    materialize(copy)
-    return copy
-
-
 def array(tensor: onnx.TensorProto) -> np.ndarray:
     """`numpy_helper.to_array`, for an initializer that may refer to its source."""
     if not is_reference(tensor):

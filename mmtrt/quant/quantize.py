@@ -22,7 +22,7 @@ from mmtrt.ir import source_weights
 from mmtrt.quant.awq import (GroupStats, ModuleLoss, OwnLoss, ScaleResult, effective_weight, scaled_blocks, search_clip,
                              search_scale)
 from mmtrt.quant.layer_rewrite import GroupPlan, LayerRewrite
-from mmtrt.quant.layerwise import captured
+from mmtrt.quant.layerwise import captured, give_back_freed_memory
 from mmtrt.quant.linears import GraphIndex, Group, find_linears, region_inputs
 from mmtrt.quant.lowering import GPTQ, QuantizedLinear, Settings, sig
 
@@ -47,6 +47,7 @@ def quantize_component(model: onnx.ModelProto, component: str, batches: list[dic
     for chunk, stats in _calibrate(model, index, groups, batches, settings):
         searched = time.perf_counter()
         for group in chunk:
+            give_back_freed_memory()  # what the layer's calibration session or the last search freed
             ws = [source_weights.array(index.initializers[lin.weight]).T.astype(np.float32) for lin in group.linears]
             plan, report = _search(model, index, group, ws, stats.pop(group.input), settings)
             del ws
@@ -112,6 +113,8 @@ def _chunk_stats(chunk: list[Group], needs: dict[str, list[str]], runs, settings
 
 def _search(model, index, group: Group, ws: list[np.ndarray], stats: GroupStats,
             settings: Settings) -> tuple[GroupPlan, dict]:
+    blocks = stats.blocks() if settings.method == "awq" and settings.clip else None
+    gram = stats.gram if settings.needs_hessian else None
     loss = ModuleLoss(model, index, group, ws, stats.feeds) if group.region else OwnLoss(ws, stats)
     grid = settings.grid
     if settings.method in SCALED:
@@ -121,7 +124,7 @@ def _search(model, index, group: Group, ws: list[np.ndarray], stats: GroupStats,
         result = ScaleResult(np.ones(group.linears[0].k, np.float32), 0.0, err, err, loss.energy)
     clips = [None] * len(ws)
     if settings.method == "awq" and settings.clip:
-        blocks = scaled_blocks(stats.blocks(), result.scale)
+        blocks = scaled_blocks(blocks, result.scale)
         clips = [None if lin.role in NO_CLIP_ROLES else search_clip(w * result.scale, blocks, grid)
                  for lin, w in zip(group.linears, ws)]
     final = loss([effective_weight(w, result.scale, grid, c) for w, c in zip(ws, clips)])
@@ -142,5 +145,5 @@ def _search(model, index, group: Group, ws: list[np.ndarray], stats: GroupStats,
     hessian = None
     if settings.needs_hessian:
         inv = 1.0 / result.scale.astype(np.float64)
-        hessian = stats.gram * inv[:, None] * inv[None, :]
+        hessian = gram * inv[:, None] * inv[None, :]
     return GroupPlan(result.scale, clips, hessian), report
