@@ -15,6 +15,17 @@ from PIL import Image
 
 from mmtrt.backends.onnxruntime_backend import session_options
 from mmtrt.ir.rewrite import attr
+from mmtrt.zoo import tiny_anyres
+from mmtrt.zoo.tiny_llava import build_tiny_llava
+from mmtrt.zoo.tiny_qwen2_vl import build_tiny_qwen2_vl
+
+TINY_FAMILIES = {  # every model family's tiny model: name -> () -> (model, processor)
+    "llava": build_tiny_llava,
+    "llava_next": tiny_anyres.build_tiny_llava_next,
+    "llava_onevision": tiny_anyres.build_tiny_llava_onevision,
+    "qwen2_vl": lambda: build_tiny_qwen2_vl("qwen2_vl"),
+    "qwen2_5_vl": lambda: build_tiny_qwen2_vl("qwen2_5_vl"),
+}
 
 
 def random_image(rng: np.random.Generator, height: int, width: int) -> Image.Image:

@@ -162,7 +162,7 @@ def save_onnx(model: onnx.ModelProto, path: Path, threshold: int, stored: Stored
                 if raw is not None and source_weights.is_reference(tensor):
                     source_weights.materialize_one(kept, raw)
                 continue
-            _copy_fields(tensor, kept, skip="raw_data")
+            source_weights.copy_fields(tensor, kept, skip="raw_data")
             del kept.external_data[:]
             kept.data_location = onnx.TensorProto.EXTERNAL
             entries = stored.same(tensor, raw) if stored else None
@@ -201,22 +201,9 @@ _BYTES_OVERHEAD = sys.getsizeof(b"")
 
 def _without_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
     shell = onnx.ModelProto()
-    _copy_fields(model, shell, skip="graph")
-    _copy_fields(model.graph, shell.graph, skip="initializer")
+    source_weights.copy_fields(model, shell, skip="graph")
+    source_weights.copy_fields(model.graph, shell.graph, skip="initializer")
     return shell
-
-
-def _copy_fields(src, dst, skip: str) -> None:
-    """Every field of message `src` set on `dst` except `skip`."""
-    for field, value in src.ListFields():
-        if field.name == skip:
-            continue
-        if field.is_repeated:
-            getattr(dst, field.name).extend(value)
-        elif field.type == field.TYPE_MESSAGE:
-            getattr(dst, field.name).CopyFrom(value)
-        else:
-            setattr(dst, field.name, value)
 
 
 def write_artifacts(ir: ModelIR, folder: Path, threshold: int, stored: StoredTensors) -> dict[str, dict[str, Any]]:

@@ -205,29 +205,32 @@ def transposed(tensor: onnx.TensorProto) -> onnx.TensorProto:
 
 
 def checkable(model: onnx.ModelProto) -> onnx.ModelProto:
-    """`model` for the ONNX checker, which reads every initializer's bytes: its referenced weights declared as
-    graph inputs of the same type and shape instead (the copy holds no weights that are not in `model`)."""
-    references = [t for t in model.graph.initializer if is_reference(t)]
-    if not references:
+    """`model` for the ONNX checker, which reads every initializer's bytes and serializes the model (2 GB at most):
+    its referenced and large weights (as the export would have referred to) declared as graph inputs of the same
+    type and shape instead, in a copy that holds none of them."""
+    large = {t.name for t in model.graph.initializer if is_reference(t) or int(np.prod(t.dims)) > SMALL}
+    if not large:
         return model
     copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    kept = [t for t in copy.graph.initializer if not is_reference(t)]
-    del copy.graph.initializer[:]
-    copy.graph.initializer.extend(kept)
-    copy.graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, t.dims) for t in references)
+    copy_fields(model, copy, skip="graph")
+    copy_fields(model.graph, copy.graph, skip="initializer")
+    copy.graph.initializer.extend(t for t in model.graph.initializer if t.name not in large)
+    copy.graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, t.dims)
+                            for t in model.graph.initializer if t.name in large)
     return copy
 
 
-def in_memory(model: onnx.ModelProto) -> onnx.ModelProto:
-    """`model` with every weight in the graph, for a session made from its bytes: `model` itself, or a copy with
-    its referenced weights taken in."""
-    if not any(is_reference(t) for t in model.graph.initializer):
-        return model
-    copy = onnx.ModelProto()
-    copy.CopyFrom(model)
-    materialize(copy)
-    return copy
+def copy_fields(src, dst, skip: str) -> None:
+    """Every field of message `src` set on `dst` except `skip`."""
+    for field, value in src.ListFields():
+        if field.name == skip:
+            continue
+        if field.is_repeated:
+            getattr(dst, field.name).extend(value)
+        elif field.type == field.TYPE_MESSAGE:
+            getattr(dst, field.name).CopyFrom(value)
+        else:
+            setattr(dst, field.name, value)
 
 
 def array(tensor: onnx.TensorProto) -> np.ndarray:

@@ -18,6 +18,9 @@ class Pass:
     provides: ClassVar[frozenset[str]] = frozenset()
     removes: ClassVar[frozenset[str]] = frozenset()
     lossy: ClassVar[bool] = False
+    # True: the pass reads its components' weights where they still refer to the source model
+    # (mmtrt/ir/source_weights.py), so the runner does not take them into memory first
+    reads_source_weights: ClassVar[bool] = False
 
     def __init__(self, config: PassConfig):
         self.config = config

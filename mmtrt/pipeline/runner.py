@@ -67,11 +67,11 @@ def component_stats(ir: ModelIR, names) -> dict[str, dict[str, int]]:
 
 
 def run_passes(passes: list[Pass], ir: ModelIR, instruments: list[Instrument]) -> list[dict]:
-    """Run each pass with every instrument around it, its components' weights in memory; returns one report per
-    pass."""
+    """Run each pass with every instrument around it, its components' weights in memory (unless the pass reads
+    them from the source model itself); returns one report per pass."""
     reports = []
     for i, p in enumerate(passes):
-        for name in p.components:
+        for name in () if p.reads_source_weights else p.components:
             if ir.components[name].onnx is not None:
                 source_weights.materialize(ir.components[name].onnx)
         before = component_stats(ir, p.components)

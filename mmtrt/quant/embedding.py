@@ -12,6 +12,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from mmtrt.errors import UserError
+from mmtrt.ir import source_weights
 
 
 def quantize_rows(table: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -33,7 +34,7 @@ def int8_embedding(model: onnx.ModelProto) -> dict:
     gather = onnx.NodeProto()
     gather.CopyFrom(graph.node[position])
     table = inits[gather.input[0]]
-    values = numpy_helper.to_array(table)
+    values = source_weights.array(table)
     q, scales = quantize_rows(values)
     name, out = table.name, gather.output[0]
     new = [numpy_helper.from_array(q, f"{name}.int8"),
@@ -48,8 +49,7 @@ def int8_embedding(model: onnx.ModelProto) -> dict:
     del graph.node[position]
     for offset, node in enumerate(nodes):
         graph.node.insert(position + offset, node)
-    remaining = [t for t in graph.initializer if t.name != name] + new
-    del graph.initializer[:]
-    graph.initializer.extend(remaining)
+    del graph.initializer[next(i for i, t in enumerate(graph.initializer) if t.name == name)]
+    graph.initializer.extend(new)
     return {"embedding": "int8 per row", "bytes_before": values.nbytes,
             "bytes_after": q.nbytes + scales.astype(values.dtype).nbytes, "rows": int(values.shape[0])}

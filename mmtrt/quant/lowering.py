@@ -12,11 +12,10 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from mmtrt.ir.rewrite import import_domain
 from mmtrt.quant.gptq import gptq_quantize, output_error
 from mmtrt.quant.int4 import (Grid, dequantize_groups, dequantize_linear_nodes, matmulnbits_node,
                               matmulnbits_offset_nodes)
-from mmtrt.quant.linears import Group, Linear
+from mmtrt.quant.linears import Linear
 from mmtrt.quant.mixed import keep_float
 
 GPTQ = ("gptq", "awq_gptq")  # methods that round with GPTQ's error compensation
@@ -36,6 +35,9 @@ class Settings:
     act_order: bool = False  # GPTQ's columns by decreasing Hessian diagonal, with static groups
     # the task's sensitivity of each linear, from {name: (float weight, dequantized INT4) [N, K]}; None: own error
     sensitivity: Callable[[dict[str, tuple[np.ndarray, np.ndarray]]], dict[str, float]] | None = None
+    # QuantizedLinear keeps its integers and scales (the TensorRT-LLM checkpoint reads them); False drops them as
+    # each linear is written, so that a component's quantized weights are held once, in its graph
+    keep_arrays: bool = True
 
     @property
     def needs_hessian(self) -> bool:
@@ -44,71 +46,62 @@ class Settings:
 
 @dataclass
 class QuantizedLinear:
-    """One lowered linear: W ~ dequant(q, scales, zero points) applied to x * prequant (prequant None: x as is)."""
+    """One lowered linear: W ~ dequant(q, scales, zero points) applied to x * prequant (prequant None: x as is).
+    q, scales and zero points are None unless `Settings.keep_arrays`."""
+
+    linear: Linear
+    q: np.ndarray | None
+    scales: np.ndarray | None
+    zero_points: np.ndarray | None
+    prequant: np.ndarray | None
+    stored_bytes: int  # of the lowering's initializers (packed weights, scales, zero points) in the graph
+
+
+@dataclass
+class Candidate:
+    """A linear rounded to INT4 with its lowered nodes and initializers, before the float budget decides."""
 
     linear: Linear
     q: np.ndarray
     scales: np.ndarray
     zero_points: np.ndarray | None
     prequant: np.ndarray | None
-    stored_bytes: int  # of the lowering's initializers (packed weights, scales, zero points) in the graph
+    dtype: np.dtype  # the graph's float type, which the weight is stored in
+    nodes: list[onnx.NodeProto]
+    initializers: list[onnx.TensorProto]
+    error: dict[str, float] | None  # own output error of RTN and of the rounding, when a Hessian was given
+
+    def quantized(self, stored: list[onnx.TensorProto], keep_arrays: bool) -> QuantizedLinear:
+        arrays = (self.q, self.scales, self.zero_points) if keep_arrays else (None, None, None)
+        return QuantizedLinear(self.linear, *arrays, self.prequant, sum(len(t.raw_data) for t in stored))
 
 
-def lower_linears(model: onnx.ModelProto, groups: list[Group], clips: list[list[np.ndarray | None]],
-                  prequant: list[np.ndarray | None], settings: Settings,
-                  hessians: list[np.ndarray | None] | None = None) -> tuple[list[QuantizedLinear], dict]:
-    """Quantize each linear's (scaled) weight (GPTQ when the method says so, else to nearest with its clip ratios),
-    keep the most sensitive ones in float within the budget, and replace the others' MatMuls by the lowering.
-    Returns them and, when Hessians were given, the report's `own_output_rel_mse`, `kept_float` and (with a task
-    sensitivity) `task_sensitivity`."""
-    inits = {t.name: t for t in model.graph.initializer}
-    hessians = hessians or [None] * len(groups)
-    candidates, errors = [], {}
-    for group, group_clips, pre, h in zip(groups, clips, prequant, hessians):
-        for lin, clip in zip(group.linears, group_clips):
-            w = numpy_helper.to_array(inits[lin.weight]).T.astype(np.float32)
-            q, scales, zp = (gptq_quantize(w, h, settings.grid, settings.act_order) if settings.method in GPTQ
-                             else settings.grid.quantize(w, clip))
-            if h is not None:
-                final = dequantize_groups(q, scales, zp, settings.grid.group)
-                errors[lin.name] = {"rtn": sig(output_error(w, settings.grid.fake(w), h)),
-                                    "final": sig(output_error(w, final, h))}
-            dtype = helper.tensor_dtype_to_np_dtype(inits[lin.weight].data_type)
-            candidates.append((lin, q, scales, zp, pre, _lower(lin, q, scales.astype(dtype), zp, settings)))
-    kept, scores = _kept(inits, candidates, errors, settings) if settings.float_budget else ([], None)
-    replaced, new, quantized = {}, {}, []
-    for lin, q, scales, zp, pre, (nodes, lowered) in candidates:
-        if lin.name in kept:
-            if settings.float_dtype == "float16":
-                replaced[lin.output], stored = _fp16_weight(lin, inits[lin.weight])
-                new[stored.name] = stored
-            continue
-        replaced[lin.output] = nodes
-        lowered = [t for t in lowered if t.name not in new]  # shared group indicators are stored once
-        new.update((t.name, t) for t in lowered)
-        quantized.append(QuantizedLinear(lin, q, scales, zp, pre, sum(len(t.raw_data) for t in lowered)))
-    replace_nodes(model, {i: replaced[n.output[0]] for i, n in enumerate(model.graph.node)
-                           if n.op_type == "MatMul" and n.output[0] in replaced}, list(new.values()))
-    if settings.lowering == "matmulnbits":
-        import_domain(model, "com.microsoft")
-    report = {"own_output_rel_mse": errors} if errors else {}
-    if settings.float_budget:
-        report["kept_float"] = sorted(kept)
-    if scores is not None:
-        report["task_sensitivity"] = {name: sig(v) for name, v in scores.items()}
-    return quantized, report
+def round_linear(lin: Linear, weight: np.ndarray, x_input: str, clip: np.ndarray | None, prequant: np.ndarray | None,
+                 hessian: np.ndarray | None, settings: Settings) -> Candidate:
+    """Quantize the linear's (scaled) weight `[K, N]` in the graph's float type (GPTQ when the method says so, else
+    to nearest with its clip ratios) and lower it to read `x_input`."""
+    w = weight.T.astype(np.float32)
+    q, scales, zp = (gptq_quantize(w, hessian, settings.grid, settings.act_order) if settings.method in GPTQ
+                     else settings.grid.quantize(w, clip))
+    error = None
+    if hessian is not None:
+        final = dequantize_groups(q, scales, zp, settings.grid.group)
+        error = {"rtn": sig(output_error(w, settings.grid.fake(w), hessian)), "final": sig(output_error(w, final, hessian))}
+    nodes, inits = _lower(lin, x_input, q, scales.astype(weight.dtype), zp, settings)
+    return Candidate(lin, q, scales, zp, prequant, weight.dtype, nodes, inits, error)
 
 
-def _kept(inits: dict[str, onnx.TensorProto], candidates: list, errors: dict,
-          settings: Settings) -> tuple[list[str], dict[str, float] | None]:
+def kept_float(candidates: list[Candidate], weight: Callable[[Linear], np.ndarray],
+               settings: Settings) -> tuple[list[str], dict[str, float] | None]:
     """The linears the budget keeps in float and, with a task sensitivity, each linear's score. By own output
     error: the largest first. By task sensitivity: the largest score per byte kept first (the knapsack's greedy
-    order: the budget buys the most sensitivity it can)."""
-    extra = {lin.name: _extra_bytes(inits[lin.weight], lin, form[1], settings) for lin, *_, form in candidates}
+    order: the budget buys the most sensitivity it can). `weight`: a linear's float weight `[K, N]`."""
+    extra = {c.linear.name: _extra_bytes(c, settings) for c in candidates}
     if settings.sensitivity is None:
-        return keep_float([(name, errors[name]["final"], b) for name, b in extra.items()], settings.float_budget), None
-    lowered = {lin.name: (numpy_helper.to_array(inits[lin.weight]).T.astype(np.float32),
-                          dequantize_groups(q, scales, zp, settings.grid.group)) for lin, q, scales, zp, *_ in candidates}
+        return keep_float([(c.linear.name, c.error["final"], extra[c.linear.name]) for c in candidates],
+                          settings.float_budget), None
+    lowered = {c.linear.name: (weight(c.linear).T.astype(np.float32),
+                               dequantize_groups(c.q, c.scales, c.zero_points, settings.grid.group)) for c in candidates}
     scores = settings.sensitivity(lowered)
     density = [(name, scores[name] / max(b, 1), b) for name, b in extra.items()]
     return keep_float(density, settings.float_budget), scores
@@ -119,48 +112,48 @@ def sig(x: float) -> float:
     return float(f"{x:.4g}")
 
 
-def _extra_bytes(weight: onnx.TensorProto, lin: Linear, lowered: list[onnx.TensorProto], settings: Settings) -> int:
+def _extra_bytes(c: Candidate, settings: Settings) -> int:
     """Bytes a linear adds by staying in float: its float weight less its lowering's initializers."""
-    stored = 2 if settings.float_dtype == "float16" else helper.tensor_dtype_to_np_dtype(weight.data_type).itemsize
-    return lin.k * lin.n * stored - sum(len(t.raw_data) for t in lowered)
+    stored = 2 if settings.float_dtype == "float16" else c.dtype.itemsize
+    return c.linear.k * c.linear.n * stored - sum(len(t.raw_data) for t in c.initializers)
 
 
-def _fp16_weight(lin: Linear, weight: onnx.TensorProto) -> tuple[list[onnx.NodeProto], onnx.TensorProto]:
-    """A kept linear whose weight is stored in fp16 and cast to the graph's type in front of its MatMul (a constant
-    that ONNX Runtime and TensorRT fold when they load the graph)."""
-    stored = numpy_helper.from_array(numpy_helper.to_array(weight).astype(np.float16), f"{lin.name}.fp16_weight")
-    cast = helper.make_node("Cast", [stored.name], [f"{lin.name}.weight_cast"], to=weight.data_type,
-                            name=f"{lin.name}.weight_cast")
-    matmul = helper.make_node("MatMul", [lin.input, cast.output[0]], [lin.output], name=lin.node.name)
+def fp16_weight(lin: Linear, x_input: str, weight: np.ndarray) -> tuple[list[onnx.NodeProto], onnx.TensorProto]:
+    """A kept linear whose weight (`[K, N]` in the graph's float type) is stored in fp16 and cast to the graph's
+    type in front of its MatMul (a constant that ONNX Runtime and TensorRT fold when they load the graph)."""
+    stored = numpy_helper.from_array(weight.astype(np.float16), f"{lin.name}.fp16_weight")
+    cast = helper.make_node("Cast", [stored.name], [f"{lin.name}.weight_cast"],
+                            to=helper.np_dtype_to_tensor_dtype(weight.dtype), name=f"{lin.name}.weight_cast")
+    matmul = helper.make_node("MatMul", [x_input, cast.output[0]], [lin.output], name=lin.node.name)
     return [cast, matmul], stored
 
 
-def _lower(lin: Linear, q, scales, zp, settings: Settings) -> tuple[list[onnx.NodeProto], list[onnx.TensorProto]]:
+def _lower(lin: Linear, x_input: str, q, scales, zp, settings: Settings) -> tuple[list[onnx.NodeProto],
+                                                                                 list[onnx.TensorProto]]:
     if settings.grid.float_zero_point:
-        return matmulnbits_offset_nodes(lin.name, lin.input, q, scales, zp, lin.k, lin.n, settings.grid.group,
+        return matmulnbits_offset_nodes(lin.name, x_input, q, scales, zp, lin.k, lin.n, settings.grid.group,
                                         settings.accuracy_level, output=lin.output)
     if settings.lowering == "matmulnbits":
-        node, inits = matmulnbits_node(lin.name, lin.input, q, scales, zp, lin.k, lin.n, settings.grid.group,
+        node, inits = matmulnbits_node(lin.name, x_input, q, scales, zp, lin.k, lin.n, settings.grid.group,
                                        settings.accuracy_level, output=lin.output)
         return [node], inits
-    return dequantize_linear_nodes(lin.name, lin.input, lin.output, q, scales, settings.grid.group)
+    return dequantize_linear_nodes(lin.name, x_input, lin.output, q, scales, settings.grid.group)
 
 
-def replace_nodes(model: onnx.ModelProto, replacements: dict[int, list[onnx.NodeProto]],
-                   initializers: list[onnx.TensorProto]) -> None:
-    """Rebuild the node list with the nodes at the given positions replaced (a replacement node whose outputs are
-    already made is dropped), add initializers, drop the ones nothing reads."""
-    graph = model.graph
+def rebuild_nodes(graph: onnx.GraphProto, inserts: dict[int, list[onnx.NodeProto]],
+                  replaced: dict[str, list[onnx.NodeProto]]) -> None:
+    """Rebuild the node list: `inserts` go before the nodes at their positions, and a MatMul whose output is in
+    `replaced` becomes those nodes (a node whose outputs are already made is dropped: a node shared by linears
+    that read one tensor comes once)."""
     nodes, made = [], set()
     for i, node in enumerate(graph.node):
-        for n in replacements.get(i, [node]):
-            if not made.intersection(n.output):  # a node shared by linears that read one tensor comes once
+        own = replaced[node.output[0]] if node.op_type == "MatMul" and node.output[0] in replaced else [node]
+        for n in inserts.get(i, []) + own:
+            if not made.intersection(n.output):
                 nodes.append(_copy(n))
                 made.update(n.output)
     del graph.node[:]
     graph.node.extend(nodes)
-    graph.initializer.extend(initializers)
-    drop_unused_initializers(graph)
 
 
 def drop_unused_initializers(graph: onnx.GraphProto) -> None:

@@ -3,9 +3,11 @@
 A session is made from a graph's serialized bytes, which protobuf caps at 2 GB: a float32 vision tower of 675M
 parameters (Qwen2-VL-2B's) or a few layers of a 7B LLM are more. A graph above `PROTOBUF_BUDGET` is written to a
 temporary folder instead, its large initializers as external data one at a time (no second copy in memory), and
-the session loads it from there. (Handing the arrays over with `SessionOptions.add_initializer` beside a shell
-fails ONNX Runtime's checks of the shell's initializers, with or without an external location.)
-"""
+the session loads it from there. So is a graph that refers to the source model's weights
+(mmtrt/ir/source_weights.py): widened one at a time into the file, they are held once, by the session, where a
+widened copy of the graph and its serialized bytes held them three times over while the session was made.
+(Handing the arrays over with `SessionOptions.add_initializer` beside a shell fails ONNX Runtime's checks of the
+shell's initializers, with or without an external location.)"""
 
 from __future__ import annotations
 
@@ -36,8 +38,8 @@ def session(model: onnx.ModelProto) -> ort.InferenceSession:
     cuda = device().type == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers()
     providers = ["CUDAExecutionProvider"] * cuda + ["CPUExecutionProvider"]
     options = session_options(None, spin=False)
-    if serialized_bytes(model) < PROTOBUF_BUDGET:
-        return ort.InferenceSession(source_weights.in_memory(model).SerializeToString(), options, providers=providers)
+    if serialized_bytes(model) < PROTOBUF_BUDGET and not any(map(source_weights.is_reference, model.graph.initializer)):
+        return ort.InferenceSession(model.SerializeToString(), options, providers=providers)
     with tempfile.TemporaryDirectory(prefix="mmtrt-session-") as tmp:
         return ort.InferenceSession(str(save_external(model, Path(tmp))), options, providers=providers)
 

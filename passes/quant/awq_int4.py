@@ -47,6 +47,7 @@ class AwqInt4(Pass):
     Config = AwqInt4Config
     components = ("vision", "embed", "llm")
     lossy = True
+    reads_source_weights = True  # one layer's float weights at a time (mmtrt/quant/layer_rewrite.py)
 
     def plan_facts(self, facts: dict[str, Any]) -> dict[str, Any]:
         if self.config.sensitivity == "fisher" and facts["llm"].get("rope") == "mrope":
@@ -68,9 +69,10 @@ class AwqInt4(Pass):
         for name in ("vision", "llm"):
             if name in cfg.components:
                 lowering, why = self._lowering(ir.components[name])
+                settings = self._settings(lowering, self._task_sensitivity(ir) if name == "llm" else None,
+                                          keep_arrays=name == "llm" and self._writes_checkpoint(ir))
                 quantized, report = quantize_component(
-                    ir.components[name].onnx, name, batches.vision if name == "vision" else batches.llm,
-                    self._settings(lowering, self._task_sensitivity(ir) if name == "llm" else None))
+                    ir.components[name].onnx, name, batches.vision if name == "vision" else batches.llm, settings)
                 changes[name] = _summary(quantized, report, lowering, why, cfg.group_size)
                 llm_quantized = quantized if name == "llm" else llm_quantized
         if cfg.embedding == "int8":
@@ -79,7 +81,7 @@ class AwqInt4(Pass):
             changes["trtllm_checkpoint"] = self._checkpoint(ir, llm_quantized, outputs)
         return changes
 
-    def _settings(self, lowering: str, sensitivity=None) -> Settings:
+    def _settings(self, lowering: str, sensitivity=None, keep_arrays: bool = False) -> Settings:
         cfg = self.config
 
         def select(name: str) -> bool:
@@ -88,7 +90,7 @@ class AwqInt4(Pass):
 
         grid = Grid(cfg.group_size, cfg.symmetric, cfg.zero_point == "float")
         return Settings(cfg.method, grid, cfg.clip, lowering, cfg.accuracy_level, cfg.calibration.search_tokens, select,
-                        int(cfg.float_budget_mib * 2**20), cfg.float_dtype, cfg.act_order, sensitivity)
+                        int(cfg.float_budget_mib * 2**20), cfg.float_dtype, cfg.act_order, sensitivity, keep_arrays)
 
     def _task_sensitivity(self, ir: ModelIR):
         """The Fisher scorer of the LLM's linears on the calibration images, None unless the recipe asks for it."""
@@ -114,10 +116,18 @@ class AwqInt4(Pass):
                                    f"grid with group 64 or 128")
         return "dequantize_linear", f"partition.{comp.name} offers tensorrt (ONNX Runtime fuses it into MatMulNBits)"
 
+    def _wanted(self, ir: ModelIR) -> bool:
+        cfg = self.config
+        listed = "tensorrt-llm" in ir.components["llm"].metadata.get("placement", {}).get("backends", [])
+        return cfg.trtllm_checkpoint == "always" or (cfg.trtllm_checkpoint == "auto" and listed)
+
+    def _writes_checkpoint(self, ir: ModelIR) -> bool:
+        """Whether `_checkpoint` may write one, so the LLM's quantized linears keep their integers for it."""
+        return self._wanted(ir) and not ir.config["llm"].get("trtllm_refused") and self.config.symmetric
+
     def _checkpoint(self, ir: ModelIR, quantized: list[QuantizedLinear], outputs: dict) -> dict:
         cfg = self.config
-        wanted = "tensorrt-llm" in ir.components["llm"].metadata.get("placement", {}).get("backends", [])
-        if cfg.trtllm_checkpoint == "never" or (cfg.trtllm_checkpoint == "auto" and not wanted):
+        if not self._wanted(ir):
             return {"written": False, "reason": "not requested (partition.llm does not list tensorrt-llm)"
                     if cfg.trtllm_checkpoint == "auto" else "trtllm_checkpoint: never"}
         if ir.config["llm"].get("trtllm_refused"):  # a model whose LLM the checkpoint cannot express

@@ -1,22 +1,26 @@
-"""A lossless compile's memory follows the checkpoint: its peak RSS, above what compiling a model of no size
-takes, stays within 1.5x the checkpoint's bytes, and the bundle still gives transformers' greedy tokens.
+"""A compile's memory follows the checkpoint: a lossless compile's peak RSS, above what compiling a model of no
+size takes, stays within 1.5x the checkpoint's bytes, and awq_int4's within the lossless compile's plus one decoder layer's working
+set; each bundle still gives transformers' greedy tokens (awq_int4's: those of transformers holding the bundle's
+dequantized weights, as tests/passes/test_awq_int4.py compares its logits).
 
 The checkpoint is bfloat16 and written tensor by tensor (the test itself never holds the model), with an LLM
 deep enough (82M parameters, 164 MB) that the export's float32 graphs, held together, would take 2x its bytes
-on their own: the compile keeps the large weights in the source model and widens one at a time as it writes.
-Each compile runs in its own interpreter, whose exact peak (`wait4`'s ru_maxrss) is read when it exits; the
-baseline is the same compile of the same architecture at hidden size 128.
+on their own: the compile keeps the large weights in the source model and widens one at a time as it writes, and
+awq_int4 folds and rounds one layer at a time from them (taking the LLM's float32 weights into memory, as it once
+did, peaks at about 6x). Each compile runs in its own interpreter, whose exact peak (`wait4`'s ru_maxrss) is read
+when it exits; the baseline is the same compile of the same architecture at hidden size 128.
 """
 
 import os
 import subprocess
 import sys
 
+import onnx
 import pytest
 import torch
 from transformers import LlavaForConditionalGeneration
 
-from builders import decided_steps, hf_greedy, random_image
+from builders import decided_steps, fake_quantized, hf_greedy, random_image
 from conftest import ROOT
 from mmtrt.runtime import load
 from mmtrt.zoo.tiny_llava import describe_tiny_llava
@@ -25,19 +29,25 @@ sys.path.insert(0, str(ROOT / "scripts"))
 from random_checkpoint import write_checkpoint  # noqa: E402
 
 BUDGET = 1.5  # peak RSS above the baseline, per checkpoint byte
+# awq_int4's working set of one decoder layer, in that layer's float32 weight bytes: the weights it folds and
+# rounds, the Gram matrices of their inputs (in float64) and the Cholesky factor it searches through
+LAYER_BUDGET = 4
+AWQ = ("passes:\n  - awq_int4: {lowering: matmulnbits, accuracy_level: 0, "
+       "calibration: {samples: 1, text_windows: 1, search_tokens: 64}}\n")
+HIDDEN, LAYERS = 1024, 6
 PROMPT = "Describe the image."
 
 
 def checkpoint(folder, hidden: int) -> int:
-    config, generation, processor = describe_tiny_llava(hidden=hidden, layers=6, heads=8, kv_heads=8)
+    config, generation, processor = describe_tiny_llava(hidden=hidden, layers=LAYERS, heads=8, kv_heads=8)
     return write_checkpoint(folder, LlavaForConditionalGeneration, config, processor, generation, torch.bfloat16)
 
 
-def compile_peak(folder, out) -> int:
-    """Compile `folder` losslessly in a new interpreter; its peak resident bytes."""
-    recipe = folder.parent / f"{folder.name}.yaml"
-    recipe.write_text(f"model: {{source: hf, path: {folder}}}\n")
-    log = folder.parent / f"{folder.name}.log"
+def compile_peak(folder, out, passes: str = "") -> int:
+    """Compile `folder` in a new interpreter, with `passes` (recipe lines); its peak resident bytes."""
+    recipe = out.parent / f"{out.name}.yaml"
+    recipe.write_text(f"model: {{source: hf, path: {folder}}}\n{passes}")
+    log = out.parent / f"{out.name}.log"
     with open(log, "wb") as err:
         child = subprocess.Popen([sys.executable, "-m", "mmtrt.cli", "compile", str(recipe), "-o", str(out)],
                                  stdout=subprocess.DEVNULL, stderr=err, env={**os.environ, "MMTRT_NO_PROGRESS": "1"})
@@ -48,13 +58,24 @@ def compile_peak(folder, out) -> int:
 
 
 @pytest.fixture(scope="module")
-def compiled(tmp_path_factory):
+def checkpoints(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("memory")
     checkpoint(tmp / "small", hidden=128)
-    weights = checkpoint(tmp / "large", hidden=1024)
+    return tmp, checkpoint(tmp / "large", hidden=HIDDEN)
+
+
+@pytest.fixture(scope="module")
+def compiled(checkpoints):
+    tmp, weights = checkpoints
     baseline = compile_peak(tmp / "small", tmp / "small.bundle")
     peak = compile_peak(tmp / "large", tmp / "large.bundle")
     return tmp, weights, baseline, peak
+
+
+@pytest.fixture(scope="module")
+def quantized(checkpoints):
+    tmp, _ = checkpoints
+    return tmp, compile_peak(tmp / "large", tmp / "large.awq", AWQ)
 
 
 def test_peak_memory_above_the_baseline_is_within_the_budget(compiled):
@@ -65,11 +86,29 @@ def test_peak_memory_above_the_baseline_is_within_the_budget(compiled):
         f"checkpoint's {weights / 1e9:.2f} GB")
 
 
+def test_awq_int4_peak_is_the_lossless_peak_plus_one_layer(compiled, quantized):
+    lossless, (_, peak) = compiled[3], quantized
+    layer = 4 * (4 * HIDDEN**2 + 3 * HIDDEN * 3 * HIDDEN)  # q, k, v, o; gate, up, down (intermediate 3x)
+    assert peak - lossless <= LAYER_BUDGET * layer, (
+        f"awq_int4 peak {peak / 1e9:.2f} GB, lossless {lossless / 1e9:.2f} GB: {(peak - lossless) / 1e6:.0f} MB "
+        f"above it, over {LAYER_BUDGET}x a layer's {layer / 1e6:.0f} MB")
+
+
 def test_the_bundle_gives_transformers_greedy_tokens(compiled, rng):
     tmp, *_ = compiled
     model = LlavaForConditionalGeneration.from_pretrained(tmp / "large", dtype=torch.float32).eval()
-    _, _, processor = describe_tiny_llava(hidden=1024, layers=6, heads=8, kv_heads=8)
-    pipe = load(tmp / "large.bundle", threads=2)
+    assert_greedy_tokens(load(tmp / "large.bundle", threads=2), model, rng)
+
+
+def test_the_awq_int4_bundle_gives_the_greedy_tokens_of_its_weights(quantized, rng):
+    tmp, *_ = quantized
+    model = LlavaForConditionalGeneration.from_pretrained(tmp / "large", dtype=torch.float32).eval()
+    reference = fake_quantized(model, onnx.load(tmp / "large.awq" / "llm.onnx"), 7 * LAYERS + 1)
+    assert_greedy_tokens(load(tmp / "large.awq", threads=2), reference, rng)
+
+
+def assert_greedy_tokens(pipe, model, rng):
+    _, _, processor = describe_tiny_llava(hidden=HIDDEN, layers=LAYERS, heads=8, kv_heads=8)
     for _ in range(5):  # a random image whose first steps are near ties cannot tell right from wrong: draw again
         image = random_image(rng, 64, 64)
         _, want, margins = hf_greedy(model, processor, image, PROMPT, 8)

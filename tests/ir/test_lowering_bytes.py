@@ -1,4 +1,5 @@
-"""Lowering that follows the checkpoint's dtype writes the bytes the float32 lowering writes.
+"""Lowering that follows the checkpoint's dtype writes the bytes the float32 lowering writes, and awq_int4 reads
+the weights where they are.
 
 The compiler loads a checkpoint in its own dtype and exports each component with its large weights left in the
 source model (`source_weights.kept()`: the graphs refer to them, and the writer widens one at a time as it saves
@@ -6,30 +7,30 @@ each graph); without `kept()`, one component at a time is widened to float32 for
 straightforward path: the whole model loaded as float32 by transformers, every component exported, saved by
 `onnx.save_model` with its external data. Every family's tiny model is saved in bfloat16 (every bfloat16 is
 exactly a float32), so all must agree to the byte, graph and weights.
+
+awq_int4 folds and rounds one layer at a time from the kept weights: its graphs must be those it writes from the
+same IR with every weight taken into memory first (as the runner does for other passes), to the byte, and the kept
+run must leave no float copy of a quantized weight behind.
 """
+
+import copy
 
 import onnx
 import pytest
 import torch
 import transformers
 
+from builders import TINY_FAMILIES as BUILDERS
 from mmtrt.bundle.writer import save_onnx
 from mmtrt.ir import source_weights
 from mmtrt.ir.families import family
-from mmtrt.ir.frontend import load_source, lower
-from mmtrt.recipe import ModelSource
-from mmtrt.zoo import tiny_anyres
-from mmtrt.zoo.tiny_llava import build_tiny_llava
-from mmtrt.zoo.tiny_qwen2_vl import build_tiny_qwen2_vl
+from mmtrt.ir.frontend import fit_envelope, load_source, lower
+from mmtrt.partition.placement import annotate
+from mmtrt.recipe import Envelope, ModelSource, PartitionPolicy
+from passes.quant.awq_int4 import AwqInt4
 
-BUILDERS = {
-    "llava": build_tiny_llava,
-    "llava_next": tiny_anyres.build_tiny_llava_next,
-    "llava_onevision": tiny_anyres.build_tiny_llava_onevision,
-    "qwen2_vl": lambda: build_tiny_qwen2_vl("qwen2_vl"),
-    "qwen2_5_vl": lambda: build_tiny_qwen2_vl("qwen2_5_vl"),
-}
-
+AWQ = {"components": ["llm", "vision"], "embedding": "int8",
+       "calibration": {"samples": 2, "text_windows": 1, "search_tokens": 64}}
 
 def reference_files(ir, folder):
     folder.mkdir()
@@ -49,7 +50,7 @@ def streamed_files(ir, folder):
 
 
 @pytest.mark.parametrize("name", sorted(BUILDERS))
-def test_bfloat16_checkpoint_lowers_to_the_float32_bytes(name, tmp_path):
+def test_bfloat16_checkpoint_lowers_and_quantizes_to_the_float32_bytes(name, tmp_path):
     model, processor = BUILDERS[name]()
     checkpoint = tmp_path / "checkpoint"
     model.to(torch.bfloat16).save_pretrained(checkpoint)
@@ -73,6 +74,26 @@ def test_bfloat16_checkpoint_lowers_to_the_float32_bytes(name, tmp_path):
                       if source_weights.is_reference(t)]
         assert references  # the large weights stayed in the source model until the save
         assert_same_files(streamed_files(ir, tmp_path / "kept"), expected)
+
+        taken = copy.deepcopy(ir)
+        for comp in taken.onnx_components():
+            source_weights.materialize(comp.onnx)
+        quantized_kept = streamed_files(awq_int4(ir, kept=True), tmp_path / "awq_kept")
+        assert_same_files(quantized_kept, streamed_files(awq_int4(taken, kept=False), tmp_path / "awq_taken"))
+
+
+def awq_int4(ir, kept: bool):
+    """`ir` after awq_int4 on its LLM and vision tower; from kept weights, with no float copy of a weight left."""
+    ir.config = fit_envelope(ir.config, Envelope())
+    annotate(ir, PartitionPolicy())
+    changes = AwqInt4(AwqInt4.Config.model_validate(AWQ)).run(ir)
+    for name in ("llm", "vision"):
+        assert changes[name]["linears_quantized"] > 0
+        copies = [t.name for t in ir.components[name].onnx.graph.initializer if t.data_type == onnx.TensorProto.FLOAT
+                  and len(t.dims) == 2 and t.dims[0] * t.dims[1] > source_weights.SMALL
+                  and not source_weights.is_reference(t)]
+        assert not (kept and copies), copies
+    return ir
 
 
 def assert_same_files(got, expected):

@@ -3,7 +3,8 @@ every clip ratio chosen is at least as good as no clipping for its own weight gr
 
 import numpy as np
 
-from mmtrt.quant.awq import CLIP_RATIOS, GroupStats, OwnLoss, effective_weight, scaled_blocks, search_clip, search_scale
+from mmtrt.quant.awq import (CLIP_RATIOS, GroupStats, OwnLoss, Quadratic, effective_weight, scaled_blocks, search_clip,
+                            search_scale)
 from mmtrt.quant.int4 import Grid
 
 
@@ -51,3 +52,18 @@ def test_clip_ratios_never_lose_on_their_own_group(rng):
 
     assert (group_errors(ratio).sum(0) <= group_errors(None).sum(0) * (1 + 1e-4) + 1e-6).all()
     np.testing.assert_allclose(effective_weight(w, s, grid, ratio) * s, grid.fake(w * s, ratio), rtol=1e-5, atol=1e-6)
+
+
+def test_quadratic_through_the_factor_is_the_output_error(rng):
+    """tr(D G D^T) through G's Cholesky factor equals ||X D^T||^2 computed from the inputs themselves: for a Gram
+    of more tokens than channels, with a channel that never fires (left out), and of fewer tokens than channels
+    (not positive definite: G itself is used)."""
+    d = rng.normal(size=(40, 96)).astype(np.float32)
+    for tokens, dead in ((500, False), (500, True), (60, False)):
+        x = rng.normal(size=(tokens, 96)).astype(np.float32) * rng.uniform(0.1, 10, size=96).astype(np.float32)
+        if dead:
+            x[:, 7] = 0
+        quadratic = Quadratic(_stats(x, 32).gram)
+        assert (quadratic.lower is None) == (tokens < 96) and (quadratic.live is not None) == dead
+        expected = np.square(x.astype(np.float64) @ d.T.astype(np.float64)).sum()
+        np.testing.assert_allclose(quadratic(d), expected, rtol=1e-5)

@@ -1,6 +1,7 @@
 """Quantizing a component on the exported tiny LLaVA: folding AWQ scales into the graph changes no output (random
 scales on every group of the LLM and vision graphs: norm weights and biases, up_proj's output channels, pre-quant
-Muls), and RTN writes plain round-to-nearest weights that the lowered graph applies exactly."""
+Muls; the folded weights computed one linear at a time from the initializers), and RTN writes plain
+round-to-nearest weights that the lowered graph applies exactly."""
 
 import numpy as np
 import onnx
@@ -11,9 +12,11 @@ from onnx import numpy_helper
 from builders import tiny_llm_feeds, unpack_int4
 from mmtrt.backends.onnxruntime_backend import session_options
 
+from mmtrt.quant.fold import Folds, awq_weight_name
 from mmtrt.quant.int4 import Grid, dequantize_groups, quantize_groups
 from mmtrt.quant.linears import find_linears
-from mmtrt.quant.quantize import Settings, fold_scales, quantize_component
+from mmtrt.quant.lowering import drop_unused_initializers, rebuild_nodes
+from mmtrt.quant.quantize import Settings, quantize_component
 
 
 def _feeds(component, rng):
@@ -36,7 +39,13 @@ def test_folded_scales_keep_every_output(tiny_bundle, rng, component):
     index, linears, groups = find_linears(model, component)
     scales = [np.exp(rng.normal(0, 0.5, g.linears[0].k)).astype(np.float32) for g in groups]
     scales[-1] = np.ones_like(scales[-1])  # s = 1 leaves a group alone
-    folds = fold_scales(model, index, linears, groups, scales)
+    folding = Folds(index, linears)
+    folds = [folding.add(g, s) for g, s in zip(groups, scales)]
+    weights = [(lin, folding.weight(lin)) for lin in linears if folding.touched(lin)]
+    rebuild_nodes(model.graph, folding.apply(linears), {})
+    model.graph.initializer.extend(numpy_helper.from_array(w, awq_weight_name(lin)) for lin, w in weights)
+    model.graph.initializer.extend(folding.initializers)
+    drop_unused_initializers(model.graph)
     kinds = {f[0].split(" of ")[0] for f in folds if f is not None}
     assert kinds == ({"norm", "output channels", "prequant Mul"} if component == "llm" else {"norm", "prequant Mul"})
     assert folds[-1] is None
