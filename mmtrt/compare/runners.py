@@ -14,6 +14,7 @@ from polygraphy.backend.base import BaseRunner
 from polygraphy.common import TensorMetadata
 
 from mmtrt.compare.inputs import NUMPY
+from mmtrt.ir.logits import LOGITS_FROM
 from mmtrt.runtime.executors import component_runner
 
 
@@ -111,6 +112,8 @@ def torch_runner(model, manifest: dict[str, Any], component: str, name: str) -> 
             "embed": lambda: export.TokenEmbedding(model),
             "llm": lambda: export.DecoderWithCache(model),
         }[component]()
-        return TorchPartition(module, [s["name"] for s in spec["inputs"]], [s["name"] for s in spec["outputs"]])
+        # the exporter's wrapper returns every position's logits, which is what compare's logits_from of 0 asks for
+        inputs = [s["name"] for s in spec["inputs"] if s["name"] != LOGITS_FROM]
+        return TorchPartition(module, inputs, [s["name"] for s in spec["outputs"]])
 
     return FunctionRunner(make, spec["inputs"], name), "pytorch (cpu, fp32)"
