@@ -97,10 +97,10 @@ class Answers:
                                          if "vision" not in k}, sort_keys=True).encode()).hexdigest()
         features, run = {}, pipe.image_features
 
-        def once(pixels, size=None):  # the vision encoder runs once per image: for the key, then reused by generate
+        def once(pixels, size=None, between=None):  # the encoder runs once per image: for the key, then in generate
             digest = hashlib.sha256(pixels.tobytes()).hexdigest()
             if digest not in features:
-                features[digest] = run(pixels, size)
+                features[digest] = run(pixels, size, between)
             return features[digest]
 
         pipe.image_features = once

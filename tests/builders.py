@@ -408,3 +408,10 @@ class StaticCacheForm:
         self.session.run_with_iobinding(io)
         self.lengths += seq
         return io.get_outputs()[0].numpy()
+
+
+def solo_generation(bundle, request):
+    """`request` alone on a fresh load of `bundle`, with no cache that an earlier request could have filled."""
+    from mmtrt.runtime import load
+
+    return load(bundle, prefix_cache_mib=0, encoder_cache_mib=0).generate_batch([request])[0]

@@ -15,18 +15,14 @@ import pytest
 from builders import decided_steps, hf_greedy, random_image
 from conftest import compile_to
 from folder_reference import float_twin, hf_answer_agreement
-from mmtrt.errors import UserError
 from mmtrt.handoff.hf_export import export_hf
 from mmtrt.handoff.vllm_agreement import answer_agreement, top1_agreement_pct
-from mmtrt.handoff.vllm_env import vllm_python
 from mmtrt.handoff.vllm_pipeline import load as load_vllm
 from mmtrt.handoff.vllm_process import VllmProcess
 from mmtrt.runtime import load
+from vllm_worker import require_vllm
 
-try:
-    vllm_python()
-except UserError as exc:
-    pytest.skip(f"no vLLM environment: {exc}", allow_module_level=True)
+require_vllm()
 
 PROMPT = "What is in the picture?"
 RECIPE = """model: {source: hf, path: checkpoint}

@@ -11,26 +11,12 @@ import pytest
 
 from builders import decided_steps, random_image
 from conftest import compile_to
-from mmtrt.errors import UserError
-from mmtrt.handoff.hf_export import export_hf
-from mmtrt.handoff.vllm_env import vllm_python
-from mmtrt.handoff.vllm_pipeline import load as load_vllm
-from mmtrt.handoff.vllm_process import VllmProcess
 from mmtrt.handoff.vllm_scheduler import collapse_image_runs
 from mmtrt.runtime import Request, load
+from vllm_worker import require_vllm, split_pipeline, worker  # noqa: F401 (worker: the module's vLLM process)
 
-try:
-    vllm_python()
-except UserError as exc:
-    pytest.skip(f"no vLLM environment: {exc}", allow_module_level=True)
+require_vllm()
 
-
-@pytest.fixture(scope="module", autouse=True)
-def worker():
-    """vLLM's process, started before the module's other fixtures: it imports vLLM while the bundle compiles."""
-    process = VllmProcess()
-    yield process
-    process.close()
 
 PROMPT = "What is in the picture?"
 SIZES = ((64, 30), (30, 64), (60, 60))  # (width, height): grids of 1x2, 2x1 and 2x2 tiles
@@ -54,9 +40,7 @@ def ours(bundle):
 
 @pytest.fixture(scope="module")
 def split(worker, bundle, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("next-hf") / "hf"
-    export_hf(bundle, folder)
-    return load_vllm(bundle, folder, engine=worker)
+    return split_pipeline(worker, bundle, tmp_path_factory.mktemp("next-hf") / "hf")
 
 
 def test_images_of_different_grids_decoded_together_give_mmtrt_runs_tokens(ours, split, rng):

@@ -9,25 +9,12 @@ import pytest
 
 from builders import random_image
 from conftest import compile_to
-from mmtrt.errors import UserError
 from mmtrt.handoff.hf_export import export_hf
-from mmtrt.handoff.vllm_env import vllm_python
-from mmtrt.handoff.vllm_pipeline import load as load_vllm
-from mmtrt.handoff.vllm_process import VllmProcess
 from mmtrt.runtime import Request, load
+from vllm_worker import require_vllm, split_pipeline, worker  # noqa: F401 (worker: the module's vLLM process)
 
-try:
-    vllm_python()
-except UserError as exc:
-    pytest.skip(f"no vLLM environment: {exc}", allow_module_level=True)
+require_vllm()
 
-
-@pytest.fixture(scope="module", autouse=True)
-def worker():
-    """vLLM's process, started before the module's other fixtures: it imports vLLM while the bundle compiles."""
-    process = VllmProcess()
-    yield process
-    process.close()
 
 PROMPT = "What is in the picture?"
 
@@ -48,9 +35,7 @@ def one_layer_bundle(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def split(worker, one_layer_bundle, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("onevision-hf") / "hf"
-    export_hf(one_layer_bundle, folder)
-    return load_vllm(one_layer_bundle, folder, engine=worker)
+    return split_pipeline(worker, one_layer_bundle, tmp_path_factory.mktemp("onevision-hf") / "hf")
 
 
 def test_a_projector_of_two_vision_layers_is_refused_in_one_line(onevision_bundle, tmp_path, capsys):

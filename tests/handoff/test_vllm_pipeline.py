@@ -9,25 +9,12 @@ import pytest
 
 from builders import random_image
 from hub_checkpoint import PRUNED_TOKENS, compile_plain_and_pruned, save_hub_llava
-from mmtrt.errors import UserError
-from mmtrt.handoff.vllm_env import vllm_python
 from mmtrt.handoff.vllm_pipeline import load as load_vllm
-from mmtrt.handoff.vllm_process import VllmProcess
 from mmtrt.handoff.vllm_scheduler import collapse_image_runs
 from mmtrt.runtime import SamplingParams, load
+from vllm_worker import require_vllm, worker  # noqa: F401 (worker: the module's vLLM process)
 
-try:
-    vllm_python()
-except UserError as exc:
-    pytest.skip(f"no vLLM environment: {exc}", allow_module_level=True)
-
-
-@pytest.fixture(scope="module", autouse=True)
-def worker():
-    """vLLM's process, started before the module's other fixtures: it imports vLLM while the bundle compiles."""
-    process = VllmProcess()
-    yield process
-    process.close()
+require_vllm()
 
 
 @pytest.fixture(scope="module")

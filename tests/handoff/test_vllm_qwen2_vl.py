@@ -12,18 +12,12 @@ import pytest
 
 from builders import decided_steps, random_image
 from conftest import compile_to
-from mmtrt.errors import UserError
-from mmtrt.handoff.hf_export import export_hf
-from mmtrt.handoff.vllm_env import vllm_python
-from mmtrt.handoff.vllm_pipeline import load as load_vllm
 from mmtrt.handoff.vllm_process import VllmProcess
 from mmtrt.handoff.vllm_scheduler import collapse_image_runs
 from mmtrt.runtime import Request, load
+from vllm_worker import require_vllm, split_pipeline
 
-try:
-    vllm_python()
-except UserError as exc:
-    pytest.skip(f"no vLLM environment: {exc}", allow_module_level=True)
+require_vllm()
 
 
 PROMPT = "What is in the picture?"
@@ -61,9 +55,7 @@ def ours(bundle):
 
 @pytest.fixture(scope="module")
 def split(worker, bundle, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("qwen-hf") / "hf"
-    export_hf(bundle, folder)
-    return load_vllm(bundle, folder, engine=worker)
+    return split_pipeline(worker, bundle, tmp_path_factory.mktemp("qwen-hf") / "hf")
 
 
 def greedy(engine, ids, image_inputs=None, image=None, tokens=12) -> list[int]:

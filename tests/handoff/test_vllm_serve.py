@@ -14,15 +14,11 @@ import pytest
 from builders import random_image
 from hub_checkpoint import compile_plain_and_pruned, save_hub_llava
 from mmtrt.cli import main
-from mmtrt.errors import UserError
-from mmtrt.handoff.vllm_env import vllm_python
 from mmtrt.runtime import load
 from servers import Server, messages, solo, triton_stream
+from vllm_worker import require_vllm
 
-try:
-    vllm_python()
-except UserError as exc:
-    pytest.skip(f"no vLLM environment: {exc}", allow_module_level=True)
+require_vllm()
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,7 @@ admission, and under static a sequence that finishes between pieces hands its ro
 
 import pytest
 
-from builders import assert_same_up_to_near_ties, random_image
+from builders import assert_same_up_to_near_ties, random_image, solo_generation
 from mmtrt.runtime import load
 from mmtrt.runtime.batch import Request
 from mmtrt.runtime.scheduler import Scheduler
@@ -15,10 +15,6 @@ PIECE = 16  # tokens: the tiny prompts (64 image tokens and their text) run in 5
 @pytest.fixture(scope="module", params=["tiny_bundle", "tiny_static_bundle", "tiny_paged_bundle"])
 def bundle(request):
     return request.getfixturevalue(request.param)
-
-
-def solo(bundle, request):
-    return load(bundle, prefix_cache_mib=0, encoder_cache_mib=0).generate_batch([request])[0]
 
 
 def test_running_sequences_decode_between_the_pieces_and_all_keep_their_solo_tokens(bundle, rng):
@@ -38,10 +34,10 @@ def test_running_sequences_decode_between_the_pieces_and_all_keep_their_solo_tok
             scheduler.step()
     finally:
         scheduler.close()
-    reference = solo(bundle, running)
+    reference = solo_generation(bundle, running)
     assert advanced == min(1 + len(between), len(reference.token_ids))  # unless it ended first
     assert_same_up_to_near_ties(pipe.generation(first), reference)
-    assert_same_up_to_near_ties(pipe.generation(second), solo(bundle, admitted))
+    assert_same_up_to_near_ties(pipe.generation(second), solo_generation(bundle, admitted))
 
 
 def test_a_sequence_finishing_between_the_pieces_leaves_the_admitted_one_its_solo_tokens(bundle, rng):
@@ -53,7 +49,7 @@ def test_a_sequence_finishing_between_the_pieces_leaves_the_admitted_one_its_sol
                 Request(random_image(rng, 70, 50), "count the objects, then name their colours " * 2, 10)]
     results = pipe.generate_batch(requests)  # the third is admitted while the first two run; the first ends
     for result, request in zip(results, requests):
-        assert_same_up_to_near_ties(result, solo(bundle, request))
+        assert_same_up_to_near_ties(result, solo_generation(bundle, request))
 
 
 def test_a_request_alone_is_prefilled_in_one_call(tiny_static_bundle, rng):

@@ -5,7 +5,7 @@ both requests keep their solo greedy tokens, on the hf (LLaVA-NeXT) and static (
 import numpy as np
 import pytest
 
-from builders import assert_same_up_to_near_ties, random_image
+from builders import assert_same_up_to_near_ties, random_image, solo_generation
 from mmtrt.runtime import load
 from mmtrt.runtime.batch import Request
 from mmtrt.runtime.scheduler import Scheduler
@@ -14,10 +14,6 @@ from mmtrt.runtime.scheduler import Scheduler
 @pytest.fixture(scope="module", params=["next_bundle", "onevision_bundle"])
 def bundle(request):
     return request.getfixturevalue(request.param)
-
-
-def solo(bundle, request):
-    return load(bundle, prefix_cache_mib=0, encoder_cache_mib=0).generate_batch([request])[0]
 
 
 def test_running_sequences_decode_between_the_tiles_and_all_keep_their_solo_tokens(bundle, rng):
@@ -42,7 +38,7 @@ def test_running_sequences_decode_between_the_tiles_and_all_keep_their_solo_toke
             scheduler.step()
     finally:
         scheduler.close()
-    reference = solo(bundle, running)
+    reference = solo_generation(bundle, running)
     assert advanced == min(1 + len(between), len(reference.token_ids))  # unless it ended first
     assert_same_up_to_near_ties(pipe.generation(first), reference)
-    assert_same_up_to_near_ties(pipe.generation(second), solo(bundle, admitted))
+    assert_same_up_to_near_ties(pipe.generation(second), solo_generation(bundle, admitted))

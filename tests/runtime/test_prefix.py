@@ -58,7 +58,8 @@ def test_paged_requests_of_a_batch_share_the_image_prefix_blocks(tiny_paged_bund
     share = cache.allocator.share
     cache.allocator.share = lambda block: (shared.append(block), share(block))[1]
     encoded, encode = [], pipe.image_features
-    pipe.image_features = lambda pixels, size=None: (encoded.append(pixels.shape), encode(pixels, size))[1]
+    pipe.image_features = lambda pixels, size=None, between=None: (encoded.append(pixels.shape),
+                                                                   encode(pixels, size, between))[1]
     image, other = random_image(rng, 64, 64), random_image(rng, 50, 80)
     requests = [Request(image, q, 10) for q in QUESTIONS] + [Request(other, QUESTIONS[0], 10)]
     batch = pipe.generate_batch(requests)

@@ -65,13 +65,17 @@ def test_one_verification_call_per_step_on_paged_with_eos_limits_and_rejection_i
     token limits (the padding is cut near each one's limit), one whose EOS falls inside an accepted run, one whose
     drafts are all rejected, and one with no draft at all in some steps, each gives its solo tokens."""
     pipe = load(tiny_paged_bundle, prefix_cache_mib=0)
-    images = [random_image(rng, 64, 64) for _ in range(4)]
     prompts, limits = PROMPTS + PROMPTS[:1], [24, 7, 24, 13]
-    answers = [pipe.generate(i, p, 24).token_ids for i, p in zip(images, prompts)]
-    eos, pipe.model["eos_token_ids"] = pipe.model["eos_token_ids"], [answers[2][9]]
+    for _ in range(10):  # images whose EOS (request 2's 10th token) ends no other request early
+        images = [random_image(rng, 64, 64) for _ in range(4)]
+        answers = [pipe.generate(i, p, 24).token_ids for i, p in zip(images, prompts)]
+        stop = answers[2][9]
+        if stop not in answers[2][:9] + answers[0] + answers[1][:7] + answers[3][:13]:
+            break
+    eos, pipe.model["eos_token_ids"] = pipe.model["eos_token_ids"], [stop]
     try:
         solo = [pipe.generate(i, p, n).token_ids for i, p, n in zip(images, prompts, limits)]
-        assert len(solo[2]) <= 10 and solo[2][-1] == answers[2][9]
+        assert len(solo[2]) == 10 and solo[2][-1] == stop
         v = vocab(pipe)
         drafts = [answers[0], answers[1], answers[2], [(t + 1) % v for t in answers[3]]]  # the last: all rejected
         pipe.speculative = {"draft": PerRequest(drafts, silent={0: range(3, 9)}), "k": 8}
