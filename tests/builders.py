@@ -415,3 +415,12 @@ def solo_generation(bundle, request):
     from mmtrt.runtime import load
 
     return load(bundle, prefix_cache_mib=0, encoder_cache_mib=0).generate_batch([request])[0]
+
+
+def assert_admission_kept_solo_tokens(pipe, bundle, requests, sequences, advanced: int, steps_between: int):
+    """The running request (first of `requests`, `sequences`) advanced a token per decode step taken during the
+    other's admission (unless it ended first), and both kept their solo greedy tokens."""
+    reference = solo_generation(bundle, requests[0])
+    assert advanced == min(1 + steps_between, len(reference.token_ids))
+    assert_same_up_to_near_ties(pipe.generation(sequences[0]), reference)
+    assert_same_up_to_near_ties(pipe.generation(sequences[1]), solo_generation(bundle, requests[1]))

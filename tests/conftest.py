@@ -23,6 +23,13 @@ def compile_to(tmp: Path, recipe_text: str, name: str = "bundle") -> Path:
     return compile_recipe(recipe, tmp / name)
 
 
+def compile_checkpoint(tmp: Path, model, processor, name: str = "bundle", passes: str = "") -> Path:
+    """`model` and `processor` saved as a Hugging Face folder in `tmp` and compiled, with `passes` (recipe lines)."""
+    model.save_pretrained(tmp / "checkpoint")
+    processor.save_pretrained(tmp / "checkpoint")
+    return compile_to(tmp, "model: {source: hf, path: checkpoint}\n" + passes, name)
+
+
 @pytest.fixture(scope="session", autouse=True)
 def verify_cache(tmp_path_factory):
     """Bundle loads record what they verified; the tests keep those records out of the user's cache folder."""

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from builders import decided_steps, random_image
-from conftest import compile_to
+from conftest import compile_checkpoint
 from mmtrt.handoff.vllm_scheduler import collapse_image_runs
 from mmtrt.runtime import Request, load
 from vllm_worker import require_vllm, split_pipeline, worker  # noqa: F401 (worker: the module's vLLM process)
@@ -28,9 +28,7 @@ def bundle(tmp_path_factory):
 
     folder = tmp_path_factory.mktemp("next-vllm")
     model, processor = build_tiny_llava_next(hidden=128)
-    model.save_pretrained(folder / "checkpoint")
-    processor.save_pretrained(folder / "checkpoint")
-    return compile_to(folder, "model: {source: hf, path: checkpoint}\n", "next.bundle")
+    return compile_checkpoint(folder, model, processor, "next.bundle")
 
 
 @pytest.fixture(scope="module")

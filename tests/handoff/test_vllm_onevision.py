@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 
 from builders import random_image
-from conftest import compile_to
+from conftest import compile_checkpoint
 from mmtrt.handoff.hf_export import export_hf
 from mmtrt.runtime import Request, load
 from vllm_worker import require_vllm, split_pipeline, worker  # noqa: F401 (worker: the module's vLLM process)
@@ -27,10 +27,8 @@ def one_layer_bundle(tmp_path_factory):
 
     folder = tmp_path_factory.mktemp("onevision-one-layer")
     model, processor = build_tiny_llava_onevision(hidden=128, feature_layer=-1)
-    model.save_pretrained(folder / "checkpoint")
-    processor.save_pretrained(folder / "checkpoint")
-    return compile_to(folder, "model: {source: hf, path: checkpoint}\npasses:\n  - kv_layout: {layout: static}\n",
-                      "onevision.bundle")
+    return compile_checkpoint(folder, model, processor, "onevision.bundle",
+                              "passes:\n  - kv_layout: {layout: static}\n")
 
 
 @pytest.fixture(scope="module")

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from builders import decided_steps, random_image
-from conftest import compile_to
+from conftest import compile_checkpoint
 from mmtrt.handoff.vllm_process import VllmProcess
 from mmtrt.handoff.vllm_scheduler import collapse_image_runs
 from mmtrt.runtime import Request, load
@@ -43,9 +43,7 @@ def bundle(family, tmp_path_factory):
 
     folder = tmp_path_factory.mktemp(f"{family}-vllm")
     model, processor = build_tiny_qwen2_vl(family, hidden=128)
-    model.save_pretrained(folder / "checkpoint")
-    processor.save_pretrained(folder / "checkpoint")
-    return compile_to(folder, "model: {source: hf, path: checkpoint}\n", f"{family}.bundle")
+    return compile_checkpoint(folder, model, processor, f"{family}.bundle")
 
 
 @pytest.fixture(scope="module")
