@@ -11,6 +11,7 @@ import numpy as np
 
 from mmtrt.errors import UserError
 from mmtrt.ir.graph import TensorSpec
+from mmtrt.ir.logits import LOGITS_FROM
 from mmtrt.partition.shapes import check_shape
 
 PREFILL_TOKENS = 12
@@ -50,7 +51,7 @@ def _values(name: str, dtype: str, shape: list[int], sizes: dict[str, int], voca
         return rng.integers(0, vocab, size=shape, dtype=np.int64)
     if name == "attention_mask":
         return np.ones(shape, NUMPY[dtype])
-    if name == "logits_from":  # every position's logits
+    if name == LOGITS_FROM:  # every position's logits
         return np.zeros(shape, NUMPY[dtype])
     if name == "position_ids":
         return np.broadcast_to(np.arange(sizes["past"], sizes["past"] + sizes["seq"]), shape).astype(NUMPY[dtype])

@@ -28,6 +28,7 @@ import onnx
 from mmtrt.handoff.trtllm_plan import CHECKPOINT_DIR
 from mmtrt.ir import source_weights
 from mmtrt.ir.graph import ModelIR
+from mmtrt.ir.logits import is_logits_slice
 from mmtrt.ir.rewrite import attr
 from mmtrt.quant import TRTLLM_GROUPS
 from mmtrt.quant.int4 import dequantize_groups
@@ -36,7 +37,6 @@ from mmtrt.quant.quantize import QuantizedLinear
 from mmtrt.handoff.trtllm_checkpoint import (DEFAULT_EXCLUDED, DTYPES, float_linear_tensors, linear_tensors, llama_name,
                                            qwen2_config, qwen2_vl_config, trtllm_config, write_checkpoint)
 
-LOGITS_FROM = "logits_from"  # the LLM input of a kv_layout bundle: the first position whose logits are returned
 LAYER_ROLES = ("q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj")
 QKV = ("q_proj", "k_proj", "v_proj")  # one TensorRT-LLM module, attention.qkv
 HF_MODULE = {"q_proj": "self_attn.q_proj", "o_proj": "self_attn.o_proj", "gate_proj": "mlp.gate_proj",
@@ -223,8 +223,7 @@ def _through_casts(producer: dict[str, onnx.NodeProto], tensor: str) -> onnx.Nod
     """The node that makes `tensor`, looking through the Casts cast_precision inserts and kv_layout's Slice of the
     positions the lm_head reads (both keep the values a checkpoint holds)."""
     node = producer.get(tensor)
-    while node is not None and (node.op_type == "Cast" or node.op_type == "Slice"
-                                and node.input[1:2] == [LOGITS_FROM]):
+    while node is not None and (node.op_type == "Cast" or is_logits_slice(node)):
         node = producer.get(node.input[0])
     return node
 

@@ -54,10 +54,15 @@ def slice_logits(graph: onnx.GraphProto, prefix: str) -> str:
     return head.name or head.op_type
 
 
+def is_logits_slice(node: onnx.NodeProto | None) -> bool:
+    """Whether `node` is `slice_logits`'s Slice of the lm_head's input from `logits_from` on."""
+    return node is not None and node.op_type == "Slice" and node.input[1:2] == [LOGITS_FROM]
+
+
 def without_logits_from(graph: onnx.GraphProto) -> None:
     """Undo `slice_logits` (a graph that makes one token per call, such as a draft, has nothing to cut): the
     lm_head reads every position again, and `logits_from` is no longer an input."""
-    node = next((n for n in graph.node if n.op_type == "Slice" and n.input[1:2] == [LOGITS_FROM]), None)
+    node = next((n for n in graph.node if is_logits_slice(n)), None)
     if node is None:
         return
     for user in graph.node:

@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 from typing import Any
 
+from mmtrt.ir.logits import LOGITS_FROM
 from mmtrt.partition.segments import dim_at
 
 FOLDER = "polygraphy"
@@ -34,7 +35,7 @@ def _value(name, dtype, shape, sizes, rng):
         return rng.integers(0, VOCAB_SIZE, size=shape).astype(dtype)
     if name == "attention_mask":
         return np.ones(shape, dtype)
-    if name == "logits_from":  # every position's logits
+    if name == LOGITS_FROM:  # every position's logits
         return np.zeros(shape, dtype)
     if name == "position_ids":
         return np.broadcast_to(np.arange(sizes["past"], sizes["past"] + sizes["seq"]), shape).astype(dtype)

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 from collections import deque
 from dataclasses import dataclass
 from typing import Iterator
@@ -106,7 +107,13 @@ def _stage_model(model: onnx.ModelProto, stage: Stage, example: dict[str, np.nda
 
 def give_back_freed_memory() -> None:
     """glibc's malloc_trim: the free pages of every heap back to the system; nothing where libc has no such call."""
-    name = ctypes.util.find_library("c")
-    trim = getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None
+    trim = _malloc_trim()
     if trim is not None:
         trim(0)
+
+
+@functools.cache
+def _malloc_trim():
+    """libc's malloc_trim, looked up once (find_library runs ldconfig), or None."""
+    name = ctypes.util.find_library("c")
+    return getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None

@@ -17,7 +17,7 @@ from typing import Callable, Iterable
 import onnx
 from onnx import TensorProto
 
-from mmtrt.ir.logits import LOGITS_FROM
+from mmtrt.ir.logits import is_logits_slice
 
 NORMS = frozenset({"RMSNormalization", "LayerNormalization", "SimplifiedLayerNormalization",
                    "SkipLayerNormalization", "SkipSimplifiedLayerNormalization", "GroupNormalization"})
@@ -194,8 +194,7 @@ def _absorber(index: GraphIndex, by_node: dict, group: Group) -> tuple[str, obje
     if {id(n) for n in readers} != {id(lin.node) for lin in group.linears} or group.input in index.outputs:
         return None
     node = index.producer.get(group.input)
-    if node is not None and node.op_type == "Slice" and node.input[1:2] == [LOGITS_FROM] \
-            and len(index.consumers.get(node.input[0], [])) == 1 and node.input[0] not in index.outputs:
+    if is_logits_slice(node) and len(index.consumers.get(node.input[0], [])) == 1 and node.input[0] not in index.outputs:
         node = index.producer.get(node.input[0])  # the lm_head reads the final norm's rows from logits_from on
     if node is None:
         return None

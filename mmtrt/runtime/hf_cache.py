@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from mmtrt.ir.logits import LOGITS_FROM
 from mmtrt.ir.spec import TensorSpec
 
 
@@ -21,7 +22,7 @@ class HfLayout:
     def __init__(self, specs: list[TensorSpec], llm: dict[str, Any]):
         self.pasts = [s.name for s in specs if s.name.startswith("past.")]
         self.position_dims = next(s for s in specs if s.name == "position_ids").shape[:-2]  # (3,) under M-RoPE
-        self.logits_from = any(s.name == "logits_from" for s in specs)
+        self.logits_from = any(s.name == LOGITS_FROM for s in specs)
         self.kv_shape = (llm["num_kv_heads"], llm["head_dim"])
 
     def empty(self, batch: int) -> dict[str, np.ndarray]:
@@ -39,7 +40,7 @@ class HfLayout:
         feeds = {"inputs_embeds": embeds, "attention_mask": np.ones((batch, past + seq), np.int64),
                  "position_ids": np.ascontiguousarray(positions), **cache}
         if self.logits_from:
-            feeds["logits_from"] = np.array([seq - 1 if last_only else 0], np.int64)
+            feeds[LOGITS_FROM] = np.array([seq - 1 if last_only else 0], np.int64)
         return feeds
 
 

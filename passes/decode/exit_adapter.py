@@ -23,7 +23,7 @@ from onnx import helper, numpy_helper
 from mmtrt.errors import UserError
 from mmtrt.ir import source_weights
 from mmtrt.ir.graph import ModelIR
-from mmtrt.ir.logits import LOGITS_FROM
+from mmtrt.ir.logits import is_logits_slice
 from mmtrt.ir.rewrite import attr
 from mmtrt.quant.calibration import TEXT_WINDOW, Sequence, _llm_feeds, _tokenizer, calibration_batches
 from mmtrt.quant.session import run_with_outputs, session
@@ -46,7 +46,7 @@ def final_head(llm: onnx.ModelProto, norm: onnx.NodeProto) -> Head:
     float MatMul (quantized by an earlier pass)."""
     graph, inits = llm.graph, {t.name: t for t in llm.graph.initializer}
     readers = [n for n in graph.node if norm.output[0] in n.input]
-    if len(readers) == 1 and readers[0].op_type == "Slice" and readers[0].input[1:2] == [LOGITS_FROM]:
+    if len(readers) == 1 and is_logits_slice(readers[0]):
         readers = [n for n in graph.node if readers[0].output[0] in n.input]  # the lm_head reads from logits_from on
     head = readers[0] if len(readers) == 1 else None
     if head is None or head.op_type != "MatMul" or head.input[1] not in inits or head.output[0] != "logits" \
