@@ -13,8 +13,7 @@ import onnx
 from onnx import TensorProto, helper
 
 from mmtrt.ir.rewrite import producers
-
-LOGITS_FROM = "logits_from"
+from mmtrt.ir.spec import LOGITS_FROM
 
 
 def takes_logits_from(graph: onnx.GraphProto) -> bool:

@@ -8,6 +8,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+LOGITS_FROM = "logits_from"  # the LLM input that says from which position on it returns logits (mmtrt.ir.logits)
+
 
 @dataclass(frozen=True)
 class TensorSpec:

@@ -35,7 +35,7 @@ def _value(name, dtype, shape, sizes, rng):
         return rng.integers(0, VOCAB_SIZE, size=shape).astype(dtype)
     if name == "attention_mask":
         return np.ones(shape, dtype)
-    if name == LOGITS_FROM:  # every position's logits
+    if name == {logits_from!r}:  # every position's logits
         return np.zeros(shape, dtype)
     if name == "position_ids":
         return np.broadcast_to(np.arange(sizes["past"], sizes["past"] + sizes["seq"]), shape).astype(dtype)
@@ -87,7 +87,7 @@ def write_loaders(manifest_components: dict[str, Any], dims: dict, typical_promp
             continue
         script = f"{FOLDER}/{name}.py"
         what = "a prefill, then one decode step after it" if name == "llm" else "one"
-        text = SCRIPT.format(onnx=comp["artifact"], script=script, what=what, vocab=vocab,
+        text = SCRIPT.format(onnx=comp["artifact"], script=script, what=what, vocab=vocab, logits_from=LOGITS_FROM,
                              inputs=json.dumps({s["name"]: s["dtype"] for s in comp["inputs"]}),
                              iterations=json.dumps(runs))
         (folder / script).write_text(text)

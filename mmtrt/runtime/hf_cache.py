@@ -12,8 +12,7 @@ from typing import Any
 
 import numpy as np
 
-from mmtrt.ir.logits import LOGITS_FROM
-from mmtrt.ir.spec import TensorSpec
+from mmtrt.ir.spec import LOGITS_FROM, TensorSpec
 
 
 class HfLayout:
