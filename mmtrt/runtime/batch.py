@@ -45,8 +45,9 @@ class Prepared:
     embeds: np.ndarray
     limit: int
     timings: dict[str, float]
-    prefix_key: str | None = None  # the image prefix's key when it may be reused (kv layouts only)
+    prefix_key: str | None = None  # the reused (or reusable) prefix's key (kv layouts only)
     prefix_len: int = 0
+    prompt_key: str | None = None  # the key of the prompt before its last token, to keep after the prefill
     prefix: list[np.ndarray] | None = None  # its stored KV when found at prepare time: embeds then start after it
     pixels: list[np.ndarray] = field(default_factory=list, repr=False)  # [1, 3, H, W] per image, until embedded
     sizes: list[tuple[int, int]] = field(default_factory=list)  # each image's (height, width)

@@ -17,6 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from mmtrt.runtime.batch import Prepared
+from mmtrt.runtime.prefix import keep_prefixes
 
 
 def prefill_together(pipe, stepper, holders: dict[str, list[int]], preps: list[Prepared]) -> list[np.ndarray]:
@@ -34,8 +35,7 @@ def prefill_together(pipe, stepper, holders: dict[str, list[int]], preps: list[P
     else:
         logits = list(run_padded(stepper, seqs, [(e, p) for e, p, _ in parts])[:, -1])
     for prep, (_, _, fresh) in zip(preps, parts):
-        if fresh and prep.prefix_key and pipe.prefixes.limit:
-            pipe.prefixes.put(prep.prefix_key, stepper.save_prefix(prep.index, prep.prefix_len))
+        keep_prefixes(pipe, stepper, prep.index, prep, fresh)
         if prep.prefix_key:
             holders.setdefault(prep.prefix_key, []).append(prep.index)
     return logits

@@ -21,6 +21,7 @@ from mmtrt.errors import UserError
 from mmtrt.runtime.batch import Prepared, position_rows, step_positions
 from mmtrt.runtime.blocks import BlockAllocator
 from mmtrt.runtime.kv import cache_dtype
+from mmtrt.runtime.prefix import keep_prefixes
 
 
 class PagedCache:
@@ -183,6 +184,7 @@ def prefill_sharing(pipe, stepper: PagedStepper, holders: dict[str, list[int]], 
     if owners:
         stepper.cache.fork(owners[0], prep.index, prep.prefix_len)
         logits = stepper.prefill(prep.index, prep.after_prefix(), prep.positions_after_prefix(), prep.rope_delta)
+        keep_prefixes(pipe, stepper, prep.index, prep, fresh=False)
     else:
         logits = pipe.prefill(stepper, prep.index, prep)
     owners.append(prep.index)

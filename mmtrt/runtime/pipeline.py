@@ -27,7 +27,7 @@ from mmtrt.runtime.executors import TRTLLM, component_runner, engine_choices, ll
 from mmtrt.runtime.hf_cache import HfLayout, grown
 from mmtrt.runtime.kv import StaticCache, cache_device, cache_providers
 from mmtrt.runtime.paged import PagedCache, PagedStepper
-from mmtrt.runtime.prefix import PrefixCache
+from mmtrt.runtime.prefix import PrefixCache, keep_prefixes
 from mmtrt.runtime.qwen2_vl import family_images
 from mmtrt.runtime.request_inputs import RequestInputs
 from mmtrt.runtime.sampling import SamplingParams
@@ -243,11 +243,11 @@ class Pipeline(RequestInputs):
             self.prefixes.entries.get(prep.prefix_key) if prep.prefix_key else None)
         if arrays is not None:
             stepper.load_prefix(handle, arrays)
-            return stepper.prefill(handle, prep.after_prefix(), prep.positions_after_prefix(), prep.rope_delta)
-        stepper.clear(handle)
-        logits = stepper.prefill(handle, prep.embeds, prep.positions, prep.rope_delta)
-        if prep.prefix_key and self.prefixes.limit:
-            self.prefixes.put(prep.prefix_key, stepper.save_prefix(handle, prep.prefix_len))
+            logits = stepper.prefill(handle, prep.after_prefix(), prep.positions_after_prefix(), prep.rope_delta)
+        else:
+            stepper.clear(handle)
+            logits = stepper.prefill(handle, prep.embeds, prep.positions, prep.rope_delta)
+        keep_prefixes(self, stepper, handle, prep, fresh=arrays is None)
         return logits
 
     def generation(self, seq: Sequence) -> Generation:

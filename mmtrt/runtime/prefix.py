@@ -2,7 +2,9 @@
 tokens) is computed once and kept, keyed by the pixels and the prefix token ids, in an LRU bounded in MiB.
 
 A later request with the same key skips the vision encoder and the prefix's prefill: its rows are copied into the
-request's cache row (static) or slots (paged), and only the question after the image is prefilled.
+request's cache row (static) or slots (paged), and only the question after the image is prefilled. Each prefill
+also keeps its whole prompt but the last token, so the same request again (a retry, a regenerated answer, the same
+question from another client) prefills one token, as a serving engine's prefix cache does.
 """
 
 from __future__ import annotations
@@ -25,6 +27,17 @@ def prefix_key(image_key: bytes, ids: list[int], length: int) -> str:
     h = hashlib.sha256(image_key)
     h.update(np.asarray(ids[:length], np.int64).tobytes())
     return h.hexdigest()
+
+
+def keep_prefixes(pipe, stepper, handle, prep, fresh: bool) -> None:
+    """After `prep`'s prefill into `handle`: keep its image prefix (when it was computed here, `fresh`) and its
+    prompt before the last token."""
+    if not pipe.prefixes.limit:
+        return
+    if fresh and prep.prefix_key:
+        pipe.prefixes.put(prep.prefix_key, stepper.save_prefix(handle, prep.prefix_len))
+    if prep.prompt_key:
+        pipe.prefixes.put(prep.prompt_key, stepper.save_prefix(handle, len(prep.ids) - 1))
 
 
 class PrefixCache:

@@ -182,11 +182,15 @@ class RequestInputs:
         return bool(self.dynamic_tokens or self.anyres)
 
     def _locate_prefix(self, prep: Prepared) -> None:
-        """The image prefix's length and key, under a kv_layout (the KV of what precedes the last image token)."""
+        """What a kv_layout may reuse: the prompt before its last token when it is stored, else the image prefix
+        (the text before the last image token, and that image's tokens); their lengths and keys."""
         n = prefix_length(prep.ids, self.model["image_token_id"]) if self.stepper and prep.pixels else 0
-        prep.prefix_len = n
         keyed = b"".join(self._keyed(p, size) for p, size in zip(prep.pixels, prep.sizes))
-        prep.prefix_key = prefix_key(keyed, prep.ids, n) if n else None
+        prep.prefix_len, prep.prefix_key = n, prefix_key(keyed, prep.ids, n) if n else None
+        whole = len(prep.ids) - 1
+        prep.prompt_key = prefix_key(keyed, prep.ids, whole) if n and whole > n else None
+        if prep.prompt_key in self.prefixes.entries:
+            prep.prefix_len, prep.prefix_key, prep.prompt_key = whole, prep.prompt_key, None
 
     def _all_features(self, prep: Prepared, seen: dict[str, np.ndarray] | None,
                       between: Callable[[], None] | None = None) -> list[np.ndarray]:

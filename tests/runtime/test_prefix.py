@@ -31,7 +31,22 @@ def test_a_batch_of_questions_on_one_image_reuses_it_within_the_batch(bundle, rn
     image = random_image(rng, 64, 64)
     batch = pipe.generate_batch([Request(image, q, 10) for q in QUESTIONS])
     assert [g.token_ids for g in batch] == [fresh.generate(image, q, 10).token_ids for q in QUESTIONS]
-    assert len(pipe.prefixes.entries) == 1
+    assert len(pipe.prefixes.entries) == 1 + len(QUESTIONS)  # the image's prefix, each prompt but its last token
+
+
+def test_the_same_request_again_prefills_its_last_token_only(bundle, rng):
+    pipe, fresh = load(bundle), load(bundle, prefix_cache_mib=0)
+    image, question = random_image(rng, 70, 90), QUESTIONS[int(rng.integers(len(QUESTIONS)))]
+    prefilled, prefill = [], pipe.prefill
+    pipe.prefill = lambda stepper, handle, prep: (prefilled.append(prep.embeds.shape[1]),  # found at prepare
+                                                  prefill(stepper, handle, prep))[1]
+    first = pipe.generate(image, question, 12)
+    again = pipe.generate(image, question, 12)
+    other = pipe.generate(image, QUESTIONS[0] + " " + question, 12)  # the image prefix only
+    assert [first.token_ids, again.token_ids, other.token_ids] == [
+        fresh.generate(image, q, 12).token_ids for q in (question, question, QUESTIONS[0] + " " + question)]
+    image_prefix = prefix_length(pipe.prompt_ids(question), pipe.model["image_token_id"])
+    assert prefilled == [first.prompt_tokens, 1, other.prompt_tokens - image_prefix]
 
 
 def test_the_prefix_ends_at_the_last_image_token():

@@ -56,8 +56,8 @@ def test_a_batch_of_sizes_with_a_shared_image_decodes_what_generate_decodes(kv_b
         assert decided >= 2, f"the fixed images' references must decide their first steps: {margins}"
         assert result.prompt_tokens == len(ids)
         assert result.token_ids[:decided] == want[:decided]
-    if layout == "static":  # the fourth request took the first one's stored image prefix, as does this one
-        assert len(pipe.prefixes.entries) == 3
+    if layout == "static":  # the fourth request took the first one's stored image prefix; this one its own prompt
+        assert len(pipe.prefixes.entries) == 3 + len(cases)  # each image's prefix, each prompt but its last token
         image, prompt, (_, want, margins) = cases[3]
         again = pipe.generate(image, prompt, max_new_tokens=NEW_TOKENS)
         assert again.token_ids[:decided_steps(margins)] == want[:decided_steps(margins)]
