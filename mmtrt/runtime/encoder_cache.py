@@ -10,7 +10,8 @@ evicted least recently used beyond a bound in bytes; an entry larger than the bo
 
 Beside the prefix-KV cache (prefix.py): that one keeps the KV of the template text before the image plus the
 image's tokens, so it serves only a request with the same image *and* the same text before it; this one serves
-any request with the same image, which then still prefills its prompt.
+any request with the same image, which then still prefills its prompt. The same LRU, keyed by the decoded
+image's bytes (`image_key`), keeps the preprocessed pixels, so a repeated image is not resized and tiled again.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ from __future__ import annotations
 import hashlib
 
 import numpy as np
+from PIL import Image
 
 from mmtrt.runtime.prefix import PrefixCache
 
@@ -30,6 +32,13 @@ def encoder_key(bundle_digest: str, pixels, size: tuple[int, int] | None) -> str
     h.update(pixels.tobytes())
     if size is not None:
         h.update(np.asarray(size, np.int64).tobytes())
+    return h.hexdigest()
+
+
+def image_key(img: Image.Image) -> str:
+    """The key of a decoded image's preprocessed pixels within one bundle: its mode, size and every byte."""
+    h = hashlib.sha256(f"{img.mode}{img.size}".encode())
+    h.update(img.tobytes())
     return h.hexdigest()
 
 

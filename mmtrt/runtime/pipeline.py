@@ -117,6 +117,7 @@ class Pipeline(RequestInputs):
         self.hf = HfLayout(self.specs["llm"], self.model["llm"])
         self.prefixes = PrefixCache(prefix_cache_mib)
         self.encoder_cache = EncoderCache(encoder_cache_mib)
+        self.pixel_cache = EncoderCache(encoder_cache_mib / 4)
         self.decoding = threading.Lock()  # held by the one Scheduler driving the KV cache
         self.prefill_chunk = PREFILL_CHUNK  # tokens per call of a prefill admitted beside running sequences
         # token_prune's dynamic budget: the vision output is a padded block with a per-image count
@@ -282,7 +283,8 @@ def load(path: str | Path, threads: int | None = None, spin: bool = True, prefix
          parse_special_tokens: bool = False, encoder_cache_mib: float = 256) -> Pipeline:
     """Load a bundle written by `mmtrt compile`. Under a kv_layout, image prefixes are kept for later questions in
     an LRU of `prefix_cache_mib` MiB (0: none); every image's features (the vision encoder's output) are kept by
-    the image's content for any later request in an LRU of `encoder_cache_mib` MiB (0: none). `expect_digest`:
+    the image's content for any later request in an LRU of `encoder_cache_mib` MiB (0: none), and its preprocessed
+    pixels in one of a quarter of that. `expect_digest`:
     the bundle's identity (its manifest's sha256, which `mmtrt compile` and `mmtrt inspect` print) it must have;
     `public_key`: a PEM public key whose signature (`mmtrt sign`) it must carry. `parse_special_tokens`: special tokens typed in a prompt act as special tokens
     (the default keeps them text; docs/security.md)."""

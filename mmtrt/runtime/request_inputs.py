@@ -20,7 +20,7 @@ from mmtrt.preprocess.anyres import grid_tiles, pack
 from mmtrt.errors import UserError
 from mmtrt.runtime.batch import Prepared, Request
 from mmtrt.runtime.chunked_prefill import pieces
-from mmtrt.runtime.encoder_cache import encoder_key
+from mmtrt.runtime.encoder_cache import encoder_key, image_key
 from mmtrt.runtime.image_bounds import check_image
 from mmtrt.runtime.image_file import open_image
 from mmtrt.runtime.paged import PagedStepper
@@ -55,11 +55,22 @@ class RequestInputs:
         return ids
 
     def pixel_values(self, image) -> np.ndarray:
-        """The vision input: [1, 3, H, W], or an any-resolution image's base and tiles [1 + tiles, 3, H, W]."""
+        """The vision input: [1, 3, H, W], or an any-resolution image's base and tiles [1 + tiles, 3, H, W]; an
+        image seen before (the same decoded pixels) from the pixel cache, as its resize and tiling cost a repeated
+        image's request more than its one-token prefill."""
         img = open_image(image)
         check_image(img, self.manifest["envelope"]["image"], self.preprocess_spec)
         if self.family:
             return self.family.pixels(img)
+        key = image_key(img) if self.pixel_cache.limit else None
+        pixels = self.pixel_cache.get(key) if key else None
+        if pixels is None:
+            pixels = self._transformed(img)
+            if key:
+                self.pixel_cache.put(key, pixels)
+        return pixels
+
+    def _transformed(self, img: Image.Image) -> np.ndarray:
         if self.anyres:
             self._check_tiles(img)
             return self.transform(img)

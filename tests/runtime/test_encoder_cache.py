@@ -95,3 +95,14 @@ def test_the_serving_loop_reports_hits_beside_the_prefix_cache(tiny_paged_bundle
     text = prometheus_text(metrics, "tiny")
     assert 'mmtrt_encoder_cache_hits_total{model="tiny"} 1.0' in text
     assert 'mmtrt_encoder_cache_misses_total{model="tiny"} 1.0' in text
+
+
+def test_preprocessed_pixels_are_kept_by_the_decoded_image_and_never_shared(tiny_bundle, uncached, rng):
+    cached = load(tiny_bundle)
+    image = random_image(rng, 40, 56)
+    changed = np.asarray(image).copy()
+    changed[rng.integers(40), rng.integers(56), rng.integers(3)] ^= 1
+    transposed = Image.fromarray(np.asarray(image).reshape(56, 40, 3))  # the same bytes at another size
+    for img in (image, image.copy(), Image.fromarray(changed), transposed):
+        assert np.array_equal(cached.pixel_values(img), uncached.pixel_values(img))
+    assert (cached.pixel_cache.hits, cached.pixel_cache.misses) == (1, 3) and not uncached.pixel_cache.entries
