@@ -28,7 +28,6 @@ from mmtrt.ir.facts import item_tokens
 from mmtrt.ir.graph import ModelIR
 from mmtrt.ir.logits import LOGITS_FROM
 from mmtrt.progress import track
-from mmtrt.quant.layerwise import give_back_freed_memory, run_by_layer
 from mmtrt.quant.session import session
 
 TEXT_WINDOW = 512
@@ -182,25 +181,20 @@ def _tokenizer(ir: ModelIR):
 
 def _image_sequences(ir: ModelIR, tokenizer, shown) -> tuple[list, list[Sequence]]:
     """Each image with its prompt: its vision inputs (pixel values, an any-resolution image's tiles one by one; a
-    native-resolution image's whole feeds), and the LLM's input with the image features in place. The vision graph
-    runs one encoder layer at a time over every image (`run_by_layer`), so its session holds one layer's weights."""
+    native-resolution image's whole feeds), and the LLM's input with the image features in place."""
     from mmtrt.runtime.image_file import open_image
     from mmtrt.runtime.prompt import format_prompt, tokenize
 
-    facts, (prepare, finish) = ir.config, _image_encoder(ir)
-    images = [open_image(img).convert("RGB") for img, _ in shown]
-    prepared = [prepare(image) for image in track(images, "calibration images", total=len(images))]
-    outputs = run_by_layer(ir.components["vision"].onnx, "vision", [feed for feed, _ in prepared])
-    give_back_freed_memory()
+    facts, encode = ir.config, _image_encoder(ir)
     embed = session(ir.components["embed"].onnx)
     vision_inputs, sequences = [], []
-    for image, (_, prompt), (feed, grid), out in zip(images, shown, prepared, outputs):
+    for img, prompt in track(shown, "calibration images", total=len(shown)):
         text = format_prompt(tokenizer, facts["chat_template"], prompt, raw=False)
-        features = finish(image, out)
+        inputs, features, grid = encode(open_image(img).convert("RGB"))
         ids = np.array(tokenize(tokenizer, text, facts["image_token"], features.shape[0]), np.int64)
         e = embed.run(None, {"input_ids": ids[None]})[0][0]
         e[ids == facts["image_token_id"]] = features
-        vision_inputs.extend([feed] if _native_resolution(ir) else feed["pixel_values"])
+        vision_inputs.extend(inputs)
         sequences.append(Sequence(e, None if grid is None else _mrope(ir, ids, grid)))
     return vision_inputs, sequences
 
@@ -212,10 +206,9 @@ def _mrope(ir: ModelIR, ids: np.ndarray, grid: tuple[int, int, int]) -> np.ndarr
 
 
 def _image_encoder(ir: ModelIR):
-    """(image -> its vision graph's feeds and its patch grid where M-RoPE needs it, (image, the graph's outputs) ->
-    its tokens' features [T, D]), as the runtime computes them."""
-    spec = ir.components["preprocess"].spec
-    names = [o.name for o in ir.components["vision"].onnx.graph.output]
+    """image -> (its vision inputs, its tokens' features [T, D], its patch grid where M-RoPE needs it), as the
+    runtime computes them."""
+    spec, vision = ir.components["preprocess"].spec, session(ir.components["vision"].onnx)
     anyres = ir.config["vision"].get("anyres")
     if _native_resolution(ir):
         from mmtrt.runtime.qwen2_vl import preprocess, vision_indices
@@ -223,24 +216,30 @@ def _image_encoder(ir: ModelIR):
         v = ir.config["vision"]
         layout = {"spatial_merge_size": v["merge_size"], "window_size": v["window_size"], "patch_size": v["patch_size"]}
 
-        def prepare_native(image):
+        def encode_native(image):
             patches = preprocess(image, spec)
-            return {"pixel_values": patches.values, **vision_indices(patches.grid, layout)}, patches.grid
-        return prepare_native, lambda image, outputs: outputs[0][0]
+            feeds = {"pixel_values": patches.values, **vision_indices(patches.grid, layout)}
+            return [feeds], vision.run(None, feeds)[0][0], patches.grid
+        return encode_native
     if anyres is None:
         from mmtrt.preprocess.torchvision_transform import build_transform
 
         transform = build_transform(spec)
 
-        return ((lambda image: ({"pixel_values": transform(image)[None].numpy()}, None)),
-                lambda image, outputs: outputs[0].reshape(-1, outputs[0].shape[-1]))
-    tiler = build_tiler(spec)
+        def encode(image):
+            p = transform(image)[None].numpy()
+            features = vision.run(None, {"pixel_values": p})[0]
+            return p, features.reshape(-1, features.shape[-1]), None
+        return encode
+    tiler, names = build_tiler(spec), [o.name for o in vision.get_outputs()]
     newline = np.load(io.BytesIO(ir.assets[NEWLINE_ASSET])) if anyres["layout"] == "grid" else None
 
-    def finish_tiles(image, outputs):
-        out = dict(zip(names, outputs))
-        return pack(out["image_features"], out.get("image_token_count"), image.height, image.width, anyres, newline)
-    return (lambda image: ({"pixel_values": tiler(image)}, None)), finish_tiles
+    def encode_tiles(image):
+        p = tiler(image)
+        out = dict(zip(names, vision.run(None, {"pixel_values": p})))
+        return p, pack(out["image_features"], out.get("image_token_count"), image.height, image.width, anyres,
+                       newline), None
+    return encode_tiles
 
 
 def _text_sequences(ir: ModelIR, tokenizer, windows: int, source: str) -> list[np.ndarray]:

@@ -96,26 +96,6 @@ def _run_stage(model: onnx.ModelProto, stage: Stage, names: list[str], cache: li
         give_back_freed_memory()
 
 
-def run_by_layer(model: onnx.ModelProto, component: str,
-                 batches: list[dict[str, np.ndarray]]) -> list[list[np.ndarray]]:
-    """The graph's outputs on each batch, computed in stages that end where each layer's first linears read (the
-    layers `find_linears` names; a graph with none runs whole): every session holds one layer's weights, and the
-    tensors a later layer reads are kept per batch in between."""
-    from mmtrt.quant.linears import find_linears
-
-    starts: dict[int, str] = {}
-    for group in find_linears(model, component)[2]:
-        if group.linears[0].layer is not None:
-            starts.setdefault(group.linears[0].layer, group.input)
-    outputs = [o.name for o in model.graph.output]
-    chunks = [[name] for _, name in sorted(starts.items())] + [outputs]
-    results = []
-    for c, runs in enumerate(captured(model, chunks, batches)):
-        if c == len(chunks) - 1:
-            results = [[tensors[n] for n in outputs] for tensors in runs]
-    return results
-
-
 def _stage_model(model: onnx.ModelProto, stage: Stage, example: dict[str, np.ndarray]) -> onnx.ModelProto:
     """The stage's nodes as a model: its inputs typed from the example batch, the initializers its nodes read."""
     nodes = [model.graph.node[i] for i in stage.nodes]
