@@ -3,7 +3,7 @@ written tensor by tensor), each compiled losslessly and with awq_int4 in a subpr
 bundle bytes as ratios to the checkpoint's bytes, and `mmtrt compare --reference torch` on one request.
 
     python scripts/bench_scale.py onevision-0.5b --work /tmp/scale [--layers 4 4] [--dtype bfloat16]
-        [--recipes lossless awq_int4] [--no-compare]
+        [--recipes lossless awq_int4] [--no-compare] [--reuse-checkpoint]
 
 `--no-compare` where the float32 bundle and the PyTorch model do not fit in memory together (a 7B bundle is
 28 GB of float32 weights, which `compare` loads into ONNX Runtime beside the source model).
@@ -46,10 +46,12 @@ def compile_child(recipe: Path, bundle: Path) -> tuple[float, int, int]:
     return time.perf_counter() - started, (peak[-1] if peak else 0) * 1024, done.returncode
 
 
-def measure(name: str, work: Path, layers, dtype: torch.dtype, kinds: list[str], compare: bool) -> list[dict]:
+def measure(name: str, work: Path, layers, dtype: torch.dtype, kinds: list[str], compare: bool,
+            reuse: bool = False) -> list[dict]:
     model_class, config, processor, generation = MODELS[name](layers)
     checkpoint = work / name / "checkpoint"
-    weights = write_checkpoint(checkpoint, model_class, config, processor, generation, dtype)
+    weights = ((checkpoint / "model.safetensors").stat().st_size if reuse else
+               write_checkpoint(checkpoint, model_class, config, processor, generation, dtype))
     rows = []
     for kind in kinds:
         recipe = work / name / f"{kind}.yaml"
@@ -76,8 +78,11 @@ def main() -> None:
     parser.add_argument("--recipes", nargs="+", choices=sorted(RECIPES), default=["lossless"],
                         help="the recipes to compile (default: lossless)")
     parser.add_argument("--no-compare", action="store_true", help="skip `compare --reference torch`")
+    parser.add_argument("--reuse-checkpoint", action="store_true",
+                        help="compile the checkpoint an earlier run wrote to WORK/MODEL/checkpoint (same arguments)")
     args = parser.parse_args()
-    measure(args.model, args.work, args.layers, getattr(torch, args.dtype), args.recipes, not args.no_compare)
+    measure(args.model, args.work, args.layers, getattr(torch, args.dtype), args.recipes, not args.no_compare,
+            args.reuse_checkpoint)
 
 
 if __name__ == "__main__":

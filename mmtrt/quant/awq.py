@@ -82,15 +82,33 @@ def effective_weight(w: np.ndarray, s: np.ndarray, grid: Grid, clip=None) -> np.
 
 class OwnLoss:
     """Mean squared error of the group's own outputs, sum over tokens of ||x (W_eff - W)^T||^2 = tr(D G D^T); it
-    takes the Gram matrix out of the stats (the caller takes what else it needs of it first)."""
+    takes the Gram matrix out of the stats (the caller takes what else it needs of it first). The sum runs over
+    blocks of output channels (`row_blocks`), so a wide linear (a 151,936-row lm_head) is never held scaled,
+    rounded or subtracted whole."""
 
     def __init__(self, weights: list[np.ndarray], stats: GroupStats):
         self.weights, self.quadratic = weights, Quadratic(stats.take_gram().astype(np.float32))
         self.count = stats.tokens * sum(w.shape[0] for w in weights)
-        self.energy = sum(self.quadratic(w) for w in weights) / self.count
+        self.energy = sum(self.quadratic(w[rows]) for w in weights for rows in row_blocks(w)) / self.count
 
     def __call__(self, effective: list[np.ndarray]) -> float:
         return sum(self.quadratic(e - w) for e, w in zip(effective, self.weights)) / self.count
+
+    def at(self, s: np.ndarray, grid: Grid, clips=None) -> float:
+        """The error of the weights scaled by `s` and rounded (with each linear's clip ratios [N, G])."""
+        clips = clips or [None] * len(self.weights)
+        return sum(self.quadratic(effective_weight(w[rows], s, grid, None if c is None else c[rows]) - w[rows])
+                   for w, c in zip(self.weights, clips) for rows in row_blocks(w)) / self.count
+
+
+BLOCK_ELEMENTS = 2**23  # weights (32 MB in float32) a block of output channels holds at most
+
+
+def row_blocks(w: np.ndarray) -> list[slice]:
+    """Slices of `w`'s rows (output channels) of at most BLOCK_ELEMENTS weights each; one slice when it fits."""
+    n, k = w.shape
+    rows = max(1, BLOCK_ELEMENTS // max(k, 1))
+    return [slice(a, min(a + rows, n)) for a in range(0, n, rows)]
 
 
 class Quadratic:
@@ -131,7 +149,7 @@ class ModuleLoss:
 
     def __init__(self, model: onnx.ModelProto, index: GraphIndex, group: Group, weights: list[np.ndarray],
                  feeds: list[dict[str, np.ndarray]]):
-        self.names = [lin.weight for lin in group.linears]
+        self.weights, self.names = weights, [lin.weight for lin in group.linears]
         self.dtypes = [helper.tensor_dtype_to_np_dtype(index.initializers[n].data_type) for n in self.names]
         self.session = session(_region_model(model, index, group, feeds[0]))
         self.feeds = feeds
@@ -147,6 +165,10 @@ class ModuleLoss:
         total = sum(float(np.square(self._run(f, effective) - r, dtype=np.float64).sum())
                     for f, r in zip(self.feeds, self.reference))
         return total / self.count
+
+    def at(self, s: np.ndarray, grid: Grid, clips=None) -> float:
+        clips = clips or [None] * len(self.weights)
+        return self([effective_weight(w, s, grid, c) for w, c in zip(self.weights, clips)])
 
 
 def _region_model(model: onnx.ModelProto, index: GraphIndex, group: Group,
@@ -173,14 +195,15 @@ class ScaleResult:
     energy: float
 
 
-def search_scale(weights: list[np.ndarray], stats: GroupStats, loss, grid: Grid) -> ScaleResult:
-    """The alpha whose scale gives the least module-output error; alpha 0 (s = 1) is round-to-nearest."""
+def search_scale(stats: GroupStats, loss, grid: Grid) -> ScaleResult:
+    """The alpha whose scale gives the least module-output error (`loss`: an OwnLoss or a ModuleLoss of the
+    group's weights); alpha 0 (s = 1) is round-to-nearest."""
     x_mean = stats.abs_sum / max(stats.tokens, 1)
     best = None
     rtn_loss = 0.0
     for alpha in ALPHAS:
         s = scale_for(x_mean, alpha)
-        err = loss([effective_weight(w, s, grid) for w in weights])
+        err = loss.at(s, grid)
         if alpha == 0:
             rtn_loss = err
         if best is None or err < best[0]:
@@ -194,14 +217,19 @@ def scale_for(x_mean: np.ndarray, alpha: float) -> np.ndarray:
     return (s / np.sqrt(s.max() * s.min())).astype(np.float32)
 
 
-def search_clip(w: np.ndarray, blocks: np.ndarray, grid: Grid) -> np.ndarray:
-    """Per output channel and weight group, the clip ratio with the least error of that group's output share;
-    `blocks` are the diagonal blocks of the input's Gram matrix."""
+def search_clip(w: np.ndarray, s: np.ndarray, blocks: np.ndarray, grid: Grid) -> np.ndarray:
+    """Per output channel and weight group of the scaled weight `w` diag(s), the clip ratio [N, G] with the least
+    error of that group's output share; `blocks` are the diagonal blocks of the Gram matrix of x / s. Searched
+    over blocks of output channels (`row_blocks`)."""
+    blocks = blocks.astype(np.float32)
+    return np.concatenate([_clip_rows(w[rows] * s, blocks, grid) for rows in row_blocks(w)])
+
+
+def _clip_rows(w: np.ndarray, blocks: np.ndarray, grid: Grid) -> np.ndarray:
     n, k = w.shape
     group = grid.group
     g = num_groups(k, group)
     pad = g * group - k
-    blocks = blocks.astype(np.float32)
     best = np.full((g, n), np.inf)
     ratio = np.ones((g, n), np.float32)
     for r in CLIP_RATIOS:

@@ -64,7 +64,9 @@ class Folds:
     def weight(self, lin: Linear) -> np.ndarray:
         """The linear's weight `[K, N]` as stored, with its factors folded in (in float32, in the order the groups
         folded them), in the graph's float type."""
-        w = source_weights.array(self._weights[id(lin.node)]).astype(np.float32)
+        w = source_weights.array(self._weights[id(lin.node)])
+        if w.dtype != np.float32 or not w.flags.writeable:  # a referenced weight is widened into a new array
+            w = w.astype(np.float32)
         for on_inputs, s in self.factors.get(id(lin.node), []):
             if on_inputs:
                 w *= s[:, None]

@@ -39,6 +39,14 @@ def _grouped(w: np.ndarray, group_size: int) -> np.ndarray:
     return padded.reshape(n, -1, group_size)
 
 
+ROW_BLOCK_ELEMENTS = 2**23  # weights a block of rows holds at most: rounding widens each block, not the weight
+
+
+def _row_blocks(n: int, k: int) -> list[slice]:
+    rows = max(1, ROW_BLOCK_ELEMENTS // max(k, 1))
+    return [slice(a, min(a + rows, n)) for a in range(0, n, rows)]
+
+
 def quantize_groups(w: np.ndarray, group_size: int, symmetric: bool = True,
                     clip_ratio: float | np.ndarray | None = None,
                     float_zero_point: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
@@ -47,8 +55,21 @@ def quantize_groups(w: np.ndarray, group_size: int, symmetric: bool = True,
     q is signed [-8, 7] with no zero points when symmetric, unsigned [0, 15] with uint8 zero points [N, G] otherwise
     (float32 zero points with `float_zero_point`; the short last group's padding zeros are in its range).
     `clip_ratio` (a scalar or [N, G]) shrinks each group's range first, as AWQ's clip search does; values outside
-    the shrunk range clip to the grid's ends.
+    the shrunk range clip to the grid's ends. Rows are rounded a block at a time (each row on its own, so the
+    result is the same), so a wide weight's float temporaries take one block's memory.
     """
+    blocks = _row_blocks(*np.shape(w))
+    if len(blocks) == 1:
+        return _quantize_rows(w, group_size, symmetric, clip_ratio, float_zero_point)
+    ratio = None if clip_ratio is None else np.asarray(clip_ratio, np.float32)
+    parts = [_quantize_rows(w[r], group_size, symmetric, ratio if ratio is None or ratio.ndim == 0 else ratio[r],
+                            float_zero_point) for r in blocks]
+    q, scales, zero_points = zip(*parts)
+    return (np.concatenate(q), np.concatenate(scales),
+            None if zero_points[0] is None else np.concatenate(zero_points))
+
+
+def _quantize_rows(w: np.ndarray, group_size: int, symmetric: bool, clip_ratio, float_zero_point: bool):
     groups = _grouped(np.asarray(w, np.float32), group_size)
     ratio = np.float32(1.0) if clip_ratio is None else np.asarray(clip_ratio, np.float32)
     lo, hi = groups.min(-1) * ratio, groups.max(-1) * ratio
@@ -72,7 +93,16 @@ def quantize_groups(w: np.ndarray, group_size: int, symmetric: bool = True,
 
 def dequantize_groups(q: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None,
                       group_size: int) -> np.ndarray:
-    """The reference inverse, (q - zero point) * scale in float32, [N, K]; every layout's test compares with it."""
+    """The reference inverse, (q - zero point) * scale in float32, [N, K]; every layout's test compares with it.
+    Rows a block at a time into one array."""
+    out, scales = np.empty(q.shape, np.float32), np.asarray(scales)
+    for r in _row_blocks(*q.shape):
+        out[r] = _dequantize_rows(q[r], scales[r], None if zero_points is None else zero_points[r], group_size)
+    return out
+
+
+def _dequantize_rows(q: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None,
+                     group_size: int) -> np.ndarray:
     k = q.shape[1]
     s = np.repeat(np.asarray(scales, np.float32), group_size, axis=1)[:, :k]
     z = 0 if zero_points is None else np.repeat(zero_points.astype(np.float32), group_size, axis=1)[:, :k]

@@ -75,22 +75,25 @@ def captured(model: onnx.ModelProto, chunks: list[list[str]],
     stages = plan_stages(model.graph, chunks)
     cache = [dict(b) for b in batches]
     for s, (stage, names) in enumerate(zip(stages, chunks)):
-        runs = _run_stage(model, stage, names, cache, f"calibration, stage {s + 1} of {len(stages)}")
+        later = {n for st in stages[s + 1:] for n in st.inputs}
+        runs = _run_stage(model, stage, names, cache, later, f"calibration, stage {s + 1} of {len(stages)}")
         yield runs
         deque(runs, maxlen=0)
-        later = {n for st in stages[s + 1:] for n in st.inputs}
-        for values in cache:
-            for name in [n for n in values if n not in later]:
-                del values[name]
 
 
 def _run_stage(model: onnx.ModelProto, stage: Stage, names: list[str], cache: list[dict[str, np.ndarray]],
-               desc: str) -> Iterator[dict[str, np.ndarray]]:
+               later: set[str], desc: str) -> Iterator[dict[str, np.ndarray]]:
+    """The stage on each batch: its captures are handed out, and a batch keeps only what later stages read (a
+    capture no later stage reads, such as a down projection's wide input, is held one batch at a time), and the
+    heap's free pages go back after each batch (a batch's arrays are below glibc's mmap threshold)."""
     sess = session(_stage_model(model, stage, cache[0])) if stage.outputs else None
     for values in track(cache, desc, total=len(cache)):
-        if sess is not None:
-            values.update(zip(stage.outputs, sess.run(stage.outputs, {n: values[n] for n in stage.inputs})))
-        yield {n: values[n] for n in names}
+        made = dict(zip(stage.outputs, sess.run(stage.outputs, {n: values[n] for n in stage.inputs}))) if sess else {}
+        yield {n: made[n] if n in made else values[n] for n in names}
+        values.update((n, v) for n, v in made.items() if n in later)
+        for name in [n for n in values if n not in later]:
+            del values[name]
+        give_back_freed_memory()
 
 
 def _stage_model(model: onnx.ModelProto, stage: Stage, example: dict[str, np.ndarray]) -> onnx.ModelProto:

@@ -80,7 +80,7 @@ def round_linear(lin: Linear, weight: np.ndarray, x_input: str, clip: np.ndarray
                  hessian: np.ndarray | None, settings: Settings) -> Candidate:
     """Quantize the linear's (scaled) weight `[K, N]` in the graph's float type (GPTQ when the method says so, else
     to nearest with its clip ratios) and lower it to read `x_input`."""
-    w = weight.T.astype(np.float32)
+    w = np.asarray(weight.T, np.float32)
     q, scales, zp = (gptq_quantize(w, hessian, settings.grid, settings.act_order) if settings.method in GPTQ
                      else settings.grid.quantize(w, clip))
     error = None

@@ -19,8 +19,7 @@ import numpy as np
 import onnx
 
 from mmtrt.ir import source_weights
-from mmtrt.quant.awq import (GroupStats, ModuleLoss, OwnLoss, ScaleResult, effective_weight, scaled_blocks, search_clip,
-                             search_scale)
+from mmtrt.quant.awq import GroupStats, ModuleLoss, OwnLoss, ScaleResult, scaled_blocks, search_clip, search_scale
 from mmtrt.quant.layer_rewrite import GroupPlan, LayerRewrite
 from mmtrt.quant.layerwise import captured, give_back_freed_memory
 from mmtrt.quant.linears import GraphIndex, Group, find_linears, region_inputs
@@ -48,7 +47,8 @@ def quantize_component(model: onnx.ModelProto, component: str, batches: list[dic
         searched = time.perf_counter()
         for group in chunk:
             give_back_freed_memory()  # what the layer's calibration session or the last search freed
-            ws = [source_weights.array(index.initializers[lin.weight]).T.astype(np.float32) for lin in group.linears]
+            ws = [np.asarray(source_weights.array(index.initializers[lin.weight]).T, np.float32)
+                  for lin in group.linears]
             plan, report = _search(model, index, group, ws, stats.pop(group.input), settings)
             del ws
             fold = rewrite.add(position[id(group)], plan)
@@ -89,10 +89,19 @@ def _calibrate(model, index: GraphIndex, groups: list[Group], batches,
     (at least one batch)."""
     chunks = _by_layer(groups)
     needs = [{g.input: region_inputs(index, g) for g in chunk if g.region} for chunk in chunks]
-    names = [list(dict.fromkeys([g.input for g in chunk] + [n for ns in need.values() for n in ns]))
+    names = [list(dict.fromkeys([g.input for g in chunk] + [n for ns in need.values() for n in ns]
+                                + _narrowing_outputs(chunk)))
              for chunk, need in zip(chunks, needs)]
     for chunk, need, runs in zip(chunks, needs, captured(model, names, batches)):
         yield chunk, _chunk_stats(chunk, need, runs, settings)
+
+
+def _narrowing_outputs(chunk: list[Group]) -> list[str]:
+    """The outputs of the layer's linears that are narrower than their inputs (the down projection's): taken with
+    the layer, its stage runs them, so the next stage is handed their outputs rather than the wide inputs
+    (hidden size against 5.4x that for Qwen2's MLP, over every calibration token)."""
+    lins = [lin for g in chunk for lin in [*g.linears, *([g.downstream] if g.downstream else [])]]
+    return [lin.output for lin in lins if lin.layer is not None and lin.n < lin.k]
 
 
 def _chunk_stats(chunk: list[Group], needs: dict[str, list[str]], runs, settings: Settings) -> dict[str, GroupStats]:
@@ -118,16 +127,16 @@ def _search(model, index, group: Group, ws: list[np.ndarray], stats: GroupStats,
     loss = ModuleLoss(model, index, group, ws, stats.feeds) if group.region else OwnLoss(ws, stats)
     grid = settings.grid
     if settings.method in SCALED:
-        result = search_scale(ws, stats, loss, grid)
+        result = search_scale(stats, loss, grid)
     else:
-        err = loss([grid.fake(w) for w in ws])
+        err = loss.at(np.ones(group.linears[0].k, np.float32), grid)
         result = ScaleResult(np.ones(group.linears[0].k, np.float32), 0.0, err, err, loss.energy)
     clips = [None] * len(ws)
     if settings.method == "awq" and settings.clip:
         blocks = scaled_blocks(blocks, result.scale)
-        clips = [None if lin.role in NO_CLIP_ROLES else search_clip(w * result.scale, blocks, grid)
+        clips = [None if lin.role in NO_CLIP_ROLES else search_clip(w, result.scale, blocks, grid)
                  for lin, w in zip(group.linears, ws)]
-    final = loss([effective_weight(w, result.scale, grid, c) for w, c in zip(ws, clips)])
+    final = loss.at(result.scale, grid, clips)
     if final > result.loss:  # the clip search minimises each weight group's share; keep it only when the module gains
         clips, final = [None] * len(ws), result.loss
     energy = max(result.energy, 1e-30)

@@ -1,8 +1,10 @@
-"""AWQ's searches on synthetic data: a salient input channel is what the scale search protects, alpha 0 is RTN, and
-every clip ratio chosen is at least as good as no clipping for its own weight group."""
+"""AWQ's searches on synthetic data: a salient input channel is what the scale search protects, alpha 0 is RTN,
+every clip ratio chosen is at least as good as no clipping for its own weight group, and a wide linear searched a
+block of output channels at a time gets what it gets whole."""
 
 import numpy as np
 
+from mmtrt.quant import awq
 from mmtrt.quant.awq import (CLIP_RATIOS, GroupStats, OwnLoss, Quadratic, effective_weight, scaled_blocks, search_clip,
                             search_scale)
 from mmtrt.quant.int4 import Grid
@@ -20,7 +22,7 @@ def test_scale_search_protects_a_salient_channel(rng):
     x[:, rng.integers(128)] *= 50
     grid, stats = Grid(32), _stats(x, 32)
     loss = OwnLoss([w], stats)
-    result = search_scale([w], stats, loss, grid)
+    result = search_scale(stats, loss, grid)
     assert result.alpha > 0 and result.loss < 0.7 * result.rtn_loss
     assert np.isclose(result.rtn_loss, loss([grid.fake(w)]))
     np.testing.assert_allclose(result.rtn_loss, np.mean((x @ (grid.fake(w) - w).T) ** 2), rtol=1e-3)
@@ -32,7 +34,7 @@ def test_alpha_zero_wins_when_rtn_is_exact(rng):
     w = grid.fake(rng.normal(size=(16, 64)).astype(np.float32))
     x = rng.normal(size=(256, 64)).astype(np.float32) * rng.uniform(0.1, 10, size=64).astype(np.float32)
     stats = _stats(x, 32)
-    result = search_scale([w], stats, OwnLoss([w], stats), grid)
+    result = search_scale(stats, OwnLoss([w], stats), grid)
     assert result.alpha == 0 and result.loss == result.rtn_loss < 1e-10
 
 
@@ -42,7 +44,7 @@ def test_clip_ratios_never_lose_on_their_own_group(rng):
     s = rng.uniform(0.5, 2.0, size=96).astype(np.float32)
     grid = Grid(32)
     blocks = scaled_blocks(_stats(x, 32, full=False).blocks(), s)
-    ratio = search_clip(w * s, blocks, grid)
+    ratio = search_clip(w, s, blocks, grid)
     assert ratio.shape == (24, 3) and set(np.unique(ratio)) <= set(CLIP_RATIOS.astype(np.float32)) and ratio.min() < 1
     xs = (x / s).reshape(300, 3, 32)
 
@@ -67,3 +69,31 @@ def test_quadratic_through_the_factor_is_the_output_error(rng):
         assert (quadratic.lower is None) == (tokens < 96) and (quadratic.live is not None) == dead
         expected = np.square(x.astype(np.float64) @ d.T.astype(np.float64)).sum()
         np.testing.assert_allclose(quadratic(d), expected, rtol=1e-5)
+
+
+def test_blocks_of_output_channels_search_as_the_whole_weight(rng, monkeypatch):
+    """The own-output error, the clip search and the scale search over blocks of 10 rows (a 151,936-row lm_head's
+    way) against the same on the whole weight."""
+    w = [rng.standard_t(3, size=(45, 96)).astype(np.float32), rng.normal(size=(8, 96)).astype(np.float32)]
+    x = rng.normal(size=(300, 96)).astype(np.float32) * rng.uniform(0.1, 10, size=96).astype(np.float32)
+    s = rng.uniform(0.5, 2.0, size=96).astype(np.float32)
+    grid = Grid(32)
+    blocks = scaled_blocks(_stats(x, 32, full=False).blocks(), s)
+
+    def searched():
+        loss = OwnLoss(w, _stats(x, 32))
+        clips = [search_clip(v, s, blocks, grid) for v in w]
+        return loss.energy, loss.at(s, grid, clips), clips, search_scale(_stats(x, 32), OwnLoss(w, _stats(x, 32)), grid)
+
+    whole = searched()
+    monkeypatch.setattr(awq, "BLOCK_ELEMENTS", 10 * 96)
+    assert len(awq.row_blocks(w[0])) == 5
+    parts = searched()
+    np.testing.assert_allclose(parts[:2], whole[:2], rtol=1e-6)
+    for a, b in zip(parts[2], whole[2]):
+        np.testing.assert_array_equal(a, b)
+    assert parts[3].alpha == whole[3].alpha
+    np.testing.assert_allclose(parts[3].loss, whole[3].loss, rtol=1e-6)
+    direct = sum(np.square(x.astype(np.float64) @ (effective_weight(v, s, grid, c) - v).T.astype(np.float64)).sum()
+                 for v, c in zip(w, whole[2])) / (300 * 53)
+    np.testing.assert_allclose(parts[1], direct, rtol=1e-4)

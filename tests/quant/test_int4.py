@@ -13,6 +13,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from builders import tensor, unpack_int4, unpack_matmulnbits
 from mmtrt.ir.rewrite import cleanup
+from mmtrt.quant import int4
 from mmtrt.quant.int4 import (dequantize_groups, dequantize_linear_nodes, matmulnbits_node, matmulnbits_offset_nodes,
                               quantize_groups)
 
@@ -219,3 +220,18 @@ def test_dequantize_linear_survives_constant_folding(rng):
 def test_dequantize_linear_rejects_unsigned_q():
     with pytest.raises(ValueError, match="symmetric"):
         dequantize_linear_nodes("lin", "x", "y", np.full((4, 64), 15, np.int8), np.ones((4, 2), np.float32), 32)
+
+
+@pytest.mark.parametrize("symmetric, float_zero_point", [(True, False), (False, False), (False, True)])
+def test_rows_rounded_in_blocks_are_rounded_as_whole(rng, monkeypatch, symmetric, float_zero_point):
+    """A weight wider than one block of rows (a 151,936-row lm_head) rounds and dequantizes to the same bytes."""
+    w = rng.standard_t(3, size=(45, 80)).astype(np.float32)
+    clip = rng.choice([1.0, 0.9, 0.75], size=(45, 3)).astype(np.float32)
+    whole = quantize_groups(w, 32, symmetric, clip, float_zero_point)
+    monkeypatch.setattr(int4, "ROW_BLOCK_ELEMENTS", 10 * 80)
+    blocked = quantize_groups(w, 32, symmetric, clip, float_zero_point)
+    for a, b in zip(blocked, whole):
+        np.testing.assert_array_equal(a, b)
+    blocked_dq = dequantize_groups(*blocked, 32)
+    monkeypatch.undo()
+    np.testing.assert_array_equal(blocked_dq, dequantize_groups(*whole, 32))
