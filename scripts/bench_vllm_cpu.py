@@ -228,8 +228,8 @@ def write_table(args, rows, compiles: dict[str, float]) -> None:
         + ". vLLM runs `mmtrt export hf` of the bare bundle with its own preprocessing and vision tower, eager (no "
         "torch.compile). \"unseen\": every request's image is new to both engines; \"repeated\": an earlier request "
         "again, the same image and prompt (vLLM's prefix cache holds the prompt; mmtrt's holds it but its last token "
-        "under a kv_layout, and the hf layout keeps the image's features and pixels only). TTFT: the best of {args.repeats} "
-        "runs with one client, the median over clients with eight; "
+        "under a kv_layout, and the hf layout keeps the image's features and pixels only). "
+        f"TTFT: the best of {args.repeats} runs with one client, the median over clients with eight; "
         "decode: the median per request of (last token - first token) / (tokens - 1). Ratios: vLLM's time over "
         "mmtrt's, and mmtrt's tokens/s over vLLM's; above 1 is mmtrt ahead. Prompt tokens per request as each "
         "engine counted them: " + "; ".join(f"{k} {', '.join(map(str, sorted(v)))}" for k, v in PROMPT_TOKENS.items())
