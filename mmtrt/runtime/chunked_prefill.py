@@ -50,9 +50,10 @@ def chunked(stepper, tokens: int, between: Callable[[], None] | None):
 
 
 def chunked_own_cache(pipe, embeds: np.ndarray, positions: np.ndarray | None, tokens: int,
-                      between: Callable[[], None] | None):
-    """The hf layout's prefill from an empty cache: the last position's logits and the grown cache."""
-    cache = pipe.empty_cache()
+                      between: Callable[[], None] | None, cache: dict[str, np.ndarray] | None = None):
+    """The hf layout's prefill after `cache` (a stored prefix; None: from an empty cache): the last position's
+    logits and the grown cache."""
+    cache = pipe.empty_cache() if cache is None else cache
     logits = None
     for piece in pieces(embeds.shape[1], tokens if between else embeds.shape[1], between):
         logits, cache = pipe.step(embeds[:, piece], cache, _part(positions, piece), last_only=True)

@@ -28,6 +28,14 @@ class HfLayout:
         shape = (batch, self.kv_shape[0], 0, self.kv_shape[1])
         return {name: np.zeros(shape, np.float32) for name in self.pasts}
 
+    def save_prefix(self, cache: dict[str, np.ndarray], tokens: int) -> list[np.ndarray]:
+        """The first `tokens` positions of a sequence's cache, one array per past (a prefix cache entry)."""
+        return [np.ascontiguousarray(cache[name][:, :, :tokens]) for name in self.pasts]
+
+    def load_prefix(self, arrays: list[np.ndarray]) -> dict[str, np.ndarray]:
+        """A cache that starts with a stored prefix (calls read the pasts and return new presents: no copy)."""
+        return dict(zip(self.pasts, arrays))
+
     def feeds(self, embeds: np.ndarray, cache: dict[str, np.ndarray], positions: np.ndarray | None, delta: int,
               last_only: bool) -> dict[str, np.ndarray]:
         """The call's inputs; positions count on from the cache's length plus `delta` unless given."""

@@ -188,6 +188,12 @@ class RequestInputs:
         return prep
 
     @property
+    def keeps_prefixes(self) -> bool:
+        """Whether the LLM's KV may be reused across requests: a kv_layout's rows or blocks, or the hf layout's own
+        arrays (not when TensorRT-LLM decodes, as it prefills whole prompts)."""
+        return self.stepper is not None or (not self.kv and self.trtllm is None and "llm" in self.runners)
+
+    @property
     def variable_tokens(self) -> bool:
         """Whether an image's token count is its own (a dynamic budget, any resolution): known after the encoder."""
         return bool(self.dynamic_tokens or self.anyres)
@@ -195,7 +201,7 @@ class RequestInputs:
     def _locate_prefix(self, prep: Prepared) -> None:
         """What a kv_layout may reuse: the prompt before its last token when it is stored, else the image prefix
         (the text before the last image token, and that image's tokens); their lengths and keys."""
-        n = prefix_length(prep.ids, self.model["image_token_id"]) if self.stepper and prep.pixels else 0
+        n = prefix_length(prep.ids, self.model["image_token_id"]) if self.keeps_prefixes and prep.pixels else 0
         keyed = b"".join(self._keyed(p, size) for p, size in zip(prep.pixels, prep.sizes))
         prep.prefix_len, prep.prefix_key = n, prefix_key(keyed, prep.ids, n) if n else None
         whole = len(prep.ids) - 1

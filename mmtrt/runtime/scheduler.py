@@ -28,6 +28,7 @@ from mmtrt.runtime.batch import Prepared, Sequence
 from mmtrt.runtime.batched_prefill import prefill_together
 from mmtrt.runtime.chunked_prefill import chunked, chunked_own_cache
 from mmtrt.runtime.paged import PagedStepper, prefill_sharing
+from mmtrt.runtime.prefix import keep_prefixes
 from mmtrt.runtime.speculative import Speculator
 from mmtrt.runtime.streaming import Delta, TextStream
 
@@ -269,8 +270,15 @@ class OwnCaches:
         return True
 
     def prefill(self, seq: Sequence, _active: list[Sequence], between) -> np.ndarray:
-        logits, seq.cache = chunked_own_cache(self.pipe, seq.prep.embeds, seq.prep.positions, self.pipe.prefill_chunk,
-                                              between)
+        """From a stored prefix when there is one (its arrays are read, never written); the prefixes kept after."""
+        pipe, prep = self.pipe, seq.prep
+        arrays = prep.prefix if prep.prefix is not None else (
+            pipe.prefixes.entries.get(prep.prefix_key) if prep.prefix_key else None)
+        start = None if arrays is None else pipe.hf.load_prefix(arrays)
+        embeds, positions = (prep.embeds, prep.positions) if start is None else (
+            prep.after_prefix(), prep.positions_after_prefix())
+        logits, seq.cache = chunked_own_cache(pipe, embeds, positions, pipe.prefill_chunk, between, start)
+        keep_prefixes(pipe, pipe.hf, seq.cache, prep, fresh=start is None)
         return logits
 
     def decode(self, active: list[Sequence]) -> list[np.ndarray]:

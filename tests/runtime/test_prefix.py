@@ -1,4 +1,5 @@
-"""An image's KV prefix is computed once and reused: later questions on it get the tokens of a fresh run."""
+"""An image's KV prefix is computed once and reused on every KV layout: later questions on it, and the same request
+again, get the tokens of a fresh run."""
 
 import numpy as np
 import pytest
@@ -11,9 +12,9 @@ from mmtrt.runtime.prefix import PrefixCache, prefix_length
 QUESTIONS = ["What is it?", "Describe the colours in detail, from left to right.", "Where?"]
 
 
-@pytest.fixture(scope="module", params=["static", "paged"])
+@pytest.fixture(scope="module", params=["hf", "static", "paged"])
 def bundle(request):
-    return request.getfixturevalue(f"tiny_{request.param}_bundle")
+    return request.getfixturevalue("tiny_bundle" if request.param == "hf" else f"tiny_{request.param}_bundle")
 
 
 def test_later_questions_on_an_image_equal_fresh_runs(bundle, rng):
@@ -37,9 +38,8 @@ def test_a_batch_of_questions_on_one_image_reuses_it_within_the_batch(bundle, rn
 def test_the_same_request_again_prefills_its_last_token_only(bundle, rng):
     pipe, fresh = load(bundle), load(bundle, prefix_cache_mib=0)
     image, question = random_image(rng, 70, 90), QUESTIONS[int(rng.integers(len(QUESTIONS)))]
-    prefilled, prefill = [], pipe.prefill
-    pipe.prefill = lambda stepper, handle, prep: (prefilled.append(prep.embeds.shape[1]),  # found at prepare
-                                                  prefill(stepper, handle, prep))[1]
+    prefilled, embed_request = [], pipe.embed_request
+    pipe.embed_request = lambda prep, *args: (prefilled.append(embed_request(prep, *args).embeds.shape[1]), prep)[1]
     first = pipe.generate(image, question, 12)
     again = pipe.generate(image, question, 12)
     other = pipe.generate(image, QUESTIONS[0] + " " + question, 12)  # the image prefix only
