@@ -23,7 +23,7 @@ import onnx
 from onnx import helper
 
 from mmtrt.quant.session import session
-from mmtrt.quant.int4 import Grid, num_groups
+from mmtrt.quant.int4 import Grid, num_groups, row_blocks
 from mmtrt.quant.linears import GraphIndex, Group, region_inputs
 
 ALPHAS = np.arange(20) / 20
@@ -89,7 +89,7 @@ class OwnLoss:
     def __init__(self, weights: list[np.ndarray], stats: GroupStats):
         self.weights, self.quadratic = weights, Quadratic(stats.take_gram().astype(np.float32))
         self.count = stats.tokens * sum(w.shape[0] for w in weights)
-        self.energy = sum(self.quadratic(w[rows]) for w in weights for rows in row_blocks(w)) / self.count
+        self.energy = sum(self.quadratic(w[rows]) for w in weights for rows in row_blocks(*w.shape)) / self.count
 
     def __call__(self, effective: list[np.ndarray]) -> float:
         return sum(self.quadratic(e - w) for e, w in zip(effective, self.weights)) / self.count
@@ -98,17 +98,7 @@ class OwnLoss:
         """The error of the weights scaled by `s` and rounded (with each linear's clip ratios [N, G])."""
         clips = clips or [None] * len(self.weights)
         return sum(self.quadratic(effective_weight(w[rows], s, grid, None if c is None else c[rows]) - w[rows])
-                   for w, c in zip(self.weights, clips) for rows in row_blocks(w)) / self.count
-
-
-BLOCK_ELEMENTS = 2**23  # weights (32 MB in float32) a block of output channels holds at most
-
-
-def row_blocks(w: np.ndarray) -> list[slice]:
-    """Slices of `w`'s rows (output channels) of at most BLOCK_ELEMENTS weights each; one slice when it fits."""
-    n, k = w.shape
-    rows = max(1, BLOCK_ELEMENTS // max(k, 1))
-    return [slice(a, min(a + rows, n)) for a in range(0, n, rows)]
+                   for w, c in zip(self.weights, clips) for rows in row_blocks(*w.shape)) / self.count
 
 
 class Quadratic:
@@ -222,7 +212,7 @@ def search_clip(w: np.ndarray, s: np.ndarray, blocks: np.ndarray, grid: Grid) ->
     error of that group's output share; `blocks` are the diagonal blocks of the Gram matrix of x / s. Searched
     over blocks of output channels (`row_blocks`)."""
     blocks = blocks.astype(np.float32)
-    return np.concatenate([_clip_rows(w[rows] * s, blocks, grid) for rows in row_blocks(w)])
+    return np.concatenate([_clip_rows(w[rows] * s, blocks, grid) for rows in row_blocks(*w.shape)])
 
 
 def _clip_rows(w: np.ndarray, blocks: np.ndarray, grid: Grid) -> np.ndarray:

@@ -39,10 +39,12 @@ def _grouped(w: np.ndarray, group_size: int) -> np.ndarray:
     return padded.reshape(n, -1, group_size)
 
 
-ROW_BLOCK_ELEMENTS = 2**23  # weights a block of rows holds at most: rounding widens each block, not the weight
+ROW_BLOCK_ELEMENTS = 2**23  # weights (32 MB in float32) a block of rows (output channels) holds at most
 
 
-def _row_blocks(n: int, k: int) -> list[slice]:
+def row_blocks(n: int, k: int) -> list[slice]:
+    """Slices of an [n, k] weight's rows of at most ROW_BLOCK_ELEMENTS weights each (one slice when it fits): what
+    is widened, scaled or rounded at a time, so a wide linear (a 151,936-row lm_head) never is as a whole."""
     rows = max(1, ROW_BLOCK_ELEMENTS // max(k, 1))
     return [slice(a, min(a + rows, n)) for a in range(0, n, rows)]
 
@@ -58,7 +60,7 @@ def quantize_groups(w: np.ndarray, group_size: int, symmetric: bool = True,
     the shrunk range clip to the grid's ends. Rows are rounded a block at a time (each row on its own, so the
     result is the same), so a wide weight's float temporaries take one block's memory.
     """
-    blocks = _row_blocks(*np.shape(w))
+    blocks = row_blocks(*np.shape(w))
     if len(blocks) == 1:
         return _quantize_rows(w, group_size, symmetric, clip_ratio, float_zero_point)
     ratio = None if clip_ratio is None else np.asarray(clip_ratio, np.float32)
@@ -96,7 +98,7 @@ def dequantize_groups(q: np.ndarray, scales: np.ndarray, zero_points: np.ndarray
     """The reference inverse, (q - zero point) * scale in float32, [N, K]; every layout's test compares with it.
     Rows a block at a time into one array."""
     out, scales = np.empty(q.shape, np.float32), np.asarray(scales)
-    for r in _row_blocks(*q.shape):
+    for r in row_blocks(*q.shape):
         out[r] = _dequantize_rows(q[r], scales[r], None if zero_points is None else zero_points[r], group_size)
     return out
 

@@ -4,7 +4,7 @@ block of output channels at a time gets what it gets whole."""
 
 import numpy as np
 
-from mmtrt.quant import awq
+from mmtrt.quant import int4
 from mmtrt.quant.awq import (CLIP_RATIOS, GroupStats, OwnLoss, Quadratic, effective_weight, scaled_blocks, search_clip,
                             search_scale)
 from mmtrt.quant.int4 import Grid
@@ -86,8 +86,8 @@ def test_blocks_of_output_channels_search_as_the_whole_weight(rng, monkeypatch):
         return loss.energy, loss.at(s, grid, clips), clips, search_scale(_stats(x, 32), OwnLoss(w, _stats(x, 32)), grid)
 
     whole = searched()
-    monkeypatch.setattr(awq, "BLOCK_ELEMENTS", 10 * 96)
-    assert len(awq.row_blocks(w[0])) == 5
+    monkeypatch.setattr(int4, "ROW_BLOCK_ELEMENTS", 10 * 96)
+    assert len(int4.row_blocks(*w[0].shape)) == 5
     parts = searched()
     np.testing.assert_allclose(parts[:2], whole[:2], rtol=1e-6)
     for a, b in zip(parts[2], whole[2]):
