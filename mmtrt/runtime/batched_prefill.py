@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 
 from mmtrt.runtime.batch import Prepared
-from mmtrt.runtime.prefix import keep_prefixes
+from mmtrt.runtime.prefix import keep_prefixes, stored_prefix
 
 
 def prefill_together(pipe, stepper, holders: dict[str, list[int]], preps: list[Prepared]) -> list[np.ndarray]:
@@ -49,7 +49,7 @@ def _resume(pipe, stepper, holders, prep: Prepared) -> tuple[np.ndarray, np.ndar
     if key and holders.get(key):
         stepper.cache.fork(holders[key][0], prep.index, prep.prefix_len)
         return prep.after_prefix(), prep.positions_after_prefix(), False
-    arrays = prep.prefix if prep.prefix is not None else (pipe.prefixes.entries.get(key) if key else None)
+    arrays = stored_prefix(pipe, prep)
     if arrays is not None:
         stepper.load_prefix(prep.index, arrays)
         return prep.after_prefix(), prep.positions_after_prefix(), False

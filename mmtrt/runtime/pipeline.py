@@ -27,7 +27,7 @@ from mmtrt.runtime.executors import TRTLLM, component_runner, engine_choices, ll
 from mmtrt.runtime.hf_cache import HfLayout, grown
 from mmtrt.runtime.kv import StaticCache, cache_device, cache_providers
 from mmtrt.runtime.paged import PagedCache, PagedStepper
-from mmtrt.runtime.prefix import PrefixCache, keep_prefixes
+from mmtrt.runtime.prefix import PrefixCache, keep_prefixes, stored_prefix
 from mmtrt.runtime.qwen2_vl import family_images
 from mmtrt.runtime.request_inputs import RequestInputs
 from mmtrt.runtime.sampling import SamplingParams
@@ -240,8 +240,7 @@ class Pipeline(RequestInputs):
     def prefill(self, stepper, handle, prep: Prepared) -> np.ndarray:
         """Prefill one request into its row (static) or sequence (paged), from a stored image prefix when there is
         one; the logits of its last position. A fresh prefix is stored for the next question on the image."""
-        arrays = prep.prefix if prep.prefix is not None else (
-            self.prefixes.entries.get(prep.prefix_key) if prep.prefix_key else None)
+        arrays = stored_prefix(self, prep)
         if arrays is not None:
             stepper.load_prefix(handle, arrays)
             logits = stepper.prefill(handle, prep.after_prefix(), prep.positions_after_prefix(), prep.rope_delta)

@@ -22,11 +22,25 @@ def prefix_length(ids: list[int], image_token_id: int) -> int:
     return last + 1 if last + 1 < len(ids) else 0
 
 
-def prefix_key(image_key: bytes, ids: list[int], length: int) -> str:
-    """The key of an image prefix: its images' bytes (`Pipeline._keyed`) and the prompt's first `length` ids."""
-    h = hashlib.sha256(image_key)
-    h.update(np.asarray(ids[:length], np.int64).tobytes())
-    return h.hexdigest()
+def prefix_keys(images: list[bytes], ids: list[int], lengths: list[int]) -> list[str]:
+    """The keys of a prompt's prefixes of each length: its images' bytes (`RequestInputs._keyed`, hashed once for
+    all of them) and the prompt's first `length` ids."""
+    h = hashlib.sha256()
+    for image in images:
+        h.update(image)
+    keys = []
+    for length in lengths:
+        key = h.copy()
+        key.update(np.asarray(ids[:length], np.int64).tobytes())
+        keys.append(key.hexdigest())
+    return keys
+
+
+def stored_prefix(pipe, prep) -> list[np.ndarray] | None:
+    """The stored KV `prep` starts from: found when it was prepared, or put since by an earlier prefill."""
+    if prep.prefix is not None:
+        return prep.prefix
+    return pipe.prefixes.entries.get(prep.prefix_key) if prep.prefix_key else None
 
 
 def keep_prefixes(pipe, stepper, handle, prep, fresh: bool) -> None:

@@ -24,7 +24,7 @@ from mmtrt.runtime.encoder_cache import encoder_key, image_key
 from mmtrt.runtime.image_bounds import check_image
 from mmtrt.runtime.image_file import open_image
 from mmtrt.runtime.paged import PagedStepper
-from mmtrt.runtime.prefix import prefix_key, prefix_length
+from mmtrt.runtime.prefix import prefix_keys, prefix_length
 from mmtrt.runtime.prompt import (check_prompt, format_prompt, holds_special_tokens, tokenize, tokenize_spans,
                                   tokenize_user_text)
 from mmtrt.runtime.sampling import SamplingParams
@@ -199,13 +199,16 @@ class RequestInputs:
         return bool(self.dynamic_tokens or self.anyres)
 
     def _locate_prefix(self, prep: Prepared) -> None:
-        """What a kv_layout may reuse: the prompt before its last token when it is stored, else the image prefix
+        """What the LLM's cache may reuse: the prompt before its last token when it is stored, else the image prefix
         (the text before the last image token, and that image's tokens); their lengths and keys."""
         n = prefix_length(prep.ids, self.model["image_token_id"]) if self.keeps_prefixes and prep.pixels else 0
-        keyed = b"".join(self._keyed(p, size) for p, size in zip(prep.pixels, prep.sizes))
-        prep.prefix_len, prep.prefix_key = n, prefix_key(keyed, prep.ids, n) if n else None
+        prep.prefix_len, prep.prefix_key, prep.prompt_key = n, None, None
+        if not n:
+            return
         whole = len(prep.ids) - 1
-        prep.prompt_key = prefix_key(keyed, prep.ids, whole) if n and whole > n else None
+        images = [self._keyed(p, size) for p, size in zip(prep.pixels, prep.sizes)]
+        prep.prefix_key, prompt_key = prefix_keys(images, prep.ids, [n, whole])
+        prep.prompt_key = prompt_key if whole > n else None
         if prep.prompt_key in self.prefixes.entries:
             prep.prefix_len, prep.prefix_key, prep.prompt_key = whole, prep.prompt_key, None
 

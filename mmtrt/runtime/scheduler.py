@@ -28,7 +28,7 @@ from mmtrt.runtime.batch import Prepared, Sequence
 from mmtrt.runtime.batched_prefill import prefill_together
 from mmtrt.runtime.chunked_prefill import chunked, chunked_own_cache
 from mmtrt.runtime.paged import PagedStepper, prefill_sharing
-from mmtrt.runtime.prefix import keep_prefixes
+from mmtrt.runtime.prefix import keep_prefixes, stored_prefix
 from mmtrt.runtime.speculative import Speculator
 from mmtrt.runtime.streaming import Delta, TextStream
 
@@ -272,8 +272,7 @@ class OwnCaches:
     def prefill(self, seq: Sequence, _active: list[Sequence], between) -> np.ndarray:
         """From a stored prefix when there is one (its arrays are read, never written); the prefixes kept after."""
         pipe, prep = self.pipe, seq.prep
-        arrays = prep.prefix if prep.prefix is not None else (
-            pipe.prefixes.entries.get(prep.prefix_key) if prep.prefix_key else None)
+        arrays = stored_prefix(pipe, prep)
         start = None if arrays is None else pipe.hf.load_prefix(arrays)
         embeds, positions = (prep.embeds, prep.positions) if start is None else (
             prep.after_prefix(), prep.positions_after_prefix())
