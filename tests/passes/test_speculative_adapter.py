@@ -17,6 +17,13 @@ def problem(rng, positions=512, hidden=16, vocab=40):
     return x, x @ true + 0.1, head
 
 
+def top2_margin(y, head):
+    """The gap between each position's two largest logits, relative to their scale."""
+    normed = y / np.sqrt((y * y).mean(-1, keepdims=True) + head.epsilon) * head.scale
+    top = np.sort(normed @ head.weight, axis=-1)[:, -2:]
+    return (top[:, 1] - top[:, 0]) / np.abs(top).max(-1)
+
+
 def test_training_gives_the_same_bytes_on_any_thread_count(rng):
     x, y, head = problem(rng)
     cfg = ExitAdapter(steps=5, batch_tokens=32, lr=1e-3)
@@ -36,6 +43,9 @@ def test_an_exact_map_is_found_and_scores_full_agreement(rng):
     x, y, head = problem(rng)
     held_x, held_y, _ = problem(np.random.default_rng(rng.integers(1 << 30)))
     held_y = held_x @ np.linalg.lstsq(x, y - 0.1, rcond=None)[0] + 0.1  # the same map on fresh inputs
+    clear = top2_margin(held_y, head) > 1e-3  # a float32 fit cannot decide a tie closer than its own rounding
+    assert clear.mean() > 0.95
+    held_x, held_y = held_x[clear], held_y[clear]
     weight, bias, losses = fit(x, y, head, ExitAdapter(steps=10, batch_tokens=64, lr=1e-4, ridge=0))
     before, after = score(held_x, held_y, head), score(held_x, held_y, head, weight, bias)
     assert after["top1_agreement"] == 1.0 and after["kl"] < 1e-4
