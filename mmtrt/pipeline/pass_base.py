@@ -19,7 +19,8 @@ class Pass:
     removes: ClassVar[frozenset[str]] = frozenset()
     lossy: ClassVar[bool] = False
     # True: the pass reads its components' weights where they still refer to the source model
-    # (mmtrt/ir/source_weights.py), so the runner does not take them into memory first
+    # (mmtrt/ir/source_weights.py), or rewrites only the graph around them, so the runner does not take them into
+    # memory first (a 7B LLM's float32 weights are 28 GB)
     reads_source_weights: ClassVar[bool] = False
 
     def __init__(self, config: PassConfig):

@@ -27,6 +27,7 @@ class Speculative(Pass):
     Config = SpeculativeConfig
     components = ("llm",)
     provides = frozenset({"speculative"})
+    reads_source_weights = True  # the draft's graph points at the LLM's weights; the adapter reads them as sources
 
     def plan_facts(self, facts: dict[str, Any]) -> dict[str, Any]:
         if self.config.draft == "early_exit" and facts.get("kv_cache"):

@@ -40,6 +40,7 @@ class KvLayout(Pass):
     Config = KvLayoutConfig
     components = ("llm",)
     provides = frozenset({"kv_layout"})
+    reads_source_weights = True  # rewrites attention and the cache's inputs and outputs, never a weight
 
     def plan_facts(self, facts: dict[str, Any]) -> dict[str, Any]:
         wanted, lowered = self.config.cache_dtype, facts.get("float_type")

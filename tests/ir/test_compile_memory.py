@@ -1,7 +1,8 @@
 """A compile's memory follows the checkpoint: a lossless compile's peak RSS, above what compiling a model of no
-size takes, stays within 1.5x the checkpoint's bytes, and awq_int4 adds to it one decoder layer's working set;
-each bundle still gives transformers' greedy tokens (awq_int4's: those of transformers holding the bundle's
-dequantized weights, as tests/passes/test_awq_int4.py compares its logits).
+size takes, stays within 1.5x the checkpoint's bytes, with or without the passes that only rewrite the graph
+(kv_layout, an early-exit draft), and awq_int4 adds to it one decoder layer's working set; each bundle still gives
+transformers' greedy tokens (awq_int4's: those of transformers holding the bundle's dequantized weights, as
+tests/passes/test_awq_int4.py compares its logits).
 
 The checkpoint is bfloat16 and written tensor by tensor (the test itself never holds the model), with an LLM
 deep enough (12 layers, 92M parameters, 184 MB) that the export's float32 graphs, held together, would take 2x
@@ -35,6 +36,9 @@ BUDGET = 1.5  # peak RSS above the baseline, per checkpoint byte
 LAYER_BUDGET = 6
 AWQ = ("passes:\n  - awq_int4: {lowering: matmulnbits, accuracy_level: 0, "
        "calibration: {samples: 1, text_windows: 1, search_tokens: 64}}\n")
+# the serving recipes' lossless passes, which rewrite the LLM's graph around its weights
+STRUCTURE = ("passes:\n  - speculative: {draft: early_exit, layers: 6, k: 4}\n"
+             "  - kv_layout: {layout: static}\n")
 HIDDEN, LAYERS = 768, 12
 PROMPT = "Describe the image."
 
@@ -79,12 +83,32 @@ def quantized(checkpoints):
     return tmp, compile_peak(tmp / "small", tmp / "small.awq", AWQ), compile_peak(tmp / "large", tmp / "large.awq", AWQ)
 
 
+@pytest.fixture(scope="module")
+def restructured(checkpoints):
+    tmp, weights = checkpoints
+    baseline = compile_peak(tmp / "small", tmp / "small.static", STRUCTURE)
+    return tmp, weights, baseline, compile_peak(tmp / "large", tmp / "large.static", STRUCTURE)
+
+
 def test_peak_memory_above_the_baseline_is_within_the_budget(compiled):
     _, weights, baseline, peak = compiled
     assert weights > 150e6
     assert peak - baseline <= BUDGET * weights, (
         f"peak {peak / 1e9:.2f} GB, baseline {baseline / 1e9:.2f} GB: {(peak - baseline) / weights:.2f}x the "
         f"checkpoint's {weights / 1e9:.2f} GB")
+
+
+def test_passes_that_rewrite_the_graph_keep_the_weights_in_the_source(restructured, rng):
+    """kv_layout and an early-exit draft hold no float32 copy of the LLM: the same budget as the bare compile, and
+    speculative decoding on the static cache gives transformers' greedy tokens."""
+    tmp, weights, baseline, peak = restructured
+    assert peak - baseline <= BUDGET * weights, (
+        f"peak {peak / 1e9:.2f} GB, baseline {baseline / 1e9:.2f} GB: {(peak - baseline) / weights:.2f}x the "
+        f"checkpoint's {weights / 1e9:.2f} GB")
+    model = LlavaForConditionalGeneration.from_pretrained(tmp / "large", dtype=torch.float32).eval()
+    pipe = load(tmp / "large.static", threads=2)
+    assert pipe.speculative["draft"] == "early_exit"
+    assert_greedy_tokens(pipe, model, rng)
 
 
 def test_awq_int4_adds_one_layers_working_set_to_the_lossless_peak(compiled, quantized):
