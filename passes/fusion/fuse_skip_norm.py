@@ -26,6 +26,7 @@ class FuseSkipNorm(Pass):
     name = "fuse_skip_norm"
     Config = FuseSkipNormConfig
     components = ("vision", "llm")
+    reads_source_weights = True  # rewires the Adds and norms; the weights stay where they are
 
     def run(self, ir: ModelIR) -> dict:
         changes = {}

@@ -1,7 +1,7 @@
 """A compile's memory follows the checkpoint: a lossless compile's peak RSS, above what compiling a model of no
 size takes, stays within 1.5x the checkpoint's bytes, with or without the passes that only rewrite the graph
-(kv_layout, an early-exit draft), and awq_int4 adds to it one decoder layer's working set; each bundle still gives
-transformers' greedy tokens (awq_int4's: those of transformers holding the bundle's dequantized weights, as
+(kv_layout, fuse_skip_norm, an early-exit draft), and awq_int4 adds to it one decoder layer's working set; each
+bundle still gives transformers' greedy tokens (awq_int4's: those of transformers holding the bundle's dequantized weights, as
 tests/passes/test_awq_int4.py compares its logits).
 
 The checkpoint is bfloat16 and written tensor by tensor (the test itself never holds the model), with an LLM
@@ -37,7 +37,7 @@ LAYER_BUDGET = 6
 AWQ = ("passes:\n  - awq_int4: {lowering: matmulnbits, accuracy_level: 0, "
        "calibration: {samples: 1, text_windows: 1, search_tokens: 64}}\n")
 # the serving recipes' lossless passes, which rewrite the LLM's graph around its weights
-STRUCTURE = ("passes:\n  - speculative: {draft: early_exit, layers: 6, k: 4}\n"
+STRUCTURE = ("passes:\n  - speculative: {draft: early_exit, layers: 6, k: 4}\n  - fuse_skip_norm: {}\n"
              "  - kv_layout: {layout: static}\n")
 HIDDEN, LAYERS = 768, 12
 PROMPT = "Describe the image."
@@ -99,8 +99,8 @@ def test_peak_memory_above_the_baseline_is_within_the_budget(compiled):
 
 
 def test_passes_that_rewrite_the_graph_keep_the_weights_in_the_source(restructured, rng):
-    """kv_layout and an early-exit draft hold no float32 copy of the LLM: the same budget as the bare compile, and
-    speculative decoding on the static cache gives transformers' greedy tokens."""
+    """kv_layout, fuse_skip_norm and an early-exit draft hold no float32 copy of the LLM: the same budget as the bare
+    compile, and speculative decoding on the static cache gives transformers' greedy tokens."""
     tmp, weights, baseline, peak = restructured
     assert peak - baseline <= BUDGET * weights, (
         f"peak {peak / 1e9:.2f} GB, baseline {baseline / 1e9:.2f} GB: {(peak - baseline) / weights:.2f}x the "
