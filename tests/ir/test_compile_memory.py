@@ -1,8 +1,8 @@
 """A compile's memory follows the checkpoint: a lossless compile's peak RSS, above what compiling a model of no
 size takes, stays within 1.5x the checkpoint's bytes, with or without the passes that only rewrite the graph
 (kv_layout, fuse_skip_norm, an early-exit draft), and awq_int4 adds to it one decoder layer's working set; each
-bundle still gives transformers' greedy tokens (awq_int4's: those of transformers holding the bundle's dequantized weights, as
-tests/passes/test_awq_int4.py compares its logits).
+bundle still gives transformers' greedy tokens (awq_int4's: those of transformers holding the bundle's dequantized
+weights, as tests/passes/test_awq_int4.py compares its logits).
 
 The checkpoint is bfloat16 and written tensor by tensor (the test itself never holds the model), with an LLM
 deep enough (12 layers, 92M parameters, 184 MB) that the export's float32 graphs, held together, would take 2x
