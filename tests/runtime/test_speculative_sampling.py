@@ -84,9 +84,12 @@ def test_the_chi_square_bound_rejects_a_wrong_distribution():
     assert chisquare(counts, DRAWS * p).statistic > chi2.ppf(1 - ALPHA, VOCAB - 1)
 
 
-def test_lookup_proposes_what_followed_the_latest_match_of_the_longest_suffix():
+def test_lookup_proposes_what_followed_the_latest_full_match_of_the_longest_suffix():
     context = [7, 1, 2, 3, 4, 9, 1, 2, 5, 6, 1, 2]
     assert lookup(context, 3, max_ngram=3) == [5, 6, 1]  # "1 2" last seen before "5 6"; no earlier "6 1 2"
+    assert lookup(context, 5, max_ngram=3) == [3, 4, 9, 1, 2]  # only the first "1 2" has 5 tokens after it
+    assert lookup([5, 4, 4, 4, 4, 4, 4], 3, max_ngram=3) == [4, 4, 4]  # a run: not its own last step's 1 token
+    assert lookup([1, 2, 1, 2, 1, 2], 4, max_ngram=3) == [1, 2]  # nothing has 4 after it: the most there is
     assert lookup(context + [3], 2, max_ngram=3) == [4, 9]  # the 3-token suffix first
     assert lookup([1, 2, 3], 4, max_ngram=3) == []  # nothing repeats
     assert lookup([5, 8, 8, 8, 0, 5], 3, max_ngram=2, skip_token=8) == []  # cut before the image placeholder
