@@ -10,7 +10,8 @@ exactly a float32), so all must agree to the byte, graph and weights.
 
 awq_int4 folds and rounds one layer at a time from the kept weights: its graphs must be those it writes from the
 same IR with every weight taken into memory first (as the runner does for other passes), to the byte, and the kept
-run must leave no float copy of a quantized weight behind.
+run must leave no float copy of a quantized weight behind. So must the passes that only rewrite the graph around
+the kept weights (kv_layout, fuse_skip_norm, an early-exit draft).
 """
 
 import copy
@@ -27,6 +28,9 @@ from mmtrt.ir.families import family
 from mmtrt.ir.frontend import fit_envelope, load_source, lower
 from mmtrt.partition.placement import annotate
 from mmtrt.recipe import Envelope, ModelSource, PartitionPolicy
+from passes.decode.speculative import Speculative
+from passes.fusion.fuse_skip_norm import FuseSkipNorm
+from passes.kv.kv_layout import KvLayout
 from passes.quant.awq_int4 import AwqInt4
 
 AWQ = {"components": ["llm", "vision"], "embedding": "int8",
@@ -78,6 +82,9 @@ def test_bfloat16_checkpoint_lowers_and_quantizes_to_the_float32_bytes(name, tmp
         taken = copy.deepcopy(ir)
         for comp in taken.onnx_components():
             source_weights.materialize(comp.onnx)
+        rewritten_kept = streamed_files(rewrite_graphs(copy.deepcopy(ir), kept=True), tmp_path / "rewritten_kept")
+        rewritten_taken = streamed_files(rewrite_graphs(copy.deepcopy(taken), kept=False), tmp_path / "rewritten")
+        assert_same_files(rewritten_kept, rewritten_taken)
         quantized_kept = streamed_files(awq_int4(ir, kept=True), tmp_path / "awq_kept")
         assert_same_files(quantized_kept, streamed_files(awq_int4(taken, kept=False), tmp_path / "awq_taken"))
 
@@ -93,6 +100,20 @@ def awq_int4(ir, kept: bool):
                   and len(t.dims) == 2 and t.dims[0] * t.dims[1] > source_weights.SMALL
                   and not source_weights.is_reference(t)]
         assert not (kept and copies), copies
+    return ir
+
+
+def rewrite_graphs(ir, kept: bool):
+    """`ir` after the passes that rewrite graphs around their weights (`reads_source_weights`), which the runner
+    hands the kept weights: an early-exit draft, fused skip norms, a static KV cache; nothing widened when kept."""
+    ir.config = fit_envelope(ir.config, Envelope())
+    annotate(ir, PartitionPolicy())
+    for p in (Speculative(Speculative.Config(draft="early_exit", layers=1)), FuseSkipNorm(FuseSkipNorm.Config()),
+              KvLayout(KvLayout.Config(layout="static"))):
+        assert p.reads_source_weights
+        p.run(ir)
+    references = sum(source_weights.is_reference(t) for c in ir.onnx_components() for t in c.onnx.graph.initializer)
+    assert (references > 0) == kept
     return ir
 
 
