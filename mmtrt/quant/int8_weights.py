@@ -20,6 +20,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from mmtrt.errors import UserError
+from mmtrt.ir import source_weights
 from mmtrt.ir.rewrite import import_domain
 from mmtrt.quant.linears import find_linears
 
@@ -50,7 +51,7 @@ def int8_weight_linears(model: onnx.ModelProto, component: str, select: Callable
             raise UserError(f"int8_weights: activations: {activations} takes float32 linears; {lin.name} is "
                             f"{TensorProto.DataType.Name(tensor.data_type).lower()} (drop cast_precision for "
                             f"{component}, or use activations: float)")
-        w = numpy_helper.to_array(tensor)
+        w = source_weights.array(tensor)
         q, scales = quantize_columns(w)
         weight = numpy_helper.from_array(q, f"{lin.name}.int8_weight")
         scale = numpy_helper.from_array(scales.astype(w.dtype), f"{lin.name}.int8_scale")

@@ -26,6 +26,7 @@ class Int8Weights(Pass):
     Config = Int8WeightsConfig
     components = ("vision", "llm")
     lossy = True
+    reads_source_weights = True  # widens one selected weight at a time; the others stay in the source model
 
     def run(self, ir: ModelIR) -> dict[str, Any]:
         cfg = self.config

@@ -10,8 +10,8 @@ exactly a float32), so all must agree to the byte, graph and weights.
 
 awq_int4 folds and rounds one layer at a time from the kept weights: its graphs must be those it writes from the
 same IR with every weight taken into memory first (as the runner does for other passes), to the byte, and the kept
-run must leave no float copy of a quantized weight behind. So must the passes that only rewrite the graph around
-the kept weights (kv_layout, fuse_skip_norm, an early-exit draft).
+run must leave no float copy of a quantized weight behind. So must the other passes that run on the kept weights:
+int8_weights, and those that only rewrite the graph around them (kv_layout, fuse_skip_norm, an early-exit draft).
 """
 
 import copy
@@ -32,6 +32,7 @@ from passes.decode.speculative import Speculative
 from passes.fusion.fuse_skip_norm import FuseSkipNorm
 from passes.kv.kv_layout import KvLayout
 from passes.quant.awq_int4 import AwqInt4
+from passes.quant.int8_weights import Int8Weights
 
 AWQ = {"components": ["llm", "vision"], "embedding": "int8",
        "calibration": {"samples": 2, "text_windows": 1, "search_tokens": 64}}
@@ -104,11 +105,12 @@ def awq_int4(ir, kept: bool):
 
 
 def rewrite_graphs(ir, kept: bool):
-    """`ir` after the passes that rewrite graphs around their weights (`reads_source_weights`), which the runner
-    hands the kept weights: an early-exit draft, fused skip norms, a static KV cache; nothing widened when kept."""
+    """`ir` after the passes the runner hands the kept weights (`reads_source_weights`) besides awq_int4: an
+    early-exit draft, INT8 linears (each weight widened as it is rounded), fused skip norms, a static KV cache."""
     ir.config = fit_envelope(ir.config, Envelope())
     annotate(ir, PartitionPolicy())
-    for p in (Speculative(Speculative.Config(draft="early_exit", layers=1)), FuseSkipNorm(FuseSkipNorm.Config()),
+    int8 = Int8Weights(Int8Weights.Config(components=["vision", "llm"], activations="dynamic"))
+    for p in (Speculative(Speculative.Config(draft="early_exit", layers=1)), int8, FuseSkipNorm(FuseSkipNorm.Config()),
               KvLayout(KvLayout.Config(layout="static"))):
         assert p.reads_source_weights
         p.run(ir)
