@@ -90,10 +90,15 @@ def test_bfloat16_checkpoint_lowers_and_quantizes_to_the_float32_bytes(name, tmp
         assert_same_files(quantized_kept, streamed_files(awq_int4(taken, kept=False), tmp_path / "awq_taken"))
 
 
-def awq_int4(ir, kept: bool):
-    """`ir` after awq_int4 on its LLM and vision tower; from kept weights, with no float copy of a weight left."""
+def planned(ir) -> None:
+    """Give `ir` the envelope and partition facts a pass reads, as compile gives them."""
     ir.config = fit_envelope(ir.config, Envelope())
     annotate(ir, PartitionPolicy())
+
+
+def awq_int4(ir, kept: bool):
+    """`ir` after awq_int4 on its LLM and vision tower; from kept weights, with no float copy of a weight left."""
+    planned(ir)
     changes = AwqInt4(AwqInt4.Config.model_validate(AWQ)).run(ir)
     for name in ("llm", "vision"):
         assert changes[name]["linears_quantized"] > 0
@@ -107,8 +112,7 @@ def awq_int4(ir, kept: bool):
 def rewrite_graphs(ir, kept: bool):
     """`ir` after the passes the runner hands the kept weights (`reads_source_weights`) besides awq_int4: an
     early-exit draft, INT8 linears (each weight widened as it is rounded), fused skip norms, a static KV cache."""
-    ir.config = fit_envelope(ir.config, Envelope())
-    annotate(ir, PartitionPolicy())
+    planned(ir)
     int8 = Int8Weights(Int8Weights.Config(components=["vision", "llm"], activations="dynamic"))
     for p in (Speculative(Speculative.Config(draft="early_exit", layers=1)), int8, FuseSkipNorm(FuseSkipNorm.Config()),
               KvLayout(KvLayout.Config(layout="static"))):
