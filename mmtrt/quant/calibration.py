@@ -11,7 +11,6 @@ A recipe's own `calibration:` data (images with their prompts, text files) repla
 
 from __future__ import annotations
 
-import io
 import tempfile
 from contextlib import contextmanager
 from contextvars import ContextVar
@@ -21,13 +20,12 @@ from typing import Iterator
 
 import numpy as np
 
-from mmtrt.preprocess.anyres import NEWLINE_ASSET, build_tiler, pack
 from mmtrt.errors import UserError
 from mmtrt.eval import userdata
 from mmtrt.ir.facts import item_tokens
 from mmtrt.ir.graph import ModelIR
 from mmtrt.ir.logits import LOGITS_FROM
-from mmtrt.progress import track
+from mmtrt.quant.calibration_images import encoded
 from mmtrt.quant.session import session
 
 TEXT_WINDOW = 512
@@ -180,17 +178,18 @@ def _tokenizer(ir: ModelIR):
 
 
 def _image_sequences(ir: ModelIR, tokenizer, shown) -> tuple[list, list[Sequence]]:
-    """Each image with its prompt: its vision inputs (pixel values, an any-resolution image's tiles one by one; a
-    native-resolution image's whole feeds), and the LLM's input with the image features in place."""
+    """Each image with its prompt: its vision inputs (calibration_images.encoded), and the LLM's input with the
+    image features in place."""
     from mmtrt.runtime.image_file import open_image
     from mmtrt.runtime.prompt import format_prompt, tokenize
 
-    facts, encode = ir.config, _image_encoder(ir)
+    facts = ir.config
+    images = [open_image(img).convert("RGB") for img, _ in shown]
+    encodings = encoded(ir, images)
     embed = session(ir.components["embed"].onnx)
     vision_inputs, sequences = [], []
-    for img, prompt in track(shown, "calibration images", total=len(shown)):
+    for (_, prompt), (inputs, features, grid) in zip(shown, encodings):
         text = format_prompt(tokenizer, facts["chat_template"], prompt, raw=False)
-        inputs, features, grid = encode(open_image(img).convert("RGB"))
         ids = np.array(tokenize(tokenizer, text, facts["image_token"], features.shape[0]), np.int64)
         e = embed.run(None, {"input_ids": ids[None]})[0][0]
         e[ids == facts["image_token_id"]] = features
@@ -203,43 +202,6 @@ def _mrope(ir: ModelIR, ids: np.ndarray, grid: tuple[int, int, int]) -> np.ndarr
     from mmtrt.runtime.qwen2_vl import mrope_positions
 
     return mrope_positions(ids.tolist(), ir.config["image_token_id"], [grid], ir.config["vision"]["merge_size"])[0]
-
-
-def _image_encoder(ir: ModelIR):
-    """image -> (its vision inputs, its tokens' features [T, D], its patch grid where M-RoPE needs it), as the
-    runtime computes them."""
-    spec, vision = ir.components["preprocess"].spec, session(ir.components["vision"].onnx)
-    anyres = ir.config["vision"].get("anyres")
-    if _native_resolution(ir):
-        from mmtrt.runtime.qwen2_vl import preprocess, vision_indices
-
-        v = ir.config["vision"]
-        layout = {"spatial_merge_size": v["merge_size"], "window_size": v["window_size"], "patch_size": v["patch_size"]}
-
-        def encode_native(image):
-            patches = preprocess(image, spec)
-            feeds = {"pixel_values": patches.values, **vision_indices(patches.grid, layout)}
-            return [feeds], vision.run(None, feeds)[0][0], patches.grid
-        return encode_native
-    if anyres is None:
-        from mmtrt.preprocess.torchvision_transform import build_transform
-
-        transform = build_transform(spec)
-
-        def encode(image):
-            p = transform(image)[None].numpy()
-            features = vision.run(None, {"pixel_values": p})[0]
-            return p, features.reshape(-1, features.shape[-1]), None
-        return encode
-    tiler, names = build_tiler(spec), [o.name for o in vision.get_outputs()]
-    newline = np.load(io.BytesIO(ir.assets[NEWLINE_ASSET])) if anyres["layout"] == "grid" else None
-
-    def encode_tiles(image):
-        p = tiler(image)
-        out = dict(zip(names, vision.run(None, {"pixel_values": p})))
-        return p, pack(out["image_features"], out.get("image_token_count"), image.height, image.width, anyres,
-                       newline), None
-    return encode_tiles
 
 
 def _text_sequences(ir: ModelIR, tokenizer, windows: int, source: str) -> list[np.ndarray]:

@@ -68,15 +68,15 @@ def plan_stages(graph: onnx.GraphProto, chunks: list[list[str]]) -> list[Stage]:
     return stages
 
 
-def captured(model: onnx.ModelProto, chunks: list[list[str]],
-             batches: list[dict[str, np.ndarray]]) -> Iterator[Iterator[dict[str, np.ndarray]]]:
+def captured(model: onnx.ModelProto, chunks: list[list[str]], batches: list[dict[str, np.ndarray]],
+             what: str = "calibration") -> Iterator[Iterator[dict[str, np.ndarray]]]:
     """For each chunk, an iterator over the batches of its tensors ({name: array}); each is run out before the
-    next chunk's stage starts."""
+    next chunk's stage starts. `what` names the stages in the progress lines."""
     stages = plan_stages(model.graph, chunks)
     cache = [dict(b) for b in batches]
     for s, (stage, names) in enumerate(zip(stages, chunks)):
         later = {n for st in stages[s + 1:] for n in st.inputs}
-        runs = _run_stage(model, stage, names, cache, later, f"calibration, stage {s + 1} of {len(stages)}")
+        runs = _run_stage(model, stage, names, cache, later, f"{what}, stage {s + 1} of {len(stages)}")
         yield runs
         deque(runs, maxlen=0)
 

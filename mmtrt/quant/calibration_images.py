@@ -1,0 +1,83 @@
+"""The calibration images' vision features, computed as the runtime computes them, one encoder layer at a time.
+
+A session on the whole vision graph holds all of its weights widened to float32: 1.6 GB for SigLIP so400m, most
+of a bfloat16 LLaVA-OneVision-0.5B compile's memory budget. Cut after each MLP's down projection (a linear whose
+output is narrower than its input), the graph runs as layerwise's stages: one layer's weights at a time, and
+between stages the images' residual stream (two tensors of the hidden width per token).
+"""
+
+from __future__ import annotations
+
+import io
+from typing import Callable
+
+import numpy as np
+
+from mmtrt.ir.graph import ModelIR
+from mmtrt.preprocess.anyres import NEWLINE_ASSET, build_tiler, pack
+from mmtrt.quant.layerwise import captured, give_back_freed_memory
+from mmtrt.quant.linears import find_linears
+
+Prepared = tuple[dict[str, np.ndarray], list, tuple | None]  # feeds, vision inputs kept for calibration, grid
+
+
+def encoded(ir: ModelIR, images: list) -> list[tuple[list, np.ndarray, tuple | None]]:
+    """Each image's (vision inputs: pixel values, an any-resolution image's tiles one by one, a native-resolution
+    image's whole feeds; its tokens' features [T, D]; its patch grid where M-RoPE needs it)."""
+    prepare, features = _encoder(ir)
+    prepared = [prepare(image) for image in images]
+    outputs = by_layer(ir.components["vision"].onnx, "vision", [feeds for feeds, _, _ in prepared])
+    give_back_freed_memory()
+    return [(inputs, features(out, image), grid)
+            for image, (_, inputs, grid), out in zip(images, prepared, outputs)]
+
+
+def by_layer(model, component: str, batches: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
+    """The graph's outputs for each batch, its stages cut after every down projection (one stage, the whole
+    graph, where it has none)."""
+    _, linears, _ = find_linears(model, component)
+    outputs = [o.name for o in model.graph.output]
+    chunks = [[lin.output] for lin in linears if lin.n < lin.k] + [outputs]
+    stages = captured(model, chunks, batches, f"{component} encoder")
+    for _ in chunks[:-1]:
+        next(stages)  # each stage's runs are drained when the next one is asked for
+    return [{n: out[n] for n in outputs} for out in next(stages)]
+
+
+def _encoder(ir: ModelIR) -> tuple[Callable[[object], Prepared], Callable[[dict, object], np.ndarray]]:
+    """(image -> its feeds, its kept vision inputs and grid; (the graph's outputs, image) -> its features)."""
+    spec, anyres = ir.components["preprocess"].spec, ir.config["vision"].get("anyres")
+    if spec.get("family") == "qwen2_vl":
+        from mmtrt.runtime.qwen2_vl import preprocess, vision_indices
+
+        v = ir.config["vision"]
+        layout = {"spatial_merge_size": v["merge_size"], "window_size": v["window_size"], "patch_size": v["patch_size"]}
+
+        def prepare_native(image) -> Prepared:
+            patches = preprocess(image, spec)
+            feeds = {"pixel_values": patches.values, **vision_indices(patches.grid, layout)}
+            return feeds, [feeds], patches.grid
+        return prepare_native, lambda out, image: out["image_features"][0]
+    if anyres is None:
+        from mmtrt.preprocess.torchvision_transform import build_transform
+
+        transform = build_transform(spec)
+
+        def prepare(image) -> Prepared:
+            p = transform(image)[None].numpy()
+            return {"pixel_values": p}, list(p), None
+
+        def flat(out, image):
+            features = out["image_features"]
+            return features.reshape(-1, features.shape[-1])
+        return prepare, flat
+    tiler = build_tiler(spec)
+    newline = np.load(io.BytesIO(ir.assets[NEWLINE_ASSET])) if anyres["layout"] == "grid" else None
+
+    def prepare_tiles(image) -> Prepared:
+        p = tiler(image)
+        return {"pixel_values": p}, list(p), None
+
+    def packed(out, image):
+        return pack(out["image_features"], out.get("image_token_count"), image.height, image.width, anyres, newline)
+    return prepare_tiles, packed

@@ -1,0 +1,50 @@
+"""The calibration images' features, computed one vision layer at a time, equal one session on the whole vision
+graph for every family (fixed-size, any-resolution tiles, native-resolution patches with their indices), on fresh
+random images; the stage sessions hold every linear's weight once between them, and each at most one layer's MLP."""
+
+import copy
+
+import numpy as np
+import pytest
+
+import mmtrt.compiler
+from builders import random_image
+from mmtrt.quant import calibration_images, layerwise
+from mmtrt.quant.linears import find_linears
+from mmtrt.quant.session import session
+
+
+@pytest.fixture(scope="module")
+def lowered(tiny, anyres_compile, onevision_bundle, qwen_compile, qwen_bundle):
+    """family -> its lowered IR (the tiny LLaVA lowered here, the others from the session's compiles)."""
+    qwen_bundle("qwen2_vl")
+    return {"llava": mmtrt.compiler.lower(*tiny), "llava_onevision": anyres_compile.lowered["llava_onevision"],
+            "qwen2_vl": qwen_compile.lowered["qwen2_vl"]}
+
+
+@pytest.mark.parametrize("family", ["llava", "llava_onevision", "qwen2_vl"])
+def test_features_a_layer_at_a_time_equal_the_whole_graphs(lowered, rng, monkeypatch, family):
+    ir = copy.deepcopy(lowered[family])
+    vision = ir.components["vision"].onnx
+    images = [random_image(rng, int(rng.integers(40, 130)), int(rng.integers(40, 130))) for _ in range(3)]
+    held, made = [], layerwise.session
+
+    def recorded(model):
+        held.append({t.name for t in model.graph.initializer})
+        return made(model)
+    monkeypatch.setattr(layerwise, "session", recorded)
+    got = calibration_images.encoded(ir, images)
+
+    linears = find_linears(vision, "vision")[1]
+    weights, down = {lin.weight for lin in linears}, {lin.weight for lin in linears if lin.n < lin.k}
+    assert len(held) == len(down) + 1 and len(down) >= 2
+    assert sorted(w for names in held for w in names & weights) == sorted(weights)
+    assert all(len(names & down) <= 1 for names in held)
+    prepare, features = calibration_images._encoder(ir)
+    whole = session(vision)
+    names = [o.name for o in whole.get_outputs()]
+    for image, (inputs, feats, grid) in zip(images, got):
+        feeds, kept, expected_grid = prepare(image)
+        expected = features(dict(zip(names, whole.run(None, feeds))), image)
+        assert feats.shape == expected.shape and grid == expected_grid and len(inputs) == len(kept)
+        np.testing.assert_allclose(feats, expected, rtol=1e-5, atol=1e-5)
