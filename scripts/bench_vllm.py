@@ -34,11 +34,14 @@ sys.path.insert(0, str(ROOT / "scripts"))
 PROMPT = "Describe the picture in detail."
 NEW_TOKENS = 24
 MODELS = {  # image size of every request, token_prune's options, whether the pruned bundle declares a budget, and
-    # the checkpoint's dtype (bfloat16 as on the Hub: a float32 0.5B source takes 9.5 GB to compile)
+    # the checkpoint's dtype (bfloat16 as on the Hub: a float32 0.5B source takes 9.5 GB to compile); a variant
+    # names its architecture and a vision pass both bundles add
     "smollm-llava": {"size": (224, 224), "prune": "{keep: 0.5, method: norm}", "evaluate": True, "dtype": "float32"},
     "onevision-0.5b": {"size": (500, 300), "prune": "{keep: 0.5, method: norm}", "evaluate": False,
                        "dtype": "bfloat16"},
 }
+MODELS["onevision-0.5b-int8-vision"] = {**MODELS["onevision-0.5b"], "architecture": "onevision-0.5b",
+                                        "vision": "int8_weights: {components: [vision], activations: dynamic}"}
 BUDGET = ("evaluate: {agreement: {data: agreement.jsonl, max_new_tokens: 8}}\n"
           "budgets: {agreement_top1_drop: 50}\n")
 
@@ -182,7 +185,8 @@ def prepared(work: Path, model: str, layers) -> dict[str, Path]:
     if not (source / "config.json").is_file():
         import torch
 
-        write_checkpoint(source, *ARCHITECTURES[model](layers), dtype=getattr(torch, spec["dtype"]))
+        write_checkpoint(source, *ARCHITECTURES[spec.get("architecture", model)](layers),
+                         dtype=getattr(torch, spec["dtype"]))
     envelope = "envelope:\n  batch: {min: 1, opt: 1, max: 8}\n"
     budget = BUDGET if spec["evaluate"] else ""
     if budget and not (work / "agreement.jsonl").is_file():
@@ -191,7 +195,8 @@ def prepared(work: Path, model: str, layers) -> dict[str, Path]:
             image.save(work / f"agreement-{i}.png")
         (work / "agreement.jsonl").write_text("".join(
             json.dumps({"image": f"agreement-{i}.png", "prompt": PROMPT}) + "\n" for i in range(2)))
-    recipes = {"plain": "", "pruned": f"passes:\n  - token_prune: {spec['prune']}\n{budget}"}
+    vision = [f"  - {spec['vision']}\n"] if "vision" in spec else []
+    recipes = {"plain": _passes(vision), "pruned": _passes([f"  - token_prune: {spec['prune']}\n", *vision]) + budget}
     out = {}
     for name, passes in recipes.items():
         out[name] = work / f"{name}.bundle"
@@ -204,6 +209,10 @@ def prepared(work: Path, model: str, layers) -> dict[str, Path]:
     return out
 
 
+def _passes(lines: list[str]) -> str:
+    return "passes:\n" + "".join(lines) if lines else ""
+
+
 def measure(args, paths: dict[str, Path]) -> dict:
     from mmtrt.handoff.vllm_pipeline import load as load_split
     from mmtrt.handoff.vllm_pipeline import serving_loop
@@ -212,7 +221,7 @@ def measure(args, paths: dict[str, Path]) -> dict:
 
     size, rng = MODELS[args.model]["size"], np.random.default_rng(0)
     result = {"rows": [], "prompt_tokens": {}, "agreement": {}}
-    for name in ("plain", "pruned"):  # one at a time: a real-size bundle's whole model is loaded here
+    for name in ("plain", "pruned") if args.run else ():  # one at a time: each holds a real-size bundle's model
         ours = load(paths[name], threads=args.threads, spin=False)
         result["rows"] += rounds({f"mmtrt run ({name} bundle)": batch_submitter(ours)}, rng, size, args.repeats)
         del ours
@@ -251,6 +260,7 @@ def main() -> int:
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--no-run", dest="run", action="store_false", help="leave out the `mmtrt run` rows")
     args = parser.parse_args()
     os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
@@ -263,7 +273,7 @@ def main() -> int:
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                             cwd=ROOT).stdout.strip()
     result |= {"date": started, "commit": commit, "threads": args.threads, "repeats": args.repeats,
-               "layers": args.layers, "load": [load_before, os.getloadavg()]}
+               "layers": args.layers, "dtypes": args.dtypes, "run": args.run, "load": [load_before, os.getloadavg()]}
     (work / "results.json").write_text(json.dumps(result, indent=1) + "\n")
     if args.out:
         from bench_vllm_page import write_page

@@ -6,6 +6,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+DTYPES = ["float32", "bfloat16"]
+
 DESCRIPTIONS = {
     "smollm-llava": "zoo:dino-smollm-page's LLM class of size: a random-weight LLaVA with SmolLM2-135M's LLM (30 "
                     "layers, hidden 576) and a SigLIP of DINOv2 ViT-S/14's size at 224 px (256 image tokens), "
@@ -13,6 +15,10 @@ DESCRIPTIONS = {
     "onevision-0.5b": "a random-weight LLaVA-OneVision-0.5B (SigLIP so400m/14 at 384, Qwen2-0.5B, vocabulary "
                       "151,936), a bfloat16 checkpoint as on the Hub, compiled and exported in float32; every request "
                       "one 500x300 image (its any-resolution grid)",
+    "onevision-0.5b-int8-vision": "the same LLaVA-OneVision-0.5B checkpoint, both bundles with `int8_weights: "
+                                  "{components: [vision], activations: dynamic}` (the vision tower's and "
+                                  "projector's linears as ONNX Runtime's int8 GEMM; the exported folder's vision "
+                                  "tower is the checkpoint's float one); every request one 500x300 image",
 }
 
 
@@ -25,7 +31,9 @@ def ttft_ratio(rows: list, row: list) -> str:
 
 def section(model: str, result: dict) -> list[str]:
     command = (f"PYTHONPATH=. python scripts/bench_vllm.py --model {model} --work DIR --out docs/results/vllm-split.md"
-               + (f" --layers {' '.join(map(str, result['layers']))}" if result["layers"] else ""))
+               + (f" --layers {' '.join(map(str, result['layers']))}" if result["layers"] else "")
+               + (f" --dtypes {' '.join(result['dtypes'])}" if result.get("dtypes", DTYPES) != DTYPES else "")
+               + ("" if result.get("run", True) else " --no-run"))
     tokens = sorted({tuple(t) for a in result["agreement"].values() for t in a["image_tokens"]})
     declared = (f"the pruned bundle declares agreement_top1_drop {result['declared']:g} (it measured "
                 f"{result['measured']:g} at compile time)" if result["declared"] is not None else
