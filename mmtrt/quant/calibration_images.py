@@ -1,9 +1,11 @@
 """The calibration images' vision features, computed as the runtime computes them, one encoder layer at a time.
 
-A session on the whole vision graph holds all of its weights widened to float32: 1.6 GB for SigLIP so400m, most
-of a bfloat16 LLaVA-OneVision-0.5B compile's memory budget. Cut after each MLP's down projection (a linear whose
-output is narrower than its input), the graph runs as layerwise's stages: one layer's weights at a time, and
-between stages the images' residual stream (two tensors of the hidden width per token).
+One session on the whole vision graph holds the tower's weights widened to float32 (1.6 GB for SigLIP so400m) and,
+through the LLaVA export's stack of every hidden state (ir/hidden_states.py), all 27 of them for every image at
+once: the peak of a bfloat16 LLaVA-OneVision-0.5B awq_int4 compile. Cut after each MLP's down projection (a linear
+whose output is narrower than its input), the graph runs as layerwise's stages: one layer's weights at a time,
+and between stages the images' residual stream (two tensors of the hidden width per token). The feature layers are
+read straight from their layers, so no stage's output is carried to the end.
 """
 
 from __future__ import annotations
@@ -12,8 +14,10 @@ import io
 from typing import Callable
 
 import numpy as np
+import onnx
 
 from mmtrt.ir.graph import ModelIR
+from mmtrt.ir.hidden_states import stacked_selects
 from mmtrt.preprocess.anyres import NEWLINE_ASSET, build_tiler, pack
 from mmtrt.quant.layerwise import captured, give_back_freed_memory
 from mmtrt.quant.linears import find_linears
@@ -34,14 +38,26 @@ def encoded(ir: ModelIR, images: list) -> list[tuple[list, np.ndarray, tuple | N
 
 def by_layer(model, component: str, batches: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
     """The graph's outputs for each batch, its stages cut after every down projection (one stage, the whole
-    graph, where it has none)."""
+    graph, where it has none), each selected hidden state read from its layer rather than from the stack."""
     _, linears, _ = find_linears(model, component)
     outputs = [o.name for o in model.graph.output]
     chunks = [[lin.output] for lin in linears if lin.n < lin.k] + [outputs]
-    stages = captured(model, chunks, batches, f"{component} encoder")
+    selects = stacked_selects(model.graph)
+    nodes = [_reading(node, selects) for node in model.graph.node]
+    stages = captured(model, chunks, batches, f"{component} encoder", nodes)
     for _ in chunks[:-1]:
         next(stages)  # each stage's runs are drained when the next one is asked for
     return [{n: out[n] for n in outputs} for out in next(stages)]
+
+
+def _reading(node: onnx.NodeProto, renamed: dict[str, str]) -> onnx.NodeProto:
+    """`node`, or a copy of it reading renamed inputs."""
+    if not any(name in renamed for name in node.input):
+        return node
+    copy = onnx.NodeProto()
+    copy.CopyFrom(node)
+    copy.input[:] = [renamed.get(name, name) for name in node.input]
+    return copy
 
 
 def _encoder(ir: ModelIR) -> tuple[Callable[[object], Prepared], Callable[[dict, object], np.ndarray]]:

@@ -40,9 +40,11 @@ class Stage:
     outputs: list[str]
 
 
-def plan_stages(graph: onnx.GraphProto, chunks: list[list[str]]) -> list[Stage]:
-    """One stage per chunk of tensor names to capture."""
-    producer = {out: i for i, node in enumerate(graph.node) for out in node.output if out}
+def plan_stages(graph: onnx.GraphProto, chunks: list[list[str]], nodes: list[onnx.NodeProto] | None = None
+                ) -> list[Stage]:
+    """One stage per chunk of tensor names to capture; `nodes` in place of the graph's (the same order)."""
+    nodes = graph.node if nodes is None else nodes
+    producer = {out: i for i, node in enumerate(nodes) for out in node.output if out}
     constants = {t.name for t in graph.initializer}
     owner: dict[int, int] = {}
     for c, names in enumerate(chunks):
@@ -51,42 +53,44 @@ def plan_stages(graph: onnx.GraphProto, chunks: list[list[str]]) -> list[Stage]:
             i = todo.pop()
             if i not in owner:
                 owner[i] = c
-                todo += [producer[n] for n in node_inputs(graph.node[i]) if n in producer]
-    nodes: list[list[int]] = [[] for _ in chunks]
+                todo += [producer[n] for n in node_inputs(nodes[i]) if n in producer]
+    owned: list[list[int]] = [[] for _ in chunks]
     for i in sorted(owner):
-        nodes[owner[i]].append(i)
+        owned[owner[i]].append(i)
     inputs = []
-    for s, chosen in enumerate(nodes):
-        made = {out for i in chosen for out in graph.node[i].output}
-        read = [n for i in chosen for n in node_inputs(graph.node[i]) if n not in made and n not in constants]
+    for s, chosen in enumerate(owned):
+        made = {out for i in chosen for out in nodes[i].output}
+        read = [n for i in chosen for n in node_inputs(nodes[i]) if n not in made and n not in constants]
         inputs.append(list(dict.fromkeys(read + [n for n in chunks[s] if n not in made])))
     stages = []
-    for s, chosen in enumerate(nodes):
-        made = [out for i in chosen for out in graph.node[i].output if out]
+    for s, chosen in enumerate(owned):
+        made = [out for i in chosen for out in nodes[i].output if out]
         later = {n for ins in inputs[s + 1:] for n in ins}
         stages.append(Stage(chosen, inputs[s], [n for n in made if n in later or n in chunks[s]]))
     return stages
 
 
 def captured(model: onnx.ModelProto, chunks: list[list[str]], batches: list[dict[str, np.ndarray]],
-             what: str = "calibration") -> Iterator[Iterator[dict[str, np.ndarray]]]:
+             what: str = "calibration", nodes: list[onnx.NodeProto] | None = None
+             ) -> Iterator[Iterator[dict[str, np.ndarray]]]:
     """For each chunk, an iterator over the batches of its tensors ({name: array}); each is run out before the
-    next chunk's stage starts. `what` names the stages in the progress lines."""
-    stages = plan_stages(model.graph, chunks)
+    next chunk's stage starts. `what` names the stages in the progress lines; `nodes` replace the graph's."""
+    nodes = list(model.graph.node) if nodes is None else nodes
+    stages = plan_stages(model.graph, chunks, nodes)
     cache = [dict(b) for b in batches]
     for s, (stage, names) in enumerate(zip(stages, chunks)):
         later = {n for st in stages[s + 1:] for n in st.inputs}
-        runs = _run_stage(model, stage, names, cache, later, f"{what}, stage {s + 1} of {len(stages)}")
+        runs = _run_stage(model, nodes, stage, names, cache, later, f"{what}, stage {s + 1} of {len(stages)}")
         yield runs
         deque(runs, maxlen=0)
 
 
-def _run_stage(model: onnx.ModelProto, stage: Stage, names: list[str], cache: list[dict[str, np.ndarray]],
-               later: set[str], desc: str) -> Iterator[dict[str, np.ndarray]]:
+def _run_stage(model: onnx.ModelProto, nodes: list[onnx.NodeProto], stage: Stage, names: list[str],
+               cache: list[dict[str, np.ndarray]], later: set[str], desc: str) -> Iterator[dict[str, np.ndarray]]:
     """The stage on each batch: its captures are handed out, and a batch keeps only what later stages read (a
     capture no later stage reads, such as a down projection's wide input, is held one batch at a time), and the
     heap's free pages go back after each batch (a batch's arrays are below glibc's mmap threshold)."""
-    sess = session(_stage_model(model, stage, cache[0])) if stage.outputs else None
+    sess = session(_stage_model(model, [nodes[i] for i in stage.nodes], stage, cache[0])) if stage.outputs else None
     for values in track(cache, desc, total=len(cache)):
         made = dict(zip(stage.outputs, sess.run(stage.outputs, {n: values[n] for n in stage.inputs}))) if sess else {}
         yield {n: made[n] if n in made else values[n] for n in names}
@@ -96,9 +100,9 @@ def _run_stage(model: onnx.ModelProto, stage: Stage, names: list[str], cache: li
         give_back_freed_memory()
 
 
-def _stage_model(model: onnx.ModelProto, stage: Stage, example: dict[str, np.ndarray]) -> onnx.ModelProto:
+def _stage_model(model: onnx.ModelProto, nodes: list[onnx.NodeProto], stage: Stage,
+                 example: dict[str, np.ndarray]) -> onnx.ModelProto:
     """The stage's nodes as a model: its inputs typed from the example batch, the initializers its nodes read."""
-    nodes = [model.graph.node[i] for i in stage.nodes]
     used = {n for node in nodes for n in node_inputs(node)}
     inputs = [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(example[n].dtype), None)
               for n in stage.inputs]

@@ -9,7 +9,8 @@ from __future__ import annotations
 
 from mmtrt.ir.flops import count_flops
 from mmtrt.ir.graph import ModelIR
-from mmtrt.ir.rewrite import attr, cleanup, const_value, producers, replace_uses
+from mmtrt.ir.hidden_states import stacked_selects
+from mmtrt.ir.rewrite import cleanup, replace_uses
 from mmtrt.pipeline.pass_base import Pass, PassConfig
 
 
@@ -44,29 +45,7 @@ def _count(model, op_type: str) -> int:
 
 def _bypass_stack_selects(graph) -> int:
     """Rewrite Gather(Concat(Unsqueeze(h_0), ..., Unsqueeze(h_n)), i) on axis 0 into h_i."""
-    made = producers(graph)
-    count = 0
-    for node in list(graph.node):
-        source = _stacked_source(graph, made, node)
-        if source is not None:
-            replace_uses(graph, node.output[0], source)
-            count += 1
-    return count
-
-
-def _stacked_source(graph, made, gather) -> str | None:
-    if gather.op_type != "Gather" or attr(gather, "axis", 0) != 0:
-        return None
-    concat = made.get(gather.input[0])
-    index = const_value(graph, gather.input[1])
-    if concat is None or concat.op_type != "Concat" or attr(concat, "axis") != 0 or index is None or index.ndim:
-        return None
-    parts = [made.get(name) for name in concat.input]
-    if not all(p is not None and p.op_type == "Unsqueeze" and _axes(graph, p) == [0] for p in parts):
-        return None
-    return parts[int(index)].input[0]
-
-
-def _axes(graph, unsqueeze) -> list[int] | None:
-    axes = const_value(graph, unsqueeze.input[1]) if len(unsqueeze.input) > 1 else attr(unsqueeze, "axes")
-    return None if axes is None else [int(a) for a in axes]
+    selects = stacked_selects(graph)
+    for output, source in selects.items():
+        replace_uses(graph, output, source)
+    return len(selects)

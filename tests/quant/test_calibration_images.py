@@ -1,6 +1,7 @@
 """The calibration images' features, computed one vision layer at a time, equal one session on the whole vision
 graph for every family (fixed-size, any-resolution tiles, native-resolution patches with their indices), on fresh
-random images; the stage sessions hold every linear's weight once between them, and each at most one layer's MLP."""
+random images; the stage sessions hold every linear's weight once between them, each at most one layer's MLP, and
+none computes the LLaVA export's stack of every hidden state."""
 
 import copy
 
@@ -9,6 +10,8 @@ import pytest
 
 import mmtrt.compiler
 from builders import random_image
+from mmtrt.ir.hidden_states import stacked_selects
+from mmtrt.ir.rewrite import producers
 from mmtrt.quant import calibration_images, layerwise
 from mmtrt.quant.linears import find_linears
 from mmtrt.quant.session import session
@@ -27,10 +30,11 @@ def test_features_a_layer_at_a_time_equal_the_whole_graphs(lowered, rng, monkeyp
     ir = copy.deepcopy(lowered[family])
     vision = ir.components["vision"].onnx
     images = [random_image(rng, int(rng.integers(40, 130)), int(rng.integers(40, 130))) for _ in range(3)]
-    held, made = [], layerwise.session
+    held, computed, made = [], set(), layerwise.session
 
     def recorded(model):
         held.append({t.name for t in model.graph.initializer})
+        computed.update(out for node in model.graph.node for out in node.output)
         return made(model)
     monkeypatch.setattr(layerwise, "session", recorded)
     got = calibration_images.encoded(ir, images)
@@ -40,6 +44,8 @@ def test_features_a_layer_at_a_time_equal_the_whole_graphs(lowered, rng, monkeyp
     assert len(held) == len(down) + 1 and len(down) >= 2
     assert sorted(w for names in held for w in names & weights) == sorted(weights)
     assert all(len(names & down) <= 1 for names in held)
+    stacks = {producers(vision.graph)[out].input[0] for out in stacked_selects(vision.graph)}
+    assert len(stacks) == (family != "qwen2_vl") and not stacks & computed
     prepare, features = calibration_images._encoder(ir)
     whole = session(vision)
     names = [o.name for o in whole.get_outputs()]
