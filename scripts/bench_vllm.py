@@ -30,6 +30,7 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "scripts"))
+from bench_vllm_page import DTYPES, write_page  # noqa: E402
 
 PROMPT = "Describe the picture in detail."
 NEW_TOKENS = 24
@@ -259,7 +260,7 @@ def main() -> int:
     parser.add_argument("--layers", type=int, nargs=2, help="vision and LLM layers, for a cheaper trial")
     parser.add_argument("--threads", type=int, default=os.cpu_count())
     parser.add_argument("--repeats", type=int, default=3)
-    parser.add_argument("--dtypes", nargs="+", default=["float32", "bfloat16"])
+    parser.add_argument("--dtypes", nargs="+", default=DTYPES)
     parser.add_argument("--no-run", dest="run", action="store_false", help="leave out the `mmtrt run` rows")
     args = parser.parse_args()
     os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
@@ -276,8 +277,6 @@ def main() -> int:
                "layers": args.layers, "dtypes": args.dtypes, "run": args.run, "load": [load_before, os.getloadavg()]}
     (work / "results.json").write_text(json.dumps(result, indent=1) + "\n")
     if args.out:
-        from bench_vllm_page import write_page
-
         write_page(args.work, args.out)
     return 0
 

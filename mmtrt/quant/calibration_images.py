@@ -64,14 +64,11 @@ def _encoder(ir: ModelIR) -> tuple[Callable[[object], Prepared], Callable[[dict,
     """(image -> its feeds, its kept vision inputs and grid; (the graph's outputs, image) -> its features)."""
     spec, anyres = ir.components["preprocess"].spec, ir.config["vision"].get("anyres")
     if spec.get("family") == "qwen2_vl":
-        from mmtrt.runtime.qwen2_vl import preprocess, vision_indices
-
-        v = ir.config["vision"]
-        layout = {"spatial_merge_size": v["merge_size"], "window_size": v["window_size"], "patch_size": v["patch_size"]}
+        from mmtrt.runtime.qwen2_vl import preprocess, vision_feeds
 
         def prepare_native(image) -> Prepared:
             patches = preprocess(image, spec)
-            feeds = {"pixel_values": patches.values, **vision_indices(patches.grid, layout)}
+            feeds = vision_feeds(patches, ir.config["vision"])
             return feeds, [feeds], patches.grid
         return prepare_native, lambda out, image: out["image_features"][0]
     if anyres is None:

@@ -88,6 +88,14 @@ def patchify(image: np.ndarray, patch: int, merge: int, temporal: int) -> Patche
                    (1, rows, cols))
 
 
+def vision_feeds(patches: Patches, vision: dict[str, Any]) -> dict[str, np.ndarray]:
+    """The vision graph's feeds for one image: its patches and their index inputs (`vision`: the model's vision
+    facts, merge_size, window_size, patch_size)."""
+    indices = vision_indices(patches.grid, {"spatial_merge_size": vision["merge_size"],
+                                            "window_size": vision["window_size"], "patch_size": vision["patch_size"]})
+    return {"pixel_values": patches.values, **indices}
+
+
 def vision_indices(grid: tuple[int, int, int], vision: dict[str, Any]) -> dict[str, np.ndarray]:
     """The vision graph's index inputs for one image: patch_pos, and the window order under window attention."""
     _, rows, cols = grid
@@ -171,10 +179,7 @@ class QwenImages:
         return patches
 
     def vision_feeds(self, patches: Patches) -> dict[str, np.ndarray]:
-        indices = vision_indices(patches.grid, {"spatial_merge_size": self.vision["merge_size"],
-                                                "window_size": self.vision["window_size"],
-                                                "patch_size": self.vision["patch_size"]})
-        return {"pixel_values": patches.values, **indices}
+        return vision_feeds(patches, self.vision)
 
     def positions(self, ids: list[int], images: list[Patches]) -> tuple[np.ndarray, int]:
         """The prompt's position_ids [3, 1, seq] and its rope delta, for its images in order."""
