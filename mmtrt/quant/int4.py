@@ -64,11 +64,16 @@ def quantize_groups(w: np.ndarray, group_size: int, symmetric: bool = True,
     if len(blocks) == 1:
         return _quantize_rows(w, group_size, symmetric, clip_ratio, float_zero_point)
     ratio = None if clip_ratio is None else np.asarray(clip_ratio, np.float32)
-    parts = [_quantize_rows(w[r], group_size, symmetric, ratio if ratio is None or ratio.ndim == 0 else ratio[r],
-                            float_zero_point) for r in blocks]
-    q, scales, zero_points = zip(*parts)
-    return (np.concatenate(q), np.concatenate(scales),
-            None if zero_points[0] is None else np.concatenate(zero_points))
+    out = None
+    for r in blocks:
+        part = _quantize_rows(w[r], group_size, symmetric, ratio if ratio is None or ratio.ndim == 0 else ratio[r],
+                              float_zero_point)
+        if out is None:  # filled in place: concatenating the blocks held q twice
+            out = [None if a is None else np.empty((len(w), *a.shape[1:]), a.dtype) for a in part]
+        for whole, a in zip(out, part):
+            if a is not None:
+                whole[r] = a
+    return tuple(out)
 
 
 def _quantize_rows(w: np.ndarray, group_size: int, symmetric: bool, clip_ratio, float_zero_point: bool):
@@ -157,12 +162,31 @@ def matmulnbits_node(name: str, x_input: str, q: np.ndarray, scales: np.ndarray,
     """
     if q.shape != (N, K):
         raise ValueError(f"MatMulNBits {name}: q is {list(q.shape)}, expected [N, K] = [{N}, {K}]")
-    g = num_groups(K, block)
     if zero_points is None:
-        nibbles, pad = q.astype(np.int16) + 8, np.full((N, g * block - K), 8)
+        b = _packed(q, 8, np.full((N, 1), 8, np.uint8), block)
     else:
-        nibbles, pad = q, np.repeat(zero_points[:, -1:], g * block - K, axis=1)  # padding dequantizes to 0
-    b = pack_nibbles(np.concatenate([nibbles, pad], axis=1).reshape(N, g, block))
+        b = _packed(q, 0, zero_points[:, -1:], block)  # padding dequantizes to 0
+    return _matmulnbits(name, x_input, b, scales, zero_points, K, N, block, accuracy_level, output)
+
+
+def _packed(q: np.ndarray, offset: int, pad: np.ndarray, block: int) -> np.ndarray:
+    """q + offset as nibbles [N, G, block/2], each row's short last group filled with its `pad` ([N, 1]); a block
+    of rows at a time in uint8 (a 151,936-row lm_head's whole-weight integer temporaries took 1.5 GB)."""
+    n, k = q.shape
+    g = num_groups(k, block)
+    out = np.empty((n, g, block // 2), np.uint8)
+    for r in row_blocks(n, k):
+        rows = np.empty((r.stop - r.start, g * block), np.uint8)
+        rows[:, :k] = q[r] + offset
+        rows[:, k:] = pad[r]
+        out[r] = pack_nibbles(rows.reshape(-1, g, block))
+    return out
+
+
+def _matmulnbits(name: str, x_input: str, b: np.ndarray, scales: np.ndarray, zero_points: np.ndarray | None,
+                 K: int, N: int, block: int, accuracy_level: int, output: str
+                 ) -> tuple[onnx.NodeProto, list[onnx.TensorProto]]:
+    g = num_groups(K, block)
     inits = [numpy_helper.from_array(b, f"{name}.B"), numpy_helper.from_array(np.asarray(scales).reshape(-1),
                                                                                f"{name}.scales")]
     if zero_points is not None:
@@ -184,8 +208,10 @@ def matmulnbits_offset_nodes(name: str, x_input: str, q: np.ndarray, scales: np.
     first of equal names)."""
     g = num_groups(K, block)
     scales = np.asarray(scales)
-    node, inits = matmulnbits_node(name, x_input, q.astype(np.int16) - 8, scales, None, K, N, block, accuracy_level,
-                                   output=f"{name}.int4_out")
+    if q.shape != (N, K):
+        raise ValueError(f"MatMulNBits {name}: q is {list(q.shape)}, expected [N, K] = [{N}, {K}]")
+    b = _packed(q, 0, np.full((N, 1), 8, np.uint8), block)  # unsigned q under the default zero point 8
+    node, inits = _matmulnbits(name, x_input, b, scales, None, K, N, block, accuracy_level, f"{name}.int4_out")
     indicator = np.zeros((K, g), scales.dtype)
     indicator[np.arange(K), np.arange(K) // block] = 1
     offsets = ((8 - zero_points) * scales).astype(scales.dtype)

@@ -56,6 +56,7 @@ def quantize_component(model: onnx.ModelProto, component: str, batches: list[dic
         searching += time.perf_counter() - searched
     calibrated = time.perf_counter() - searching  # the search ran between the layers' calibrations
     quantized, lowered = rewrite.finish()
+    give_back_freed_memory()  # the calibration's and the searches' arrays, before the compile writes the bundle
     return quantized, {"calibration_s": round(calibrated - started, 2),
                        "search_and_rewrite_s": round(time.perf_counter() - calibrated, 2), "groups": reports, **lowered}
 
