@@ -1,0 +1,155 @@
+"""Where an INT4 LLM's decode step goes on the CPU, and what its float zero points cost there.
+
+`awq_int4` with `zero_point: float` lowers each linear to a MatMulNBits without zero points plus two small float
+MatMuls and an Add (mmtrt/quant/int4.py: `matmulnbits_offset_nodes`). This script times one decode step of a
+bundle's LLM (a `kv_layout: static` bundle: GroupQueryAttention over a KV buffer) at a given context, side by
+side in one run (round robin, medians), in three forms of the same graph:
+
+- as compiled (float zero points: the offset MatMuls);
+- the offsets dropped and a 4-bit zero point per group added: ONNX Runtime's own asymmetric form
+  (`zero_point: int4`), the same kernels and bytes as such a compile;
+- the offsets dropped, no zero points: the symmetric form's kernels and bytes.
+
+The second and third forms compute other numbers (their zero points are not the model's): they time the graph's
+form only; what a grid costs in accuracy is the accuracy budgets' to say. It also prints the compiled form's time
+per ONNX Runtime op type (its profiler).
+
+    PYTHONPATH=. python scripts/bench_int4_decode.py BUNDLE [--context 2049] [--steps 25] [--rounds 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+import numpy as np
+import onnx
+import onnxruntime as ort
+from onnx import numpy_helper
+
+FORMS = ["as compiled (float zero points)", "int4 zero points", "symmetric (no zero points)"]
+
+
+def variant(model: onnx.ModelProto, zero_points: bool) -> onnx.ModelProto:
+    """`model` without the offset MatMuls and Adds, each MatMulNBits writing the linear's output itself; with a
+    4-bit zero point of 8 per group where `zero_points`."""
+    out = onnx.ModelProto.FromString(model.SerializeToString())
+    g = out.graph
+    renamed = {n.input[0]: n.output[0] for n in g.node
+               if n.op_type == "Add" and n.input[0].endswith(".int4_out")}
+    dropped = {n.name for n in g.node if n.op_type == "MatMul" and (n.name.endswith(".offsets")
+                                                                   or ".group_sums." in n.name)}
+    dropped |= {n.name for n in g.node if n.op_type == "Add" and n.input[0] in renamed}
+    kept = [n for n in g.node if n.name not in dropped]
+    for n in kept:
+        if n.op_type == "MatMulNBits":
+            n.output[0] = renamed.get(n.output[0], n.output[0])
+            if zero_points:
+                attrs = {a.name: a.i for a in n.attribute}
+                groups = -(-attrs["K"] // attrs["block_size"])
+                zp = np.full(attrs["N"] * ((groups + 1) // 2), 0x88, np.uint8)
+                g.initializer.append(numpy_helper.from_array(zp, f"{n.name}.zp"))
+                n.input.append(f"{n.name}.zp")
+    del g.node[:]
+    g.node.extend(kept)
+    used = {i for n in g.node for i in n.input}
+    kept_inits = [t for t in g.initializer if t.name in used]
+    del g.initializer[:]
+    g.initializer.extend(kept_inits)
+    return out
+
+
+def decode_feeds(sess: ort.InferenceSession, context: int) -> dict[str, np.ndarray]:
+    """One token after `context` cached ones, random everywhere (the buffer a little longer than the context)."""
+    rng = np.random.default_rng(0)
+    names = {i.name: i for i in sess.get_inputs()}
+    if "seqlens_k" not in names:
+        raise SystemExit("bench_int4_decode: the bundle's LLM has no GroupQueryAttention inputs; compile it with "
+                         "kv_layout: {layout: static}")
+    hidden = names["inputs_embeds"].shape[-1]
+    capacity = context + 256
+    feeds = {n: rng.standard_normal((1, i.shape[1], capacity, i.shape[3]), np.float32)
+             for n, i in names.items() if n.startswith("past.")}
+    feeds.update(inputs_embeds=rng.standard_normal((1, 1, hidden), np.float32),
+                 position_ids=np.array([[context]], np.int64), seqlens_k=np.array([context], np.int32),
+                 total_sequence_length=np.array(capacity, np.int32))
+    if "logits_from" in names:
+        feeds["logits_from"] = np.zeros(1, np.int64)
+    return feeds
+
+
+def options(threads: int, profile: bool = False) -> ort.SessionOptions:
+    so = ort.SessionOptions()
+    so.intra_op_num_threads = threads
+    so.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    so.enable_profiling = profile
+    return so
+
+
+def step_ms(sess: ort.InferenceSession, feeds: dict, steps: int) -> float:
+    times = []
+    for _ in range(steps):
+        start = time.perf_counter()
+        sess.run(["logits"], feeds)
+        times.append(time.perf_counter() - start)
+    return 1000 * statistics.median(times[2:])
+
+
+def op_shares(path: Path, feeds: dict, threads: int, steps: int) -> list[tuple[str, float, float]]:
+    sess = ort.InferenceSession(str(path), options(threads, profile=True), providers=["CPUExecutionProvider"])
+    for _ in range(steps):
+        sess.run(["logits"], feeds)
+    trace = Path(sess.end_profiling())
+    events = json.loads(trace.read_text())
+    trace.unlink()
+    total = collections.Counter()
+    for e in events:
+        if e.get("cat") == "Node" and e["name"].endswith("_kernel_time"):
+            total[e["args"]["op_name"]] += e["dur"] / 1000 / steps
+    whole = sum(total.values())
+    return [(op, ms, ms / whole) for op, ms in total.most_common(8)]
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("bundle", type=Path)
+    parser.add_argument("--context", type=int, default=2049)
+    parser.add_argument("--steps", type=int, default=25)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=2)
+    args = parser.parse_args()
+    compiled = onnx.load(str(args.bundle / "llm.onnx"))
+    with tempfile.TemporaryDirectory() as tmp:
+        paths = [args.bundle / "llm.onnx"]
+        for name, zp in (("int4zp", True), ("sym", False)):
+            path = Path(tmp) / f"{name}.onnx"
+            onnx.save(variant(compiled, zp), str(path), save_as_external_data=True, location=f"{name}.onnx.data")
+            paths.append(path)
+        del compiled
+        sessions = [ort.InferenceSession(str(p), options(args.threads), providers=["CPUExecutionProvider"])
+                    for p in paths]
+        feeds = decode_feeds(sessions[0], args.context)
+        times = {form: [] for form in FORMS}
+        for _ in range(args.rounds):
+            for form, sess in zip(FORMS, sessions):
+                times[form].append(step_ms(sess, feeds, args.steps))
+        shares = op_shares(paths[0], feeds, args.threads, args.steps)
+    base = statistics.median(times[FORMS[0]])
+    print(f"| LLM form | decode step ms (median of {args.rounds} runs) | speed vs as compiled |")
+    print("| --- | ---: | ---: |")
+    for form in FORMS:
+        ms = statistics.median(times[form])
+        print(f"| {form} | {ms:.1f} | {base / ms:.2f}x |")
+    print("\n| op type (as compiled) | ms per step | share |")
+    print("| --- | ---: | ---: |")
+    for op, ms, share in shares:
+        print(f"| {op} | {ms:.1f} | {100 * share:.0f} % |")
+
+
+if __name__ == "__main__":
+    main()
