@@ -42,10 +42,15 @@ class _View:
     strides: tuple[int, ...]  # in elements, into the source laid out contiguously
     offset: int
 
-    def array(self) -> np.ndarray:
-        """The view's float32 values, in one new array (the source is widened into it)."""
-        out = torch.empty(self.shape, dtype=torch.float32)
-        out.copy_(self.source.contiguous().as_strided(self.shape, self.strides, self.offset))
+    def array(self, columns: slice | None = None) -> np.ndarray:
+        """The view's float32 values (of a 2-D view's `columns` alone), in one new array (the source is widened
+        into it)."""
+        shape, offset = self.shape, self.offset
+        if columns is not None:
+            start, stop, _ = columns.indices(shape[1])
+            shape, offset = (shape[0], stop - start), offset + start * self.strides[1]
+        out = torch.empty(shape, dtype=torch.float32)
+        out.copy_(self.source.contiguous().as_strided(shape, self.strides, offset))
         release(self.source)
         return out.numpy()
 
@@ -233,9 +238,11 @@ def copy_fields(src, dst, skip: str) -> None:
             setattr(dst, field.name, value)
 
 
-def array(tensor: onnx.TensorProto) -> np.ndarray:
-    """`numpy_helper.to_array`, for an initializer that may refer to its source."""
-    if not is_reference(tensor):
-        return onnx.numpy_helper.to_array(tensor)
+def array(tensor: onnx.TensorProto, columns: slice | None = None) -> np.ndarray:
+    """`numpy_helper.to_array` (of a 2-D initializer's `columns` alone), for an initializer that may refer to its
+    source: a reference widens only those columns."""
     registry = _registry.get()
-    return registry.views[_key(tensor)].array() if registry else onnx.numpy_helper.to_array(tensor)
+    if is_reference(tensor) and registry:
+        return registry.views[_key(tensor)].array(columns)
+    whole = onnx.numpy_helper.to_array(tensor)
+    return whole if columns is None else whole[:, columns]

@@ -61,17 +61,18 @@ class Folds:
         """The tensor the linear reads once the folds apply."""
         return self._inputs.get(id(lin.node), lin.input)
 
-    def weight(self, lin: Linear) -> np.ndarray:
-        """The linear's weight `[K, N]` as stored, with its factors folded in (in float32, in the order the groups
-        folded them), in the graph's float type."""
-        w = source_weights.array(self._weights[id(lin.node)])
+    def weight(self, lin: Linear, columns: slice | None = None) -> np.ndarray:
+        """The linear's weight `[K, N]` as stored (its output channels `columns` alone, when given), with its
+        factors folded in (in float32, in the order the groups folded them), in the graph's float type."""
+        w = source_weights.array(self._weights[id(lin.node)], columns)
         if w.dtype != np.float32 or not w.flags.writeable:  # a referenced weight is widened into a new array
             w = w.astype(np.float32)
+        outputs = slice(None) if columns is None else columns
         for on_inputs, s in self.factors.get(id(lin.node), []):
             if on_inputs:
                 w *= s[:, None]
             else:
-                w /= s[None, :]
+                w /= s[None, outputs]
         return w.astype(self.dtype(lin), copy=False)
 
     def dtype(self, lin: Linear) -> np.dtype:

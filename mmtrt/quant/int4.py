@@ -60,16 +60,23 @@ def quantize_groups(w: np.ndarray, group_size: int, symmetric: bool = True,
     the shrunk range clip to the grid's ends. Rows are rounded a block at a time (each row on its own, so the
     result is the same), so a wide weight's float temporaries take one block's memory.
     """
-    blocks = row_blocks(*np.shape(w))
-    if len(blocks) == 1:
-        return _quantize_rows(w, group_size, symmetric, clip_ratio, float_zero_point)
+    return quantize_row_blocks(lambda rows: w[rows], np.shape(w), group_size, symmetric, clip_ratio, float_zero_point)
+
+
+def quantize_row_blocks(rows_of, shape: tuple[int, int], group_size: int, symmetric: bool = True,
+                        clip_ratio: float | np.ndarray | None = None, float_zero_point: bool = False):
+    """`quantize_groups` of the [N, K] weight that `rows_of(slice)` gives a block of rows at a time (`row_blocks`),
+    so a wide weight is never whole in float32; the result is the same, each row being rounded on its own."""
+    blocks = row_blocks(*shape)
     ratio = None if clip_ratio is None else np.asarray(clip_ratio, np.float32)
+    if len(blocks) == 1:
+        return _quantize_rows(rows_of(blocks[0]), group_size, symmetric, ratio, float_zero_point)
     out = None
     for r in blocks:
-        part = _quantize_rows(w[r], group_size, symmetric, ratio if ratio is None or ratio.ndim == 0 else ratio[r],
+        part = _quantize_rows(rows_of(r), group_size, symmetric, ratio if ratio is None or ratio.ndim == 0 else ratio[r],
                               float_zero_point)
         if out is None:  # filled in place: concatenating the blocks held q twice
-            out = [None if a is None else np.empty((len(w), *a.shape[1:]), a.dtype) for a in part]
+            out = [None if a is None else np.empty((shape[0], *a.shape[1:]), a.dtype) for a in part]
         for whole, a in zip(out, part):
             if a is not None:
                 whole[r] = a
@@ -139,6 +146,9 @@ class Grid:
 
     def quantize(self, w: np.ndarray, clip_ratio=None) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         return quantize_groups(w, self.group, self.symmetric, clip_ratio, self.float_zero_point)
+
+    def quantize_rows_of(self, rows_of, shape: tuple[int, int], clip_ratio=None):
+        return quantize_row_blocks(rows_of, shape, self.group, self.symmetric, clip_ratio, self.float_zero_point)
 
     def fake(self, w: np.ndarray, clip_ratio=None) -> np.ndarray:
         """Quantize and dequantize: what the lowered weight is, in float."""

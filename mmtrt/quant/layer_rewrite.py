@@ -111,8 +111,8 @@ class LayerRewrite:
         gi = self.group_of[id(lin.node)]
         plan = self.plans[gi]
         clip = plan.clips[self.groups[gi].linears.index(lin)]
-        candidate = round_linear(lin, self.folds.weight(lin), self.folds.input(lin), clip, self.prequant[gi],
-                                 plan.hessian, self.settings)
+        candidate = round_linear(lin, lambda columns: self.folds.weight(lin, columns), self.folds.dtype(lin),
+                                 self.folds.input(lin), clip, self.prequant[gi], plan.hessian, self.settings)
         position = self.position[id(lin.node)]
         self.ready[position] = candidate
         if candidate.error is not None:

@@ -76,19 +76,26 @@ class Candidate:
         return QuantizedLinear(self.linear, *arrays, self.prequant, sum(len(t.raw_data) for t in stored))
 
 
-def round_linear(lin: Linear, weight: np.ndarray, x_input: str, clip: np.ndarray | None, prequant: np.ndarray | None,
-                 hessian: np.ndarray | None, settings: Settings) -> Candidate:
-    """Quantize the linear's (scaled) weight `[K, N]` in the graph's float type (GPTQ when the method says so, else
-    to nearest with its clip ratios) and lower it to read `x_input`."""
-    w = np.asarray(weight.T, np.float32)
-    q, scales, zp = (gptq_quantize(w, hessian, settings.grid, settings.act_order) if settings.method in GPTQ
-                     else settings.grid.quantize(w, clip))
+def round_linear(lin: Linear, weight: Callable[[slice | None], np.ndarray], dtype: np.dtype, x_input: str,
+                 clip: np.ndarray | None, prequant: np.ndarray | None, hessian: np.ndarray | None,
+                 settings: Settings) -> Candidate:
+    """Quantize the linear's (scaled) weight `[K, N]`, which `weight(columns)` gives (its output channels `columns`
+    alone, or all for None), and lower it to read `x_input`, its scales in the graph's float `dtype`. GPTQ, or a
+    Hessian to measure the error on, takes the whole weight; rounding to nearest with the clip ratios takes a block
+    of output channels at a time (a 151,936-channel lm_head is never whole in float32)."""
     error = None
-    if hessian is not None:
-        final = dequantize_groups(q, scales, zp, settings.grid.group)
-        error = {"rtn": sig(output_error(w, settings.grid.fake(w), hessian)), "final": sig(output_error(w, final, hessian))}
-    nodes, inits = _lower(lin, x_input, q, scales.astype(weight.dtype), zp, settings)
-    return Candidate(lin, q, scales, zp, prequant, weight.dtype, nodes, inits, error)
+    if settings.method in GPTQ or hessian is not None:
+        w = np.asarray(weight(None).T, np.float32)
+        q, scales, zp = (gptq_quantize(w, hessian, settings.grid, settings.act_order) if settings.method in GPTQ
+                         else settings.grid.quantize(w, clip))
+        if hessian is not None:
+            final = dequantize_groups(q, scales, zp, settings.grid.group)
+            error = {"rtn": sig(output_error(w, settings.grid.fake(w), hessian)),
+                     "final": sig(output_error(w, final, hessian))}
+    else:
+        q, scales, zp = settings.grid.quantize_rows_of(lambda rows: weight(rows).T, (lin.n, lin.k), clip)
+    nodes, inits = _lower(lin, x_input, q, scales.astype(dtype), zp, settings)
+    return Candidate(lin, q, scales, zp, prequant, dtype, nodes, inits, error)
 
 
 def kept_float(candidates: list[Candidate], weight: Callable[[Linear], np.ndarray],
