@@ -73,8 +73,8 @@ def quantize_row_blocks(rows_of, shape: tuple[int, int], group_size: int, symmet
         return _quantize_rows(rows_of(blocks[0]), group_size, symmetric, ratio, float_zero_point)
     out = None
     for r in blocks:
-        part = _quantize_rows(rows_of(r), group_size, symmetric, ratio if ratio is None or ratio.ndim == 0 else ratio[r],
-                              float_zero_point)
+        block_ratio = ratio if ratio is None or ratio.ndim == 0 else ratio[r]
+        part = _quantize_rows(rows_of(r), group_size, symmetric, block_ratio, float_zero_point)
         if out is None:  # filled in place: concatenating the blocks held q twice
             out = [None if a is None else np.empty((shape[0], *a.shape[1:]), a.dtype) for a in part]
         for whole, a in zip(out, part):
@@ -170,13 +170,17 @@ def matmulnbits_node(name: str, x_input: str, q: np.ndarray, scales: np.ndarray,
     default, 8, applies, so symmetric q is stored as q + 8. Accuracy level 0 keeps activations in float; 4 quantizes
     them to int8 (fastest on the CPU).
     """
-    if q.shape != (N, K):
-        raise ValueError(f"MatMulNBits {name}: q is {list(q.shape)}, expected [N, K] = [{N}, {K}]")
+    _check_shape(name, q, N, K)
     if zero_points is None:
         b = _packed(q, 8, np.full((N, 1), 8, np.uint8), block)
     else:
         b = _packed(q, 0, zero_points[:, -1:], block)  # padding dequantizes to 0
     return _matmulnbits(name, x_input, b, scales, zero_points, K, N, block, accuracy_level, output)
+
+
+def _check_shape(name: str, q: np.ndarray, N: int, K: int) -> None:
+    if q.shape != (N, K):
+        raise ValueError(f"MatMulNBits {name}: q is {list(q.shape)}, expected [N, K] = [{N}, {K}]")
 
 
 def _packed(q: np.ndarray, offset: int, pad: np.ndarray, block: int) -> np.ndarray:
@@ -218,8 +222,7 @@ def matmulnbits_offset_nodes(name: str, x_input: str, q: np.ndarray, scales: np.
     first of equal names)."""
     g = num_groups(K, block)
     scales = np.asarray(scales)
-    if q.shape != (N, K):
-        raise ValueError(f"MatMulNBits {name}: q is {list(q.shape)}, expected [N, K] = [{N}, {K}]")
+    _check_shape(name, q, N, K)
     b = _packed(q, 0, np.full((N, 1), 8, np.uint8), block)  # unsigned q under the default zero point 8
     node, inits = _matmulnbits(name, x_input, b, scales, None, K, N, block, accuracy_level, f"{name}.int4_out")
     indicator = np.zeros((K, g), scales.dtype)
