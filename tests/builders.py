@@ -144,13 +144,16 @@ def _position_constants(graph):
 
 
 NEAR_TIE = 1e-3
+# Two float16 steps at the tiny models' logit scale (2 to 4): two float16 runs that sum in another order part by
+# about one step there (a top-2 margin of 1.4e-3 flipped between the static and the growing cache).
+FP16_NEAR_TIE = 2 * float(np.spacing(np.float16(2)))
 
 
-def assert_same_up_to_near_ties(ours, ref):
+def assert_same_up_to_near_ties(ours, ref, tie: float = NEAR_TIE):
     """Equal tokens; where they part, the reference run's step was a near tie (kernels may sum in another order)."""
     for step, (a, b) in enumerate(zip(ours.token_ids, ref.token_ids)):
         if a != b:
-            assert ref.margins[step] < NEAR_TIE, f"step {step}: {a} != {b} with margin {ref.margins[step]}"
+            assert ref.margins[step] < tie, f"step {step}: {a} != {b} with margin {ref.margins[step]}"
             return
     assert ours.token_ids == ref.token_ids
 
