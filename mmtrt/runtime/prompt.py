@@ -31,9 +31,23 @@ def tokenize(tokenizer, text: str, image_token: str, tokens_per_image: int, imag
                        else (f"it needs one per image, {images}", "each image"))
         raise UserError(f"the prompt holds {count} {image_token} placeholders; {need} "
                         f"(with --raw-prompt, put {image_token} where {where} goes)")
-    expanded = text.replace(image_token, image_token * tokens_per_image)
     bos = tokenizer.bos_token
-    return tokenizer(expanded, add_special_tokens=not (bos and expanded.startswith(bos)))["input_ids"]
+    return expanded_ids(tokenizer, text, image_token, tokens_per_image, not (bos and text.startswith(bos)))
+
+
+def expanded_ids(tokenizer, text: str, image_token: str, tokens_per_image: int, add_special_tokens: bool
+                 ) -> list[int]:
+    """The ids of `text` with each image placeholder expanded to `tokens_per_image` of them. Where the placeholder
+    is an added token, the text around it is tokenized apart from it, so its id is repeated after tokenizing: the
+    expanded text's ids without tokenizing thousands of placeholders (7 ms of a repeated request's 55)."""
+    placeholder = next((i for i, t in tokenizer.added_tokens_decoder.items() if t.content == image_token), None)
+    if placeholder is None:
+        expanded = text.replace(image_token, image_token * tokens_per_image)
+        return tokenizer(expanded, add_special_tokens=add_special_tokens)["input_ids"]
+    ids = []
+    for i in tokenizer(text, add_special_tokens=add_special_tokens)["input_ids"]:
+        ids += [i] * tokens_per_image if i == placeholder else [i]
+    return ids
 
 
 SENTINEL = "\ue000mmtrt-user-text\ue000"  # a private-use character: no template or tokenizer gives it meaning
@@ -50,11 +64,11 @@ def tokenize_user_text(tokenizer, chat_template: str, prompt: str, image_token: 
     if count != images:
         raise UserError(f"the chat template holds {count} {image_token} placeholders for {images} image(s); it needs "
                         "one per image; recompile the recipe")
-    before, after = (part.replace(image_token, image_token * tokens_per_image) for part in framed.split(SENTINEL))
+    before, after = framed.split(SENTINEL)
     bos = tokenizer.bos_token
-    head = tokenizer(before, add_special_tokens=not (bos and before.startswith(bos)))["input_ids"]
+    head = expanded_ids(tokenizer, before, image_token, tokens_per_image, not (bos and before.startswith(bos)))
     text = tokenizer(prompt, add_special_tokens=False, split_special_tokens=True)["input_ids"]
-    return head + text + (tokenizer(after, add_special_tokens=False)["input_ids"] if after else [])
+    return head + text + (expanded_ids(tokenizer, after, image_token, tokens_per_image, False) if after else [])
 
 
 def tokenize_spans(tokenizer, text: str, spans, image_token: str, tokens_per_image: int, images: int = 1
@@ -75,9 +89,8 @@ def tokenize_spans(tokenizer, text: str, spans, image_token: str, tokens_per_ima
         if user:
             ids += tokenizer(piece, add_special_tokens=False, split_special_tokens=True)["input_ids"]
         elif piece or i == 0:
-            expanded = piece.replace(image_token, image_token * tokens_per_image)
-            first = i == 0 and not (bos and expanded.startswith(bos))
-            ids += tokenizer(expanded, add_special_tokens=first)["input_ids"]
+            first = i == 0 and not (bos and piece.startswith(bos))
+            ids += expanded_ids(tokenizer, piece, image_token, tokens_per_image, first)
     return ids
 
 
