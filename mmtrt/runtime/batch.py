@@ -50,6 +50,7 @@ class Prepared:
     prompt_key: str | None = None  # the key of the prompt before its last token, to keep after the prefill
     prefix: list[np.ndarray] | None = None  # its stored KV when found at prepare time: embeds then start after it
     pixels: list[np.ndarray] = field(default_factory=list, repr=False)  # [1, 3, H, W] per image, until embedded
+    pixel_keys: list[bytes] = field(default_factory=list, repr=False)  # each image's pixel_digest
     sizes: list[tuple[int, int]] = field(default_factory=list)  # each image's (height, width)
     sampling: SamplingParams = field(default_factory=SamplingParams)
     positions: np.ndarray | None = None  # the prompt's position_ids when not 0..n-1 (M-RoPE: [3, 1, n])

@@ -3,15 +3,16 @@ pruning and projector, laid out for the image) kept by the image's content, so a
 encoder whatever the request, prompt or chat template around it.
 
 The key is the sha256 of the bundle's digest (which covers the preprocessing spec and the vision graph), the
-preprocessed pixel tensor's dtype, shape and every byte (a Qwen2-VL image's patches with their grid), and for an
-any-resolution model the image's size (which places the tiles' padding). Neither a file name nor a prefix of the
+preprocessed pixel tensor's digest (its dtype, shape and every byte; a Qwen2-VL image's patches with their grid),
+and for an any-resolution model the image's size (which places the tiles' padding). Neither a file name nor a prefix of the
 file enters it: two images share features only when the vision encoder would see the same input. Entries are
 evicted least recently used beyond a bound in bytes; an entry larger than the bound is not kept.
 
 Beside the prefix-KV cache (prefix.py): that one keeps the KV of the template text before the image plus the
 image's tokens, so it serves only a request with the same image *and* the same text before it; this one serves
-any request with the same image, which then still prefills its prompt. The same LRU, keyed by the decoded
-image's bytes (`image_key`), keeps the preprocessed pixels, so a repeated image is not resized and tiled again.
+any request with the same image, which then still prefills its prompt. An LRU of the same kind, keyed by
+the decoded image's bytes (`image_key`), keeps the preprocessed pixels and their digest, so a repeated image is
+neither resized and tiled nor hashed again.
 """
 
 from __future__ import annotations
@@ -24,12 +25,20 @@ from PIL import Image
 from mmtrt.runtime.prefix import PrefixCache
 
 
-def encoder_key(bundle_digest: str, pixels, size: tuple[int, int] | None) -> str:
-    """The cache key of one image's features (`pixels`: an array, or Qwen2-VL's `Patches`)."""
-    h = hashlib.sha256(bundle_digest.encode())
+def pixel_digest(pixels) -> bytes:
+    """sha256 of a vision input (an array, or Qwen2-VL's `Patches` with their grid): its dtype, shape and every
+    byte. Taken once per image and kept with its pixels, as hashing a few tiles' floats costs a repeated image's
+    request more than its lookups."""
     values = getattr(pixels, "values", pixels)
-    h.update(f"{values.dtype.str}{values.shape}".encode())
+    h = hashlib.sha256(f"{values.dtype.str}{values.shape}".encode())
     h.update(pixels.tobytes())
+    return h.digest()
+
+
+def encoder_key(bundle_digest: str, pixels: bytes, size: tuple[int, int] | None) -> str:
+    """The cache key of one image's features, from its `pixel_digest`."""
+    h = hashlib.sha256(bundle_digest.encode())
+    h.update(pixels)
     if size is not None:
         h.update(np.asarray(size, np.int64).tobytes())
     return h.hexdigest()

@@ -117,7 +117,7 @@ class Pipeline(RequestInputs):
         self.hf = HfLayout(self.specs["llm"], self.model["llm"])
         self.prefixes = PrefixCache(prefix_cache_mib)
         self.encoder_cache = EncoderCache(encoder_cache_mib)
-        self.pixel_cache = EncoderCache(encoder_cache_mib / 4)
+        self.pixel_cache = PrefixCache(encoder_cache_mib / 4)
         self.decoding = threading.Lock()  # held by the one Scheduler driving the KV cache
         self.prefill_chunk = PREFILL_CHUNK  # tokens per call of a prefill admitted beside running sequences
         # token_prune's dynamic budget: the vision output is a padded block with a per-image count

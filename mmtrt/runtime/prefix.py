@@ -23,8 +23,8 @@ def prefix_length(ids: list[int], image_token_id: int) -> int:
 
 
 def prefix_keys(images: list[bytes], ids: list[int], lengths: list[int]) -> list[str]:
-    """The keys of a prompt's prefixes of each length: its images' bytes (`RequestInputs._keyed`, hashed once for
-    all of them) and the prompt's first `length` ids."""
+    """The keys of a prompt's prefixes of each length: its images' digests (`RequestInputs._keyed`) and the
+    prompt's first `length` ids."""
     h = hashlib.sha256()
     for image in images:
         h.update(image)

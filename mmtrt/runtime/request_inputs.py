@@ -20,7 +20,7 @@ from mmtrt.preprocess.anyres import grid_tiles, pack
 from mmtrt.errors import UserError
 from mmtrt.runtime.batch import Prepared, Request
 from mmtrt.runtime.chunked_prefill import pieces
-from mmtrt.runtime.encoder_cache import encoder_key, image_key
+from mmtrt.runtime.encoder_cache import encoder_key, image_key, pixel_digest
 from mmtrt.runtime.image_bounds import check_image
 from mmtrt.runtime.image_file import open_image
 from mmtrt.runtime.paged import PagedStepper
@@ -55,20 +55,27 @@ class RequestInputs:
         return ids
 
     def pixel_values(self, image) -> np.ndarray:
-        """The vision input: [1, 3, H, W], or an any-resolution image's base and tiles [1 + tiles, 3, H, W]; an
-        image seen before (the same decoded pixels) from the pixel cache, as its resize and tiling cost a repeated
-        image's request more than its one-token prefill."""
+        """The vision input: [1, 3, H, W], or an any-resolution image's base and tiles [1 + tiles, 3, H, W]."""
+        return self.keyed_pixels(image)[0]
+
+    def keyed_pixels(self, image) -> tuple[np.ndarray, bytes]:
+        """The vision input and its `pixel_digest`; an image seen before (the same decoded pixels) from the pixel
+        cache, as its resize, tiling and hashing cost a repeated image's request more than its one-token prefill."""
         img = open_image(image)
         check_image(img, self.manifest["envelope"]["image"], self.preprocess_spec)
         if self.family:
-            return self.family.pixels(img)
+            pixels = self.family.pixels(img)
+            return pixels, pixel_digest(pixels)
         key = image_key(img) if self.pixel_cache.limit else None
-        pixels = self.pixel_cache.get(key) if key else None
-        if pixels is None:
-            pixels = self._transformed(img)
-            if key:
-                self.pixel_cache.put(key, pixels)
-        return pixels
+        entry = self.pixel_cache.get(key) if key else None
+        if entry is not None:
+            return entry[0], entry[1].tobytes()
+        pixels = self._transformed(img)
+        digest = pixel_digest(pixels)
+        if key:
+            pixels.flags.writeable = False  # shared by every later request of the image
+            self.pixel_cache.put(key, [pixels, np.frombuffer(digest, np.uint8)])
+        return pixels, digest
 
     def _transformed(self, img: Image.Image) -> np.ndarray:
         if self.anyres:
@@ -150,9 +157,10 @@ class RequestInputs:
         ids = self.prompt_ids(req.prompt, req.raw_prompt, len(images), req.text_spans)
         t0 = time.perf_counter()
         opened = [open_image(image) for image in images]
+        keyed = [self.keyed_pixels(img) for img in opened]
         prep = Prepared(index, ids, None, max_new, {"preprocess_ms": 1e3 * (time.perf_counter() - t0)},
-                        pixels=[self.pixel_values(img) for img in opened], sizes=[(i.height, i.width) for i in opened],
-                        sampling=sampling)
+                        pixels=[p for p, _ in keyed], pixel_keys=[k for _, k in keyed],
+                        sizes=[(i.height, i.width) for i in opened], sampling=sampling)
         if not self.variable_tokens:
             self._locate_prefix(prep)
             if isinstance(self.stepper, PagedStepper):
@@ -206,7 +214,7 @@ class RequestInputs:
         if not n:
             return
         whole = len(prep.ids) - 1
-        images = [self._keyed(p, size) for p, size in zip(prep.pixels, prep.sizes)]
+        images = [self._keyed(key, size) for key, size in zip(prep.pixel_keys, prep.sizes)]
         prep.prefix_key, prompt_key = prefix_keys(images, prep.ids, [n, whole])
         prep.prompt_key = prompt_key if whole > n else None
         if prep.prompt_key in self.prefixes.entries:
@@ -214,18 +222,18 @@ class RequestInputs:
 
     def _all_features(self, prep: Prepared, seen: dict[str, np.ndarray] | None,
                       between: Callable[[], None] | None = None) -> list[np.ndarray]:
-        return [self._features(p, size, seen, between) for p, size in zip(prep.pixels, prep.sizes)]
+        return [self._features(p, key, size, seen, between)
+                for p, key, size in zip(prep.pixels, prep.pixel_keys, prep.sizes)]
 
-    def _keyed(self, pixels, size: tuple[int, int]) -> bytes:
-        """What identifies an image's features: its pixels (a Qwen2-VL image's patches with its grid), and for an
-        any-resolution model its size too (the size places the tiles' padding, which the layout cuts away)."""
-        key = pixels.tobytes()
-        return key + np.asarray(size, np.int64).tobytes() if self.anyres else key
+    def _keyed(self, digest: bytes, size: tuple[int, int]) -> bytes:
+        """What identifies an image's features: its pixels' digest, and for an any-resolution model its size too
+        (the size places the tiles' padding, which the layout cuts away)."""
+        return digest + np.asarray(size, np.int64).tobytes() if self.anyres else digest
 
-    def _features(self, pixels, size: tuple[int, int], seen: dict[str, np.ndarray] | None,
+    def _features(self, pixels, digest: bytes, size: tuple[int, int], seen: dict[str, np.ndarray] | None,
                   between: Callable[[], None] | None) -> np.ndarray:
         """The image's features from `seen` (this batch's), the encoder cache (every request's), or the encoder."""
-        key = encoder_key(self.hash, pixels, size if self.anyres else None)
+        key = encoder_key(self.hash, digest, size if self.anyres else None)
         features = seen.get(key) if seen is not None else None
         if features is None and self.encoder_cache.limit:
             features = self.encoder_cache.get(key)
