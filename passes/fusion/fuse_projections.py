@@ -8,6 +8,11 @@ and zero points of `com.microsoft.MatMulNBits` nodes with the same input and the
 accuracy level are concatenated along N (each row of N is quantized on its own, so nothing is rounded again), and
 float MatMuls with constant [K, N] weights are concatenated along N the same way; a Split on the last axis gives
 each consumer its original tensor.
+
+Where the parts are added to something part by part, the Add moves before the Split (`add_before_split`): to
+another fused linear's parts (awq_int4's float zero points: each MatMulNBits' output plus its offsets' MatMul), or
+to a constant bias per part (Qwen2's q/k/v). One Add in place of one per part, the same numbers, and a Split that
+`pack_qkv_rotary` can then find in front of the rotaries.
 """
 
 from __future__ import annotations
@@ -34,9 +39,10 @@ class FuseProjections(Pass):
         for name in self.config.components:
             comp = ir.components[name]
             fused = fuse_shared_input_linears(comp.onnx.graph, set(self.config.ops))
+            joined = add_before_split(comp.onnx.graph)
             comp.set_graph(cleanup(comp.onnx))
             changes[name] = {"groups_fused": len(fused), "linears_fused": sum(len(g) for g in fused),
-                             "groups": [[n.name for n in g] for g in fused[:4]]}
+                             "sums_before_split": joined, "groups": [[n.name for n in g] for g in fused[:4]]}
         return changes
 
 
@@ -52,6 +58,75 @@ def fuse_shared_input_linears(graph: onnx.GraphProto, ops: set[str]) -> list[lis
     for group in fused:
         _fuse(graph, group, inits)
     return fused
+
+
+def add_before_split(graph: onnx.GraphProto) -> int:
+    """Adds part by part after a Split on the last axis move before it: Split(a) + Split(b) (same sizes) is
+    Split(a + b), and Split(a) + a constant vector per part (a bias) is Split(a + the vectors joined). Only where
+    each part is read by its Add alone. Returns how many Splits took their Adds."""
+    joined = 0
+    while _join_one(graph):
+        joined += 1
+    return joined
+
+
+def _join_one(graph: onnx.GraphProto) -> bool:
+    made = {o: n for n in graph.node for o in n.output}
+    readers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            readers.setdefault(name, []).append(node)
+    for out in graph.output:
+        readers.setdefault(out.name, []).append(out)
+    inits = {t.name: t for t in graph.initializer}
+    for split in graph.node:
+        sizes = _sizes(split, inits)
+        adds = [next(iter(readers.get(o, [])), None) if len(readers.get(o, [])) == 1 else None for o in split.output]
+        if sizes is None or not all(isinstance(a, onnx.NodeProto) and a.op_type == "Add" for a in adds):
+            continue
+        others = [a.input[1] if a.input[0] == part else a.input[0] for a, part in zip(adds, split.output)]
+        other = _joined_other(others, sizes, made, readers, inits, graph)
+        if other is not None:
+            _join(graph, split, other, adds, made.get(others[0]))
+            return True
+    return False
+
+
+def _sizes(split: onnx.NodeProto, inits: dict) -> list[int] | None:
+    if split.op_type != "Split" or len(split.input) != 2 or split.input[1] not in inits or attr(split, "axis", 0) != -1:
+        return None
+    return numpy_helper.to_array(inits[split.input[1]]).tolist()
+
+
+def _joined_other(others: list[str], sizes: list[int], made: dict, readers: dict, inits: dict,
+                  graph: onnx.GraphProto) -> str | None:
+    """What the whole input is added to: the input of another Split whose parts, in order, are `others` (each
+    read once), or the constant vectors `others` joined into one initializer."""
+    twin = made.get(others[0])
+    if (twin is not None and _sizes(twin, inits) == sizes and list(twin.output) == others
+            and all(len(readers[o]) == 1 for o in others)):
+        return twin.input[0]
+    vectors = [numpy_helper.to_array(inits[o]) if o in inits else None for o in others]
+    if all(v is not None and v.shape == (n,) for v, n in zip(vectors, sizes)):
+        joined = numpy_helper.from_array(np.concatenate(vectors), "+".join(others))
+        graph.initializer.append(joined)
+        return joined.name
+    return None
+
+
+def _join(graph: onnx.GraphProto, split: onnx.NodeProto, other: str, adds: list[onnx.NodeProto],
+          twin: onnx.NodeProto | None) -> None:
+    """`twin`: the other Split, when `other` is its input (None for a bias)."""
+    total = f"{split.input[0]}.plus"
+    add = helper.make_node("Add", [split.input[0], other], [total], name=total)
+    joined = helper.make_node("Split", [total, split.input[1]], [a.output[0] for a in adds], name=f"{total}.split")
+    joined.attribute.extend(split.attribute)
+    olds = [split] if twin is None else [split, twin]
+    at = max(list(graph.node).index(n) for n in olds)
+    graph.node.insert(at + 1, joined)
+    graph.node.insert(at + 1, add)
+    for old in olds + adds:
+        graph.node.remove(old)
 
 
 def _signature(node: onnx.NodeProto, inits: dict, ops: set[str]) -> tuple | None:

@@ -66,3 +66,46 @@ def test_linears_on_different_inputs_or_formats_stay_apart(tiny_bundle, rng):
             assert {p.rsplit(".", 1)[0] for p in parts} == {parts[0].rsplit(".", 1)[0]}  # one layer's projections
     again, report = _fused(fused, ops=["matmulnbits"])
     assert report["groups_fused"] == 0
+
+
+def test_float_zero_points_add_their_offsets_before_one_split(tiny_bundle, rng):
+    """The MatMulNBits parts and their offsets' parts are added before the Split: one Add and one Split per fused
+    group instead of an Add per projection and two Splits."""
+    model = _quantized(tiny_bundle, Grid(64, False, True), 0, rng)
+    fused, report = _fused(model)
+    assert report["sums_before_split"] == 2 * LAYERS
+    assert sum(n.op_type == "Split" for n in fused.graph.node) == 2 * LAYERS
+    adds = sum(n.op_type == "Add" for n in model.graph.node) - 5 * LAYERS + 2 * LAYERS
+    assert sum(n.op_type == "Add" for n in fused.graph.node) == adds
+    feeds = tiny_llm_feeds(rng)
+    for ours, ref in zip(_run(fused, feeds), _run(model, feeds)):
+        np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5)
+
+
+def _static_feeds(model, rng, past=3, seq=5, capacity=16):
+    """Random inputs of a `kv_layout: static` LLM graph: `seq` new positions after `past` cached ones."""
+    feeds = {"position_ids": np.arange(past, past + seq, dtype=np.int64)[None], "logits_from": np.zeros(1, np.int64),
+             "seqlens_k": np.array([past + seq - 1], np.int32), "total_sequence_length": np.array(capacity, np.int32)}
+    for i in model.graph.input:
+        dims = [d.dim_value for d in i.type.tensor_type.shape.dim]
+        if i.name == "inputs_embeds":
+            feeds[i.name] = rng.normal(size=(1, seq, dims[-1])).astype(np.float32)
+        elif i.name.startswith("past."):
+            feeds[i.name] = rng.normal(size=(1, dims[1], capacity, dims[3])).astype(np.float32)
+    return feeds
+
+
+def test_qwen2_biases_join_their_projections_before_the_split(onevision_bundle, rng):
+    """Qwen2's q/k/v biases are added once to the fused projection, before its Split (which pack_qkv_rotary then
+    finds in front of the rotaries)."""
+    model = onnx.load(onevision_bundle / "llm.onnx")
+    fused, report = _fused(model, ops=["matmul"])
+    made = {o: n for n in fused.graph.node for o in n.output}
+    splits = [n for n in fused.graph.node if n.op_type == "Split"]
+    assert report["sums_before_split"] == sum(made[s.input[0]].op_type == "Add" for s in splits) > 0
+    layers = sum(n.op_type == "RotaryEmbedding" for n in model.graph.node) // 2
+    assert sum(n.op_type == "Add" for n in model.graph.node) - sum(n.op_type == "Add" for n in fused.graph.node) \
+        == 2 * layers  # three bias Adds become one in every layer
+    feeds = _static_feeds(model, rng)
+    for ours, ref in zip(_run(fused, feeds), _run(model, feeds)):
+        np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5)
