@@ -1,20 +1,21 @@
 """Where an INT4 LLM's decode step goes on the CPU, and what its float zero points cost there.
 
 `awq_int4` with `zero_point: float` lowers each linear to a MatMulNBits without zero points plus two small float
-MatMuls and an Add (mmtrt/quant/int4.py: `matmulnbits_offset_nodes`). This script times one decode step of a
-bundle's LLM (a `kv_layout: static` bundle: GroupQueryAttention over a KV buffer) at a given context, side by
-side in one run (round robin, medians), in three forms of the same graph:
+MatMuls and an Add (mmtrt/quant/int4.py: `matmulnbits_offset_nodes`). This script times one decode step of
+bundles' LLMs (`kv_layout: static` bundles: GroupQueryAttention over a KV buffer) at a given context, side by side
+in one run (round robin, medians): each bundle as compiled (two bundles of one checkpoint: two recipes), and with
+`--forms` two other forms of the first bundle's graph:
 
-- as compiled (float zero points: the offset MatMuls);
 - the offsets dropped and a 4-bit zero point per group added: ONNX Runtime's own asymmetric form
   (`zero_point: int4`), the same kernels and bytes as such a compile;
 - the offsets dropped, no zero points: the symmetric form's kernels and bytes.
 
-The second and third forms compute other numbers (their zero points are not the model's): they time the graph's
-form only; what a grid costs in accuracy is the accuracy budgets' to say. It also prints the compiled form's time
-per ONNX Runtime op type (its profiler).
+Those two compute other numbers (their zero points are not the model's): they time the graph's form only; what
+a grid costs in accuracy is the accuracy budgets' to say. They take a graph whose linears are not fused
+(`fuse_projections`). It also prints the first bundle's time per ONNX Runtime op type (its profiler).
 
-    PYTHONPATH=. python scripts/bench_int4_decode.py BUNDLE [--context 2049] [--steps 25] [--rounds 3]
+    PYTHONPATH=. python scripts/bench_int4_decode.py BUNDLE [BUNDLE ...] [--forms] [--context 2049] [--steps 25]
+        [--rounds 3]
 """
 
 from __future__ import annotations
@@ -31,9 +32,6 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import numpy_helper
-
-FORMS = ["as compiled (float zero points)", "int4 zero points", "symmetric (no zero points)"]
-
 
 def variant(model: onnx.ModelProto, zero_points: bool) -> onnx.ModelProto:
     """`model` without the offset MatMuls and Adds, each MatMulNBits writing the linear's output itself; with a
@@ -117,38 +115,46 @@ def op_shares(path: Path, feeds: dict, threads: int, steps: int) -> list[tuple[s
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("bundle", type=Path)
+    parser.add_argument("bundles", type=Path, nargs="+")
+    parser.add_argument("--forms", action="store_true", help="also the first bundle with 4-bit and no zero points")
     parser.add_argument("--context", type=int, default=2049)
     parser.add_argument("--steps", type=int, default=25)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
-    compiled = onnx.load(str(args.bundle / "llm.onnx"))
     with tempfile.TemporaryDirectory() as tmp:
-        paths = [args.bundle / "llm.onnx"]
-        for name, zp in (("int4zp", True), ("sym", False)):
-            path = Path(tmp) / f"{name}.onnx"
-            onnx.save(variant(compiled, zp), str(path), save_as_external_data=True, location=f"{name}.onnx.data")
-            paths.append(path)
-        del compiled
-        sessions = [ort.InferenceSession(str(p), options(args.threads), providers=["CPUExecutionProvider"])
-                    for p in paths]
-        feeds = decode_feeds(sessions[0], args.context)
-        times = {form: [] for form in FORMS}
+        paths = {f"{b}, as compiled": b / "llm.onnx" for b in args.bundles}
+        if args.forms:
+            paths.update(other_forms(args.bundles[0], Path(tmp)))
+        sessions = {form: ort.InferenceSession(str(p), options(args.threads), providers=["CPUExecutionProvider"])
+                    for form, p in paths.items()}
+        feeds = decode_feeds(next(iter(sessions.values())), args.context)
+        times = {form: [] for form in sessions}
         for _ in range(args.rounds):
-            for form, sess in zip(FORMS, sessions):
+            for form, sess in sessions.items():
                 times[form].append(step_ms(sess, feeds, args.steps))
-        shares = op_shares(paths[0], feeds, args.threads, args.steps)
-    base = statistics.median(times[FORMS[0]])
-    print(f"| LLM form | decode step ms (median of {args.rounds} runs) | speed vs as compiled |")
+        shares = op_shares(args.bundles[0] / "llm.onnx", feeds, args.threads, args.steps)
+    base = statistics.median(next(iter(times.values())))
+    print(f"| LLM form | decode step ms (median of {args.rounds} runs) | speed vs the first |")
     print("| --- | ---: | ---: |")
-    for form in FORMS:
-        ms = statistics.median(times[form])
+    for form, runs in times.items():
+        ms = statistics.median(runs)
         print(f"| {form} | {ms:.1f} | {base / ms:.2f}x |")
-    print("\n| op type (as compiled) | ms per step | share |")
+    print(f"\n| op type ({args.bundles[0]}) | ms per step | share |")
     print("| --- | ---: | ---: |")
     for op, ms, share in shares:
         print(f"| {op} | {ms:.1f} | {100 * share:.0f} % |")
+
+
+def other_forms(bundle: Path, tmp: Path) -> dict[str, Path]:
+    """The bundle's LLM with 4-bit zero points, and with none, saved under `tmp`."""
+    compiled = onnx.load(str(bundle / "llm.onnx"))
+    paths = {}
+    for form, name, zp in (("int4 zero points", "int4zp", True), ("symmetric (no zero points)", "sym", False)):
+        path = tmp / f"{name}.onnx"
+        onnx.save(variant(compiled, zp), str(path), save_as_external_data=True, location=f"{name}.onnx.data")
+        paths[f"{bundle}, {form}"] = path
+    return paths
 
 
 if __name__ == "__main__":
