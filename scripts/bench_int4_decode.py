@@ -33,6 +33,7 @@ import onnx
 import onnxruntime as ort
 from onnx import numpy_helper
 
+
 def variant(model: onnx.ModelProto, zero_points: bool) -> onnx.ModelProto:
     """`model` without the offset MatMuls and Adds, each MatMulNBits writing the linear's output itself; with a
     4-bit zero point of 8 per group where `zero_points`."""

@@ -4,9 +4,9 @@ encoder whatever the request, prompt or chat template around it.
 
 The key is the sha256 of the bundle's digest (which covers the preprocessing spec and the vision graph), the
 preprocessed pixel tensor's digest (its dtype, shape and every byte; a Qwen2-VL image's patches with their grid),
-and for an any-resolution model the image's size (which places the tiles' padding). Neither a file name nor a prefix of the
-file enters it: two images share features only when the vision encoder would see the same input. Entries are
-evicted least recently used beyond a bound in bytes; an entry larger than the bound is not kept.
+and for an any-resolution model the image's size (which places the tiles' padding). Neither a file name nor a
+prefix of the file enters it: two images share features only when the vision encoder would see the same input.
+Entries are evicted least recently used beyond a bound in bytes; an entry larger than the bound is not kept.
 
 Beside the prefix-KV cache (prefix.py): that one keeps the KV of the template text before the image plus the
 image's tokens, so it serves only a request with the same image *and* the same text before it; this one serves

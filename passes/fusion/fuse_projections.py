@@ -81,7 +81,7 @@ def _join_one(graph: onnx.GraphProto) -> bool:
     inits = {t.name: t for t in graph.initializer}
     for split in graph.node:
         sizes = _sizes(split, inits)
-        adds = [next(iter(readers.get(o, [])), None) if len(readers.get(o, [])) == 1 else None for o in split.output]
+        adds = [r[0] if len(r := readers.get(o, [])) == 1 else None for o in split.output]
         if sizes is None or not all(isinstance(a, onnx.NodeProto) and a.op_type == "Add" for a in adds):
             continue
         others = [a.input[1] if a.input[0] == part else a.input[0] for a, part in zip(adds, split.output)]
