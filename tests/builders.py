@@ -378,6 +378,23 @@ def fake_quantized(source, model: onnx.ModelProto, linears_expected: int):
     return ref
 
 
+
+def static_llm_feeds(rng, llm: dict, lengths, seq: int, capacity: int) -> dict[str, np.ndarray]:
+    """Random inputs of a `kv_layout: static` LLM graph (`llm`: the manifest's model.llm): `seq` new positions
+    after each row's `lengths` cached ones, in buffers of `capacity`."""
+    lengths = np.array(lengths, np.int64)
+    batch = len(lengths)
+    feeds = {"inputs_embeds": rng.normal(size=(batch, seq, llm["hidden_size"])).astype(np.float32),
+             "position_ids": lengths[:, None] + np.arange(seq, dtype=np.int64),
+             "seqlens_k": (lengths + seq - 1).astype(np.int32),
+             "total_sequence_length": np.array(lengths.max() + seq, np.int32),
+             "logits_from": np.array([0], np.int64)}
+    for i in range(llm["num_layers"]):
+        for kind in ("key", "value"):
+            feeds[f"past.{i}.{kind}"] = rng.normal(
+                size=(batch, llm["num_kv_heads"], capacity, llm["head_dim"])).astype(np.float32)
+    return feeds
+
 class StaticCacheForm:
     """One static-cache form of an LLM graph with its own buffers, bound in place as past and present and fed as
     mmtrt.runtime.batch.StaticStepper feeds them (one ONNX Runtime thread). `model`: a graph, or a file that ONNX

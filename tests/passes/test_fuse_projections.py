@@ -1,12 +1,14 @@
 """fuse_projections on zoo:tiny-llava's LLM: the fused graph computes what the unfused one does (ONNX Runtime on the
 graph before the pass, fresh random inputs), for every INT4 format awq_int4 writes and for float MatMuls."""
 
+import json
+
 import onnx
 import onnxruntime as ort
 import pytest
 import numpy as np
 
-from builders import tiny_llm_feeds
+from builders import static_llm_feeds, tiny_llm_feeds
 from mmtrt.ir.graph import Component, ModelIR, graph_io
 from mmtrt.quant.int4 import Grid
 from mmtrt.quant.quantize import Settings, quantize_component
@@ -82,19 +84,6 @@ def test_float_zero_points_add_their_offsets_before_one_split(tiny_bundle, rng):
         np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5)
 
 
-def _static_feeds(model, rng, past=3, seq=5, capacity=16):
-    """Random inputs of a `kv_layout: static` LLM graph: `seq` new positions after `past` cached ones."""
-    feeds = {"position_ids": np.arange(past, past + seq, dtype=np.int64)[None], "logits_from": np.zeros(1, np.int64),
-             "seqlens_k": np.array([past + seq - 1], np.int32), "total_sequence_length": np.array(capacity, np.int32)}
-    for i in model.graph.input:
-        dims = [d.dim_value for d in i.type.tensor_type.shape.dim]
-        if i.name == "inputs_embeds":
-            feeds[i.name] = rng.normal(size=(1, seq, dims[-1])).astype(np.float32)
-        elif i.name.startswith("past."):
-            feeds[i.name] = rng.normal(size=(1, dims[1], capacity, dims[3])).astype(np.float32)
-    return feeds
-
-
 def test_qwen2_biases_join_their_projections_before_the_split(onevision_bundle, rng):
     """Qwen2's q/k/v biases are added once to the fused projection, before its Split (which pack_qkv_rotary then
     finds in front of the rotaries)."""
@@ -106,6 +95,7 @@ def test_qwen2_biases_join_their_projections_before_the_split(onevision_bundle, 
     layers = sum(n.op_type == "RotaryEmbedding" for n in model.graph.node) // 2
     assert sum(n.op_type == "Add" for n in model.graph.node) - sum(n.op_type == "Add" for n in fused.graph.node) \
         == 2 * layers  # three bias Adds become one in every layer
-    feeds = _static_feeds(model, rng)
+    llm = json.loads((onevision_bundle / "manifest.json").read_text())["model"]["llm"]
+    feeds = static_llm_feeds(rng, llm, [3], 5, 16)
     for ours, ref in zip(_run(fused, feeds), _run(model, feeds)):
         np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-5)

@@ -9,6 +9,7 @@ import onnx
 import onnxruntime as ort
 import pytest
 
+from builders import static_llm_feeds
 from mmtrt.ir.graph import Component, ModelIR, graph_io
 from passes.fusion.fuse_projections import FuseProjections
 from passes.kv.kv_layout import KvLayout
@@ -35,21 +36,6 @@ def _run(model, feeds):
     return dict(zip([o.name for o in sess.get_outputs()], sess.run(None, feeds)))
 
 
-def _feeds(rng, llm, lengths, seq):
-    lengths = np.array(lengths, np.int64)
-    batch = len(lengths)
-    feeds = {"inputs_embeds": rng.normal(size=(batch, seq, llm["hidden_size"])).astype(np.float32),
-             "position_ids": lengths[:, None] + np.arange(seq, dtype=np.int64),
-             "seqlens_k": (lengths + seq - 1).astype(np.int32),
-             "total_sequence_length": np.array(lengths.max() + seq, np.int32),
-             "logits_from": np.array([0], np.int64)}
-    for i in range(llm["num_layers"]):
-        for kind in ("key", "value"):
-            feeds[f"past.{i}.{kind}"] = rng.normal(
-                size=(batch, llm["num_kv_heads"], CAPACITY, llm["head_dim"])).astype(np.float32)
-    return feeds
-
-
 def test_every_layer_attends_on_the_packed_projection(graphs):
     _, packed, report, llm = graphs
     assert report["layers_packed"] == llm["num_layers"]
@@ -63,7 +49,7 @@ def test_every_layer_attends_on_the_packed_projection(graphs):
                          ids=["first-prompt", "after-prefix", "decode-two-rows"])
 def test_packed_rotary_attention_computes_the_unpacked_outputs(graphs, rng, lengths, seq):
     before, packed, _, llm = graphs
-    feeds = _feeds(rng, llm, lengths, seq)
+    feeds = static_llm_feeds(rng, llm, lengths, seq, CAPACITY)
     ours, ref = _run(packed, feeds), _run(before, feeds)
     assert ours.keys() == ref.keys()
     for name, value in ref.items():
