@@ -13,6 +13,7 @@ import numpy as np
 from polygraphy.backend.base import BaseRunner
 from polygraphy.common import TensorMetadata
 
+from mmtrt.compare import qwen2_vl
 from mmtrt.compare.inputs import NUMPY
 from mmtrt.ir.logits import LOGITS_FROM
 from mmtrt.runtime.executors import component_runner
@@ -78,7 +79,8 @@ def _session(path: Path):
 
 
 class TorchPartition:
-    """One partition of the PyTorch source, wrapped exactly as the exporter wrapped it."""
+    """One partition of the PyTorch source, wrapped exactly as the exporter wrapped it (the wrappers call
+    transformers' modules; the LLM's builds transformers' DynamicCache from the past inputs)."""
 
     def __init__(self, module, inputs: list[str], outputs: list[str]):
         self.module = module.eval()
@@ -97,14 +99,19 @@ class TorchPartition:
         return {name: t.numpy() for name, t in zip(self.outputs, result)}
 
 
-TORCH_FAMILIES = ("llava", "llava_next", "llava_onevision")
+TORCH = "pytorch (cpu, fp32)"
+TORCH_FAMILIES = ("llava", "llava_next", "llava_onevision", *qwen2_vl.QWEN_FAMILIES)
 
 
 def torch_runner(model, manifest: dict[str, Any], component: str, name: str) -> tuple[BaseRunner, str]:
+    """A Qwen2-VL tower runs as transformers' own forward on the feeds' grid (the exporter's wrapper
+    re-implements it); every other partition as the exporter wrapped it."""
     from mmtrt.ir import export
 
     vision = manifest["model"]["vision"]
     spec = manifest["components"][component]
+    if component == "vision" and manifest["model"]["architecture"] in qwen2_vl.QWEN_FAMILIES:
+        return FunctionRunner(partial(qwen2_vl.VisionReference, model, vision), spec["inputs"], name), TORCH
 
     def make() -> TorchPartition:
         module = {
@@ -116,4 +123,4 @@ def torch_runner(model, manifest: dict[str, Any], component: str, name: str) -> 
         inputs = [s["name"] for s in spec["inputs"] if s["name"] != LOGITS_FROM]
         return TorchPartition(module, inputs, [s["name"] for s in spec["outputs"]])
 
-    return FunctionRunner(make, spec["inputs"], name), "pytorch (cpu, fp32)"
+    return FunctionRunner(make, spec["inputs"], name), TORCH
