@@ -87,3 +87,20 @@ def test_an_architecture_without_a_torch_reference_is_one_line(tiny_bundle, tmp_
     assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
     assert all(w in err for w in ["--reference torch runs the components of", "qwen2_5_vl", "not gemma3",
                                   "--suite parity"]), err
+
+
+def test_the_torch_side_is_float32_only_while_its_runner_is_active():
+    """The source model stays in its checkpoint's dtype; a partition's runner widens its modules exactly and
+    hands their own tensors back."""
+    import torch
+
+    from mmtrt.compare.runners import TorchRunner
+
+    layer = torch.nn.Linear(8, 4).to(torch.bfloat16)
+    own = {name: (t.data_ptr(), t.detach().clone()) for name, t in layer.named_parameters()}
+    runner = TorchRunner(lambda: layer, [layer], [], "torch:layer")
+    runner.activate()
+    assert all(t.dtype == torch.float32 and torch.equal(t, own[name][1].float())
+               for name, t in layer.named_parameters())
+    runner.deactivate()
+    assert all(t.dtype == torch.bfloat16 and t.data_ptr() == own[name][0] for name, t in layer.named_parameters())
