@@ -119,11 +119,11 @@ class TorchRunner(FunctionRunner):
         from mmtrt.ir.source_weights import release
 
         tensors = itertools.chain(*(itertools.chain(m.parameters(), m.buffers()) for m in self._modules))
-        narrow = {id(t): t for t in tensors if t.is_floating_point() and t.dtype != torch.float32}
-        for t in narrow.values():
-            self._own.append((t, t.data))
-            t.data = t.data.float()
-            release(self._own[-1][1])
+        for t in {id(t): t for t in tensors if t.is_floating_point() and t.dtype != torch.float32}.values():
+            own = t.data
+            t.data = own.float()
+            release(own)
+            self._own.append((t, own))
         super().activate_impl()
 
     def deactivate_impl(self):
