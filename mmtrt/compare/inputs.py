@@ -1,5 +1,6 @@
 """Inputs for comparisons: generated within a bundle's envelope (fresh random values, with the seed recorded),
-or loaded from an .npz file a previous comparison saved (keys `component/iteration/input`)."""
+or loaded from an .npz file a previous comparison saved (keys `component/iteration/input`). The Qwen2-VL
+families' vision inputs and M-RoPE positions follow an image's grid (mmtrt/compare/qwen2_vl.py)."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Any
 
 import numpy as np
 
+from mmtrt.compare import qwen2_vl
 from mmtrt.errors import UserError
 from mmtrt.ir.graph import TensorSpec
 from mmtrt.ir.logits import LOGITS_FROM
@@ -30,29 +32,30 @@ def _iterations(component: str, dims: dict[str, dict[str, int]]) -> list[dict[st
 
 def generate(manifest: dict[str, Any], component: str, rng: np.random.Generator) -> list[dict[str, np.ndarray]]:
     """Feeds a model of this bundle accepts: token ids below the vocabulary size, an all-ones attention mask,
-    positions continuing the cache, normal values elsewhere."""
+    positions continuing the cache (M-RoPE's rows of a prompt with an image), normal values elsewhere; a Qwen2-VL
+    tower gets images of a drawn grid with their index inputs."""
+    if component == "vision" and manifest["model"]["architecture"] in qwen2_vl.QWEN_FAMILIES:
+        return qwen2_vl.generate_vision(manifest, rng)
     vocab = manifest["model"]["llm"]["vocab_size"]
-    if component == "vision" and "patches" in manifest["dims"]:
-        raise UserError("compare cannot draw inputs for this model's vision component (its patch indices follow "
-                        "an image's grid); compare --partition embed llm, or check the whole bundle with "
-                        "`mmtrt eval BUNDLE --suite parity`")
     feeds = []
     for sizes in _iterations(component, manifest["dims"]):
         feed = {}
         for spec in manifest["components"][component]["inputs"]:
             shape = [d if isinstance(d, int) else sizes[d] for d in spec["shape"]]
-            feed[spec["name"]] = _values(spec["name"], spec["dtype"], shape, sizes, vocab, rng)
+            feed[spec["name"]] = _values(spec["name"], spec["dtype"], shape, sizes, manifest["model"], rng)
         feeds.append(feed)
     return feeds
 
 
-def _values(name: str, dtype: str, shape: list[int], sizes: dict[str, int], vocab: int, rng) -> np.ndarray:
+def _values(name: str, dtype: str, shape: list[int], sizes: dict[str, int], model: dict, rng) -> np.ndarray:
     if name == "input_ids":
-        return rng.integers(0, vocab, size=shape, dtype=np.int64)
+        return rng.integers(0, model["llm"]["vocab_size"], size=shape, dtype=np.int64)
     if name == "attention_mask":
         return np.ones(shape, NUMPY[dtype])
     if name == LOGITS_FROM:  # every position's logits
         return np.zeros(shape, NUMPY[dtype])
+    if name == "position_ids" and model["llm"].get("rope") == "mrope":
+        return qwen2_vl.positions(sizes, shape, model["vision"]["merge_size"]).astype(NUMPY[dtype])
     if name == "position_ids":
         return np.broadcast_to(np.arange(sizes["past"], sizes["past"] + sizes["seq"]), shape).astype(NUMPY[dtype])
     return rng.standard_normal(shape).astype(NUMPY[dtype])
@@ -72,6 +75,8 @@ def load(path: Path, manifest: dict[str, Any], components: list[str]) -> dict[st
                             "save inputs with --save-inputs")
         for i, feed in enumerate(feeds[comp]):
             _check_feed(f"{path}: {comp}/{i}", feed, manifest, comp)
+            if comp == "vision" and manifest["model"]["architecture"] in qwen2_vl.QWEN_FAMILIES:
+                qwen2_vl.grid_of(feed, manifest["model"]["vision"], f"{path}: {comp}/{i}")
     return {comp: feeds[comp] for comp in components}
 
 

@@ -79,7 +79,7 @@ def _side_b(b: Path | None, mb, ma, source_model: Path | None):
         return _bundle_side(Path(b), mb, "B")
     from mmtrt.eval.source import source_model as load_source_model
 
-    model, _ = load_source_model(ma, source_model)
+    model, _ = load_source_model(ma, source_model, own_dtype=True)  # widened a partition at a time (runners.py)
     return lambda comp: torch_runner(model, ma, comp, f"torch:{comp}")
 
 

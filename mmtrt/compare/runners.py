@@ -1,8 +1,13 @@
 """Polygraphy runners for one partition: of a bundle (ONNX Runtime, a TensorRT engine where this host has a
-matching one, or the bundle's chain of segments) or of the PyTorch source the bundle was compiled from."""
+matching one, or the bundle's chain of segments) or of the PyTorch source the bundle was compiled from.
+
+The source model is held in its checkpoint's dtype, as the compiler holds it, and a partition's modules are
+widened to float32 only while its runner is active (exactly: every bfloat16 or float16 is a float32): a
+Qwen2-VL-2B reference then never holds more than its LLM in float32, instead of the whole model."""
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections import OrderedDict
 from functools import partial
@@ -13,6 +18,7 @@ import numpy as np
 from polygraphy.backend.base import BaseRunner
 from polygraphy.common import TensorMetadata
 
+from mmtrt.compare import qwen2_vl
 from mmtrt.compare.inputs import NUMPY
 from mmtrt.ir.logits import LOGITS_FROM
 from mmtrt.runtime.executors import component_runner
@@ -78,7 +84,8 @@ def _session(path: Path):
 
 
 class TorchPartition:
-    """One partition of the PyTorch source, wrapped exactly as the exporter wrapped it."""
+    """One partition of the PyTorch source, wrapped exactly as the exporter wrapped it (the wrappers call
+    transformers' modules; the LLM's builds transformers' DynamicCache from the past inputs)."""
 
     def __init__(self, module, inputs: list[str], outputs: list[str]):
         self.module = module.eval()
@@ -97,14 +104,52 @@ class TorchPartition:
         return {name: t.numpy() for name, t in zip(self.outputs, result)}
 
 
-TORCH_FAMILIES = ("llava", "llava_next", "llava_onevision")
+class TorchRunner(FunctionRunner):
+    """A partition of the source model, its `modules` widened to float32 while active, their own tensors back
+    after; the file pages under a widened checkpoint tensor are handed back meanwhile."""
+
+    def __init__(self, make: Callable[[], Any], modules: list, inputs: list[dict[str, Any]], name: str):
+        super().__init__(make, inputs, name)
+        self._modules = modules
+        self._own: list[tuple[Any, Any]] = []
+
+    def activate_impl(self):
+        import torch
+
+        from mmtrt.ir.source_weights import release
+
+        tensors = itertools.chain(*(itertools.chain(m.parameters(), m.buffers()) for m in self._modules))
+        for t in {id(t): t for t in tensors if t.is_floating_point() and t.dtype != torch.float32}.values():
+            own = t.data
+            t.data = own.float()
+            release(own)
+            self._own.append((t, own))
+        super().activate_impl()
+
+    def deactivate_impl(self):
+        super().deactivate_impl()
+        for t, data in self._own:
+            t.data = data
+        self._own.clear()
+
+
+TORCH = "pytorch (cpu, fp32)"
+TORCH_FAMILIES = ("llava", "llava_next", "llava_onevision", *qwen2_vl.QWEN_FAMILIES)
 
 
 def torch_runner(model, manifest: dict[str, Any], component: str, name: str) -> tuple[BaseRunner, str]:
+    """A Qwen2-VL tower runs as transformers' own forward on the feeds' grid (the exporter's wrapper
+    re-implements it); every other partition as the exporter wrapped it."""
     from mmtrt.ir import export
 
     vision = manifest["model"]["vision"]
     spec = manifest["components"][component]
+    lm = model.model.language_model
+    qwen = manifest["model"]["architecture"] in qwen2_vl.QWEN_FAMILIES
+    modules = {"vision": [model.model.visual] if qwen else export.vision_modules(model), "embed": [lm.embed_tokens],
+               "llm": [lm, model.lm_head]}[component]
+    if component == "vision" and qwen:
+        return TorchRunner(partial(qwen2_vl.VisionReference, model, vision), modules, spec["inputs"], name), TORCH
 
     def make() -> TorchPartition:
         module = {
@@ -116,4 +161,4 @@ def torch_runner(model, manifest: dict[str, Any], component: str, name: str) -> 
         inputs = [s["name"] for s in spec["inputs"] if s["name"] != LOGITS_FROM]
         return TorchPartition(module, inputs, [s["name"] for s in spec["outputs"]])
 
-    return FunctionRunner(make, spec["inputs"], name), "pytorch (cpu, fp32)"
+    return TorchRunner(make, modules, spec["inputs"], name), TORCH

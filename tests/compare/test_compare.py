@@ -1,11 +1,14 @@
 """`mmtrt compare`: equal bundles pass, an fp16 bundle fails tight tolerances (exit 1) and passes loose ones, a
-bundle matches its PyTorch source, saved inputs reproduce a comparison, and bundle differences are listed."""
+bundle matches its PyTorch source, saved inputs reproduce a comparison, and bundle differences are listed
+(the Qwen2-VL families: test_compare_qwen2_vl.py)."""
 
 import json
+import shutil
 
 import pytest
 
 from conftest import ROOT
+from mmtrt.bundle.writer import write_manifest
 from mmtrt.cli import main
 from mmtrt.compiler import compile_recipe
 
@@ -74,12 +77,30 @@ def test_bad_usage_is_one_line(tiny_bundle, capsys, args, words):
     assert code == 2 and len(err.strip().splitlines()) == 1 and all(w in err for w in words)
 
 
-@pytest.mark.parametrize("args, words", [
-    (["--reference", "torch"], ["--reference torch runs the components of", "qwen2_vl", "--suite parity"]),
-    (["SELF"], ["cannot draw inputs for this model's vision component", "--partition embed llm"]),
-])
-def test_what_compare_cannot_draw_for_qwen2_vl_is_one_line(qwen_bundle, capsys, args, words):
-    bundle = qwen_bundle("qwen2_vl")
-    code, _, err = run_compare(capsys, bundle, *[bundle if a == "SELF" else a for a in args])
+def test_an_architecture_without_a_torch_reference_is_one_line(tiny_bundle, tmp_path, capsys):
+    """A bundle of an architecture this mmtrt has no PyTorch partitions for (one a later version lowers)."""
+    copy = shutil.copytree(tiny_bundle, tmp_path / "other.bundle")
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["model"]["architecture"] = "gemma3"
+    write_manifest(copy, manifest)
+    code, _, err = run_compare(capsys, copy, "--reference", "torch")
     assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
-    assert all(w in err for w in words), err
+    assert all(w in err for w in ["--reference torch runs the components of", "qwen2_5_vl", "not gemma3",
+                                  "--suite parity"]), err
+
+
+def test_the_torch_side_is_float32_only_while_its_runner_is_active():
+    """The source model stays in its checkpoint's dtype; a partition's runner widens its modules exactly and
+    hands their own tensors back."""
+    import torch
+
+    from mmtrt.compare.runners import TorchRunner
+
+    layer = torch.nn.Linear(8, 4).to(torch.bfloat16)
+    own = {name: (t.data_ptr(), t.detach().clone()) for name, t in layer.named_parameters()}
+    runner = TorchRunner(lambda: layer, [layer], [], "torch:layer")
+    runner.activate()
+    assert all(t.dtype == torch.float32 and torch.equal(t, own[name][1].float())
+               for name, t in layer.named_parameters())
+    runner.deactivate()
+    assert all(t.dtype == torch.bfloat16 and t.data_ptr() == own[name][0] for name, t in layer.named_parameters())
