@@ -66,6 +66,24 @@ def tiny_paged_bundle(tmp_path_factory):
     return compile_to(tmp_path_factory.mktemp("tiny-paged"), recipe, "paged.bundle")
 
 
+PREFILL_RECIPE = """model: {{source: zoo, name: tiny-llava}}
+passes:
+  - awq_int4: {{method: rtn, group_size: 32, symmetric: false, zero_point: float}}
+  - kv_layout: {{layout: static}}
+{tail}envelope:
+  batch: {{min: 1, opt: 1, max: 1}}
+  prompt_tokens: {{min: 1, opt: 16, max: 64}}
+  max_new_tokens: 8
+"""
+
+
+@pytest.fixture(scope="session")
+def tiny_prefill_bundle(tmp_path_factory):
+    """INT4 with the static layout and int8_prefill's prompt graph, run for calls of 4 tokens and more."""
+    return compile_to(tmp_path_factory.mktemp("int8-prefill"),
+                      PREFILL_RECIPE.format(tail="  - int8_prefill: {min_tokens: 4}\n"), "prefill.bundle")
+
+
 @pytest.fixture(scope="session")
 def siglip_checkpoint(tmp_path_factory):
     folder = tmp_path_factory.mktemp("siglip") / "checkpoint"

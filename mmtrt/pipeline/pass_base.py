@@ -17,6 +17,7 @@ class Pass:
     requires: ClassVar[frozenset[str]] = frozenset()
     provides: ClassVar[frozenset[str]] = frozenset()
     removes: ClassVar[frozenset[str]] = frozenset()
+    seals: ClassVar[frozenset[str]] = frozenset()  # components no later pass may rewrite (this one copied them)
     lossy: ClassVar[bool] = False
     # True: the pass reads its components' weights where they still refer to the source model
     # (mmtrt/ir/source_weights.py), or rewrites only the graph around them, so the runner does not take them into

@@ -30,7 +30,7 @@ def plan_passes(recipe: Recipe, properties: set[str], components: set[str],
     """Instantiate every pass with its validated config and check the requires/provides chain; given the model
     facts, also follow them through every pass."""
     props = set(properties)
-    passes = []
+    passes, sealed = [], {}
     for i, (name, raw) in enumerate(recipe.pass_list()):
         cls = get_pass(name)
         where = f"passes[{i}].{name}"
@@ -48,11 +48,20 @@ def plan_passes(recipe: Recipe, properties: set[str], components: set[str],
         absent = sorted(set(cls.components) - components)
         if absent:
             raise UserError(f"{where} works on components {', '.join(absent)}, which this model lacks; remove {name}")
+        _check_unsealed(cls, sealed, where)
+        sealed.update(dict.fromkeys(cls.seals, name))
         props = (props - cls.removes) | cls.provides
         passes.append(cls(config))
         if facts is not None:
             facts = _facts_after(passes[-1], facts, where)
     return PassPlan(passes, props, facts)
+
+
+def _check_unsealed(cls, sealed: dict[str, str], where: str) -> None:
+    touched = sorted(set(cls.components) & set(sealed))
+    if touched:
+        raise UserError(f"{where} rewrites the {touched[0]} component after {sealed[touched[0]]} copied it; put "
+                        f"{sealed[touched[0]]} after {cls.name}")
 
 
 def _facts_after(p: Pass, facts: dict[str, Any], where: str) -> dict[str, Any]:

@@ -57,8 +57,8 @@ def int8_weight_linears(model: onnx.ModelProto, component: str, select: Callable
         scale = numpy_helper.from_array(scales.astype(w.dtype), f"{lin.name}.int8_scale")
         if activations == "per_token":
             first = lin.input not in rows
-            quantized, codes, x_scale = rows.setdefault(lin.input, _per_token_input(lin.input))
-            nodes[id(lin.node)] = (quantized if first else []) + _per_token(lin, weight.name, scale.name, codes,
+            quantized, codes, x_scale = rows.setdefault(lin.input, per_token_input(lin.input))
+            nodes[id(lin.node)] = (quantized if first else []) + per_token_matmul(lin, weight.name, scale.name, codes,
                                                                              x_scale)
         elif activations == "dynamic":
             nodes[id(lin.node)] = _dynamic(lin, weight.name, scale.name)
@@ -97,7 +97,7 @@ def _dynamic(lin, weight: str, scale: str) -> list[onnx.NodeProto]:
                              name=f"{lin.name}.dynamic_int8", domain="com.microsoft")]
 
 
-def _per_token_input(x: str) -> tuple[list[onnx.NodeProto], str, str]:
+def per_token_input(x: str) -> tuple[list[onnx.NodeProto], str, str]:
     """x [..., K] quantized per row: s = max|row| / 127 and round(row / s) + 128 as uint8 (a symmetric grid held
     as uint8 with the zero point 128, the operand form of the VNNI int8 GEMM; ONNX Runtime's MatMulInteger takes
     no per-row zero point). Nodes, the codes and the scales [..., 1]; one set per input tensor, shared by the
@@ -114,7 +114,7 @@ def _per_token_input(x: str) -> tuple[list[onnx.NodeProto], str, str]:
     return nodes, f"{p}.codes", f"{p}.scale"
 
 
-def _per_token(lin, weight: str, scale: str, codes: str, x_scale: str) -> list[onnx.NodeProto]:
+def per_token_matmul(lin, weight: str, scale: str, codes: str, x_scale: str) -> list[onnx.NodeProto]:
     """MatMulInteger of the row codes and the int8 weight, scaled back by each row's and each column's scale."""
     p = f"{lin.name}.per_token"
     return [helper.make_node("MatMulInteger", [codes, weight, "int8.zero_128"], [f"{p}.int32"], name=p),

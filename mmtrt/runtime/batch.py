@@ -108,12 +108,14 @@ def position_rows(session) -> int:
 class StaticStepper:
     """One LLM call over rows start..start+count of the shared buffers, through IOBinding."""
 
-    def __init__(self, session, cache: StaticCache):
+    def __init__(self, session, cache: StaticCache, prompt_session=None, prompt_tokens: int = 0):
+        """`prompt_session`: the int8_prefill graph over the same buffers, for calls of at least `prompt_tokens`
+        new tokens per row."""
         self.session, self.cache = session, cache
         self.rows = position_rows(session)
         self.embed_dtype = np.float16 if session.get_inputs()[0].type == "tensor(float16)" else np.float32
-        self.bound: tuple[int, int] | None = None  # the rows the binding's cache buffers cover
-        self.io = session.io_binding()
+        self.bindings = {graph: Binding(graph) for graph in (session, prompt_session) if graph is not None}
+        self.prompt_session, self.prompt_tokens = prompt_session, prompt_tokens
         head = next(o for o in session.get_outputs() if o.name == "logits")
         self.logits_dtype, self.vocab = (np.float16 if head.type == "tensor(float16)" else np.float32), head.shape[-1]
 
@@ -151,7 +153,8 @@ class StaticStepper:
         if int(lengths.max()) + seq > self.cache.capacity:
             raise UserError(f"the sequence would hold {int(lengths.max()) + seq} tokens; the bundle's KV capacity is "
                             f"{self.cache.capacity}; recompile with a larger envelope")
-        io = self._binding(start, count)
+        graph = self.prompt_session if self.prompt_session is not None and seq >= self.prompt_tokens else self.session
+        io = self.bindings[graph].rows(self.cache, start, count)
         logits = np.empty((count, 1 if last_only else seq, self.vocab), self.logits_dtype)
         io.bind_output("logits", "cpu", 0, self.logits_dtype, logits.shape, logits.ctypes.data)
         io.bind_cpu_input("inputs_embeds", np.ascontiguousarray(embeds, self.embed_dtype))
@@ -161,18 +164,25 @@ class StaticStepper:
         io.bind_cpu_input("seqlens_k", (lengths + seq - 1).astype(np.int32))
         io.bind_cpu_input("total_sequence_length", np.array(int(lengths.max()) + seq, np.int32))
         io.bind_cpu_input("logits_from", np.array([seq - 1 if last_only else 0], np.int64))
-        self.session.run_with_iobinding(io)
+        graph.run_with_iobinding(io)
         self.cache.lengths[start:start + count] += seq
         return logits.astype(np.float32, copy=False)
 
-    def _binding(self, start: int, count: int):
-        """The one IOBinding, its cache buffers bound again only when the rows change (a decode step binds the
-        rows of the last one: 2 x layers buffers not bound per token). Binding a name again replaces it, so the
-        small inputs and the logits are bound every call; the logits go into an array of ours, so the presents
-        are never wrapped as outputs (get_outputs cost about as much as the rest of the step's Python)."""
+
+class Binding:
+    """A session's one IOBinding, its cache buffers bound again only when the rows change (a decode step binds the
+    rows of the last one: 2 x layers buffers not bound per token). Binding a name again replaces it, so the small
+    inputs and the logits are bound every call; the logits go into an array of ours, so the presents are never
+    wrapped as outputs (get_outputs cost about as much as the rest of the step's Python)."""
+
+    def __init__(self, session):
+        self.io = session.io_binding()
+        self.bound: tuple[int, int] | None = None  # the rows the binding's cache buffers cover
+
+    def rows(self, cache: StaticCache, start: int, count: int):
         if self.bound != (start, count):
             self.io.clear_binding_inputs()
             self.io.clear_binding_outputs()
-            self.cache.bind(self.io, start, count)
+            cache.bind(self.io, start, count)
             self.bound = (start, count)
         return self.io

@@ -107,6 +107,7 @@ class Pipeline(RequestInputs):
         self.choices = choices  # per TensorRT segment: its engine, or None and why not
         self.fallbacks = {seg: why for seg, (engine, why) in choices.items() if engine is None}
         _log_fallbacks(self.fallbacks)
+        self.threads, self.spin = threads, spin
         self.runners = {name: component_runner(self.path, self.manifest, name, choices, threads, spin)
                         for name in ("vision", *self.llm_components)}
         self.tokenizer = BundleTokenizer(self.path / "tokenizer")
@@ -148,7 +149,13 @@ class Pipeline(RequestInputs):
                                 self.dims["batch"]["max"])
         cache = StaticCache(self.kv, self.model["llm"], self.dims["batch"]["max"], self.dims["capacity"]["max"],
                             cache_device(runner.providers), cache_providers(runner.providers))
-        return StaticStepper(runner.session, cache)
+        prompt = self.model.get("prefill")
+        if prompt is None:
+            return StaticStepper(runner.session, cache)
+        graph = component_runner(self.path, self.manifest, prompt["component"], self.choices, self.threads, self.spin)
+        self._check_llm_inputs(graph.session)
+        self.backends[prompt["component"]] = "+".join(graph.providers)
+        return StaticStepper(runner.session, cache, graph.session, prompt["min_tokens"])
 
     def _check_llm_inputs(self, session) -> None:
         """The KV layout binds the manifest's LLM inputs by name: a graph that takes others is refused at load."""

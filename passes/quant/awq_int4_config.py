@@ -12,11 +12,14 @@ from mmtrt.quant import TRTLLM_GROUPS
 AccuracyLevel = int_choice(0, 1, 2, 3, 4)
 
 
-class Calibration(PassConfig):
+class CalibrationData(PassConfig):
     images: Literal["digits", "recipe", "none"] = Field("digits", description="Calibration images: `digits` (scikit-learn digits, train split, with the digits prompt), `recipe` (the recipe's `calibration.images` folder and `calibration.jsonl`, each with its prompt) or `none` (text only).")
     samples: int = Field(16, ge=0, description="Calibration images (the first ones of the chosen set).")
     text: Literal["reference", "recipe"] = Field("reference", description="Calibration text: `reference` (Python's documentation, taken from its end: the perplexity suite reads from the start) or `recipe` (the recipe's `calibration.text` files, from their start).")
     text_windows: int = Field(8, ge=0, description="512-token windows of calibration text (a recipe text shorter than one window is used whole).")
+
+
+class Calibration(CalibrationData):
     search_tokens: int = Field(1024, ge=1, description="Tokens the module-output error of the scale search runs on (the first calibration batches that fit; statistics and own-output errors use every token).")
 
 

@@ -120,6 +120,8 @@ struct Bundle::Impl {
   std::unique_ptr<Tokenizer> tokenizer;
   std::map<std::string, std::unique_ptr<Runner>> runners;
   std::unique_ptr<KvCache> cache;  // allocated once per load; open() starts each sequence
+  std::string prompt_graph;        // int8_prefill's graph, run for calls of at least prompt_tokens new tokens
+  int64_t prompt_tokens = 0;
   bool parse_special_tokens = false;
   NamedStrings backends, fallbacks;
 
@@ -249,7 +251,7 @@ struct Bundle::Impl {
     const int64_t seq = shape_of(embeds)[1];
     TensorViews feeds = {{"inputs_embeds", embeds}}, bound;
     cache.add_feeds(seq, feeds, bound);
-    Tensors out = run("llm", feeds, bound);
+    Tensors out = run(!prompt_graph.empty() && seq >= prompt_tokens ? prompt_graph : "llm", feeds, bound);
     cache.update(out, seq);
     return std::move(out.at("logits"));
   }
@@ -336,6 +338,12 @@ std::unique_ptr<Bundle::Impl> Bundle::load_impl(const std::string& path, const L
   for (const char* name : {"vision", "embed", "llm"}) {
     impl->runners[name] = component_runner(impl->root, m, name, choices, settings);
     impl->backends.emplace_back(name, join(impl->runners[name]->providers(), "+"));
+  }
+  if (const json& model = m.raw.at("model"); model.contains("prefill") && !model.at("prefill").is_null()) {
+    impl->prompt_graph = model.at("prefill").at("component").get<std::string>();
+    impl->prompt_tokens = model.at("prefill").at("min_tokens").get<int64_t>();
+    impl->runners[impl->prompt_graph] = component_runner(impl->root, m, impl->prompt_graph, choices, settings);
+    impl->backends.emplace_back(impl->prompt_graph, join(impl->runners[impl->prompt_graph]->providers(), "+"));
   }
   impl->backends.emplace_back("preprocess", "cpp");
   impl->tokenizer = std::make_unique<Tokenizer>(impl->root + "/tokenizer", m.raw.at("model"));

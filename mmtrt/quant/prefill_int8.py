@@ -1,0 +1,147 @@
+"""The LLM's prompt graph with int8 GEMMs: each INT4 linear of the decode graph as a per-token int8 product of the
+same weights, smoothed.
+
+ONNX Runtime's MatMulNBits runs INT4 weights at about the fp32 GEMM's speed at prompt sizes, while its int8 GEMM
+(MatMulInteger on VNNI) takes 0.29x (docs/results/ort-cpu-kernels.md); at one token the INT4 read is what wins. So
+a bundle may hold two graphs of one LLM over one KV cache: the decode graph as compiled, and this one for calls of
+many tokens. Its weights are the INT4 graph's own, dequantized (MatMulNBits' codes, scales and zero points, plus the
+offsets of float zero points), so prompt and decode apply the same weights but for the int8 rounding; each is int8
+per output column. Activations are quantized per token at run time. SmoothQuant's per-channel scale
+s = max|x|^a / max|w|^(1-a), from calibration inputs, first moves the activations' outlier channels into the weights
+(x / s as an explicit Mul, s * W): without it per-token int8 cost zoo:dino-smollm 8 digits points.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from mmtrt.ir.rewrite import attr
+from mmtrt.quant.int8_weights import PER_TOKEN_CONSTANTS, per_token_input, per_token_matmul, quantize_columns
+from mmtrt.quant.int4 import num_groups
+
+
+@dataclass
+class Int4Unit:
+    """One INT4 linear of the graph: the MatMulNBits node, and the offset MatMul and Add of float zero points."""
+
+    name: str
+    input: str
+    output: str
+    node: onnx.NodeProto
+    offsets: str | None  # the [groups, N] offsets initializer
+    nodes: list[onnx.NodeProto]  # what the int8 product replaces
+
+
+def int4_units(model: onnx.ModelProto) -> list[Int4Unit]:
+    """Every MatMulNBits of `model`, with its float zero points' offset branch where it has one."""
+    graph = model.graph
+    consumers: dict[str, list[onnx.NodeProto]] = {}
+    for node in graph.node:
+        for name in node.input:
+            consumers.setdefault(name, []).append(node)
+    producer = {out: node for node in graph.node for out in node.output}
+    units = []
+    for node in graph.node:
+        if node.op_type != "MatMulNBits":
+            continue
+        readers = consumers.get(node.output[0], [])
+        add = readers[0] if len(readers) == 1 and readers[0].op_type == "Add" else None
+        other = add and producer.get(next(i for i in add.input if i != node.output[0]))
+        if other is not None and other.op_type == "MatMul" and other.input[0] == _sums(node):
+            units.append(Int4Unit(node.name, node.input[0], add.output[0], node, other.input[1], [node, other, add]))
+        else:
+            units.append(Int4Unit(node.name, node.input[0], node.output[0], node, None, [node]))
+    return units
+
+
+def _sums(node: onnx.NodeProto) -> str:
+    return f"{node.input[0]}.group_sums.b{attr(node, 'block_size')}"
+
+
+def effective_weight(unit: Int4Unit, inits: dict[str, onnx.TensorProto]) -> np.ndarray:
+    """The float weight [K, N] the unit applies to its input: (q - zero point) * scale, plus the offsets."""
+    node = unit.node
+    n, k, block = attr(node, "N"), attr(node, "K"), attr(node, "block_size")
+    groups = num_groups(k, block)
+    b = numpy_helper.to_array(inits[node.input[1]])
+    q = np.stack([b & 0x0F, b >> 4], axis=-1).reshape(n, groups * block).astype(np.float32)
+    scales = numpy_helper.to_array(inits[node.input[2]]).astype(np.float32).reshape(n, groups)
+    zeros = np.full((n, groups), 8, np.float32)
+    if len(node.input) > 3 and node.input[3]:
+        zp = numpy_helper.to_array(inits[node.input[3]])
+        zeros = np.stack([zp & 0x0F, zp >> 4], axis=-1).reshape(n, -1)[:, :groups].astype(np.float32)
+    w = (q.reshape(n, groups, block) - zeros[..., None]) * scales[..., None]
+    if unit.offsets is not None:
+        w += numpy_helper.to_array(inits[unit.offsets]).astype(np.float32).T[..., None]
+    return np.ascontiguousarray(w.reshape(n, groups * block)[:, :k].T)
+
+
+def smoothing_scales(x_max: np.ndarray, w: np.ndarray, alpha: float) -> np.ndarray:
+    """SmoothQuant's s [K] = max|x_k|^alpha / max|w_k,:|^(1 - alpha), 1 where a channel never fired."""
+    w_max = np.abs(w).max(axis=1)
+    s = np.maximum(x_max, 1e-5) ** alpha / np.maximum(w_max, 1e-5) ** (1 - alpha)
+    return np.where((x_max > 0) & (w_max > 0), s, 1).astype(np.float32)
+
+
+def prefill_graph(model: onnx.ModelProto, select: Callable[[str], bool],
+                  x_max: dict[str, np.ndarray] | None, alpha: float) -> tuple[onnx.ModelProto, dict]:
+    """A copy of `model` whose selected INT4 units are per-token int8 products (smoothed by `alpha` on the channel
+    maxima `x_max` of each unit's input, when given), and its report."""
+    out = onnx.ModelProto()
+    out.CopyFrom(model)
+    graph = out.graph
+    inits = {t.name: t for t in graph.initializer}
+    chosen = [u for u in int4_units(out) if select(u.name)]
+    replaced, new, quantized_inputs = {}, [], {}
+    for unit in chosen:
+        w = effective_weight(unit, inits)
+        x = unit.input
+        if x_max is not None:
+            s = smoothing_scales(x_max[x], w, alpha)
+            w = w * s[:, None]
+            x = _smoothed_input(unit, s, new, replaced)
+        first = x not in quantized_inputs
+        nodes, codes, x_scale = quantized_inputs.setdefault(x, per_token_input(x))
+        q, scales = quantize_columns(w)
+        new += [numpy_helper.from_array(q, f"{unit.name}.prefill_int8"),
+                numpy_helper.from_array(scales, f"{unit.name}.prefill_scale")]
+        matmul = per_token_matmul(unit, f"{unit.name}.prefill_int8", f"{unit.name}.prefill_scale", codes, x_scale)
+        replaced.setdefault(id(unit.node), []).extend((nodes if first else []) + matmul)
+        for gone in unit.nodes[1:]:
+            replaced[id(gone)] = []
+    rebuilt = [n for node in graph.node for n in replaced.get(id(node), [node])]
+    del graph.node[:]
+    graph.node.extend(rebuilt)
+    graph.initializer.extend(new + [numpy_helper.from_array(v, k) for k, v in PER_TOKEN_CONSTANTS.items()])
+    _drop_dead(graph)
+    return out, {"linears": [u.name for u in chosen], "smoothing": alpha if x_max is not None else None,
+                 "int8_bytes": int(sum(t.ByteSize() for t in new))}
+
+
+def _smoothed_input(unit: Int4Unit, s: np.ndarray, new: list, replaced: dict) -> str:
+    """x / s, per unit (units reading one tensor have their own s)."""
+    name = f"{unit.name}.smoothed"
+    new.append(numpy_helper.from_array((1 / s).astype(np.float32), f"{name}.inverse_scale"))
+    replaced.setdefault(id(unit.node), []).append(
+        helper.make_node("Mul", [unit.input, f"{name}.inverse_scale"], [name], name=name))
+    return name
+
+
+def _drop_dead(graph: onnx.GraphProto) -> None:
+    """Remove the nodes no graph output depends on (the group sums only offsets read), then unread initializers."""
+    needed = {o.name for o in graph.output}
+    kept = []
+    for node in reversed(graph.node):
+        if any(o in needed for o in node.output):
+            kept.append(node)
+            needed.update(node.input)
+    del graph.node[:]
+    graph.node.extend(reversed(kept))
+    read = [t for t in graph.initializer if t.name in needed]
+    del graph.initializer[:]
+    graph.initializer.extend(read)

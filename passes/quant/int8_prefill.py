@@ -1,0 +1,92 @@
+"""int8_prefill: a second graph of the INT4 LLM for prompts, whose linears are int8 GEMMs, over the same KV cache.
+
+An INT4 LLM decodes fast on a CPU (it reads a quarter of fp32's bytes per token), but its prompt runs MatMulNBits at
+about the fp32 GEMM's speed, and a prompt of thousands of image tokens is most of the time to the first token. This
+pass adds a component `llm_prefill`: the LLM graph as the earlier passes left it, each INT4 linear replaced by a
+per-token int8 product of its own dequantized weights, smoothed on calibration data (mmtrt/quant/prefill_int8.py).
+The manifest's `model.prefill` tells the runtime to run calls of at least `min_tokens` new tokens with it; both
+graphs read and write the one static KV buffer. It needs the static KV layout, and comes after every pass that
+rewrites the LLM, since it copies the graph they made.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from typing import Any
+
+import numpy as np
+
+from mmtrt.errors import UserError
+from mmtrt.ir.graph import Component, ModelIR
+from mmtrt.ir.logits import LOGITS_FROM
+from mmtrt.pipeline.pass_base import Pass
+from mmtrt.quant.calibration import calibration_batches
+from mmtrt.quant.prefill_int8 import int4_units, prefill_graph
+from mmtrt.quant.session import run_with_outputs
+from passes.quant.int8_prefill_config import Int8PrefillConfig
+
+PREFILL = "llm_prefill"
+
+
+class Int8Prefill(Pass):
+    name = "int8_prefill"
+    Config = Int8PrefillConfig
+    components = ("llm",)
+    requires = frozenset({"kv_layout"})
+    seals = frozenset({"llm"})
+    lossy = True
+
+    def plan_facts(self, facts: dict[str, Any]) -> dict[str, Any]:
+        if facts.get("kv_cache", {}).get("layout") != "static":
+            raise UserError("int8_prefill runs prompts in a second graph over the static KV buffer; use kv_layout: "
+                            "{layout: static} before it")
+        return {**facts, "prefill": runtime_config(self.config)}
+
+    def run(self, ir: ModelIR) -> dict[str, Any]:
+        cfg, llm = self.config, ir.components["llm"]
+        units = [u for u in int4_units(llm.onnx) if self._selected(u.name)]
+        if not units:
+            raise UserError("int8_prefill found no INT4 linears to run in int8 (it reads awq_int4's MatMulNBits); put "
+                            "awq_int4 before it, or check its exclude patterns")
+        x_max = None if cfg.smoothing is None else channel_maxima(ir, sorted({u.input for u in units}),
+                                                                  cfg.calibration)
+        graph, report = prefill_graph(llm.onnx, self._selected, x_max, cfg.smoothing or 0.0)
+        prefill = Component(PREFILL, [], [], metadata={"placement": dict(llm.metadata.get("placement", {}))})
+        prefill.set_graph(graph)
+        ir.components[PREFILL] = prefill
+        ir.config["prefill"] = runtime_config(cfg)
+        return {"llm": {**report, "min_tokens": cfg.min_tokens}}
+
+    def _selected(self, name: str) -> bool:
+        return not any(fnmatch.fnmatchcase(part, p) for part in name.split("+") for p in self.config.exclude)
+
+
+def runtime_config(config: Int8PrefillConfig) -> dict[str, Any]:
+    """What the runtime reads from the manifest's model.prefill."""
+    return {"component": PREFILL, "min_tokens": config.min_tokens}
+
+
+def channel_maxima(ir: ModelIR, inputs: list[str], cal) -> dict[str, np.ndarray]:
+    """max |x| per channel of each tensor in `inputs`, over every calibration token through the LLM graph."""
+    llm = ir.components["llm"]
+    batches = calibration_batches(ir, cal.images, cal.samples, cal.text_windows, cal.text)
+    maxima: dict[str, np.ndarray] = {}
+    for out in run_with_outputs(llm.onnx, inputs, [static_feeds(llm, b) for b in batches.llm]):
+        for name in inputs:
+            seen = np.abs(out[name]).reshape(-1, out[name].shape[-1]).max(axis=0)
+            maxima[name] = np.maximum(maxima[name], seen) if name in maxima else seen
+    return maxima
+
+
+def static_feeds(llm: Component, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """A calibration batch, made for the exported graph, as the static layout's inputs: empty buffers as long as
+    the sequences, the logits of the last position only."""
+    batch, seq = feeds["inputs_embeds"].shape[:2]
+    specs = {s.name: s for s in llm.inputs}
+    out = {"inputs_embeds": feeds["inputs_embeds"].astype(specs["inputs_embeds"].dtype),
+           "position_ids": feeds["position_ids"], "seqlens_k": np.full(batch, seq - 1, np.int32),
+           "total_sequence_length": np.array(seq, np.int32), LOGITS_FROM: np.array([seq - 1], np.int64)}
+    for name, spec in specs.items():
+        if name.startswith("past."):
+            out[name] = np.zeros((batch, spec.shape[1], seq, spec.shape[3]), spec.dtype)
+    return out

@@ -1,0 +1,111 @@
+"""int8_prefill on zoo:tiny-llava's INT4 LLM: the weights it reads back are the ones ONNX Runtime's MatMulNBits
+applies, its int8 products are the per-token int8 product of the smoothed weights (a numpy reference), and the
+runtime runs long calls on the prompt graph and short ones on the INT4 graph over one KV buffer."""
+
+import json
+
+import numpy as np
+import onnx
+import pytest
+
+from builders import StaticCacheForm, tiny_llm_feeds
+from conftest import PREFILL_RECIPE, compile_to
+from mmtrt.errors import UserError
+from mmtrt.quant.int4 import Grid
+from mmtrt.quant.prefill_int8 import effective_weight, int4_units, prefill_graph
+from mmtrt.quant.quantize import Settings, quantize_component
+from mmtrt.quant.session import run_with_outputs
+
+GRIDS = [(Grid(32), "symmetric"), (Grid(32, False), "int4-zero-points"), (Grid(64, False, True), "float-zero-points")]
+
+
+def _quantized(bundle, grid, rng):
+    """The tiny LLM with float activations in MatMulNBits (accuracy level 0), so its products are exact in fp32."""
+    model = onnx.load(bundle / "llm.onnx")
+    quantize_component(model, "llm", [tiny_llm_feeds(rng)], Settings("rtn", grid, False, "matmulnbits", 0, 64,
+                                                                        lambda name: True))
+    return model
+
+
+def _captured(model, names, rng):
+    return next(run_with_outputs(model, names, [tiny_llm_feeds(rng)]))
+
+
+@pytest.mark.parametrize("grid", [g for g, _ in GRIDS], ids=[i for _, i in GRIDS])
+def test_effective_weights_are_what_matmulnbits_applies(tiny_bundle, rng, grid):
+    model = _quantized(tiny_bundle, grid, rng)
+    units = int4_units(model)
+    inits = {t.name: t for t in model.graph.initializer}
+    assert len(units) == 7 * 4 + 1 and all((u.offsets is not None) == grid.float_zero_point for u in units)
+    seen = _captured(model, [n for u in units for n in (u.input, u.output)], rng)
+    for unit in units:
+        x, y = seen[unit.input], seen[unit.output]
+        np.testing.assert_allclose(x @ effective_weight(unit, inits), y, rtol=1e-4, atol=1e-4 * np.abs(y).max())
+
+
+def _int8_reference(x, w, s):
+    """Per-token symmetric int8 of x / s times per-column int8 of s * W, in float64."""
+    x, w = x.astype(np.float64) / s, w.astype(np.float64) * s[:, None]
+    rows = np.maximum(np.abs(x).max(-1, keepdims=True), 1e-30) / 127
+    cols = np.where(np.abs(w).max(0) > 0, np.abs(w).max(0) / 127, 1)
+    return (np.rint(x / rows) * rows) @ (np.clip(np.rint(w / cols), -127, 127) * cols)
+
+
+def test_prompt_graph_runs_the_smoothed_int8_product(tiny_bundle, rng):
+    model = _quantized(tiny_bundle, Grid(64, False, True), rng)
+    inits = {t.name: t for t in model.graph.initializer}
+    units = {u.name: u for u in int4_units(model)}
+    x_max = {u.input: rng.uniform(0.1, 3, size=_k(u)).astype(np.float32) for u in units.values()}
+    graph, report = prefill_graph(model, lambda name: name != "llm.lm_head", x_max, 0.5)
+    ops = [n.op_type for n in graph.graph.node]
+    assert report["linears"] == [name for name in units if name != "llm.lm_head"]
+    assert ops.count("MatMulNBits") == 1 and ops.count("MatMulInteger") == 7 * 4
+    assert [n.name for n in graph.graph.node if n.name.endswith(".offsets")] == ["llm.lm_head.offsets"]
+    names = [n for name in report["linears"] for n in (units[name].input, units[name].output)]
+    seen = _captured(graph, names, rng)
+    for name in report["linears"]:
+        unit = units[name]
+        w = effective_weight(unit, inits)
+        s = np.maximum(x_max[unit.input], 1e-5) ** 0.5 / np.maximum(np.abs(w).max(1), 1e-5) ** 0.5
+        ref = _int8_reference(seen[unit.input].reshape(-1, w.shape[0]), w, s)
+        ours = seen[unit.output].reshape(ref.shape)
+        np.testing.assert_allclose(ours, ref, rtol=1e-3, atol=1e-3 * np.abs(ref).max())
+
+
+def _k(unit):
+    return next(a.i for a in unit.node.attribute if a.name == "K")
+
+
+def test_long_calls_run_the_prompt_graph_and_short_ones_the_int4_graph(tiny_prefill_bundle, rng):
+    from mmtrt.runtime import load
+
+    manifest = json.loads((tiny_prefill_bundle / "manifest.json").read_text())
+    assert manifest["model"]["prefill"] == {"component": "llm_prefill", "min_tokens": 4}
+    llm, capacity = manifest["model"]["llm"], manifest["dims"]["capacity"]["max"]
+    stepper = load(tiny_prefill_bundle).stepper
+    forms = {"prompt": StaticCacheForm(tiny_prefill_bundle / "llm_prefill.onnx", llm, capacity),
+             "int4": StaticCacheForm(tiny_prefill_bundle / "llm.onnx", llm, capacity)}
+    stepper.reset(1)
+    for seq, graph in ((9, "prompt"), (1, "int4"), (3, "int4"), (4, "prompt")):
+        embeds = rng.normal(size=(1, seq, llm["hidden_size"])).astype(np.float32)
+        ours = stepper.run(embeds, 0, 1, last_only=False)
+        expected = {name: form.step(embeds) for name, form in forms.items()}
+        np.testing.assert_allclose(ours, expected[graph], rtol=1e-5, atol=1e-5)
+        assert not np.allclose(expected["prompt"], expected["int4"], rtol=1e-5, atol=1e-5)
+        for name, form in forms.items():  # both references follow the cache the bundle's step wrote
+            for past, buffer in form.cache.items():
+                buffer[...] = forms[graph].cache[past]
+
+
+@pytest.mark.parametrize("tail,problem", [
+    ("  - int8_prefill: {}\n  - fuse_projections: {}\n", "after int8_prefill copied it"),
+])
+def test_a_pass_after_it_on_the_llm_is_refused(tmp_path, tail, problem):
+    with pytest.raises(UserError, match=problem):
+        compile_to(tmp_path, PREFILL_RECIPE.format(tail=tail))
+
+
+def test_it_needs_the_static_layout(tmp_path):
+    recipe = PREFILL_RECIPE.format(tail="  - int8_prefill: {}\n").replace("{layout: static}", "{layout: paged}")
+    with pytest.raises(UserError, match="static KV buffer"):
+        compile_to(tmp_path, recipe)
