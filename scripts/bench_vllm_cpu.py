@@ -72,8 +72,8 @@ RECIPES = {  # passes after the model; every recipe's envelope is sized for the 
     "best_prefill": "passes:\n  - awq_int4: {method: rtn, group_size: 32, symmetric: false, zero_point: float}\n"
                     "  - int8_weights: {components: [vision], activations: dynamic}\n  - kv_layout: {layout: static}\n"
                     "  - fuse_projections: {}\n  - pack_qkv_rotary: {}\n"
-                    "  - int8_prefill: {calibration: {text_windows: 0},\n"
-                    "                  exclude: [llm.lm_head, llm.layers.*.down_proj]}\n",
+                    "  - int8_prefill: {calibration: {text_windows: 0}, "
+                    "exclude: [llm.lm_head, llm.layers.*.down_proj]}\n",
 }
 LABELS = {"bare": "mmtrt, bare recipe (lossless, hf KV layout)", "static": "mmtrt, kv_layout static (lossless)",
           "int4": "mmtrt, awq_int4 + kv_layout static",
