@@ -81,7 +81,8 @@ passes:
 def tiny_prefill_bundle(tmp_path_factory):
     """INT4 with the static layout and int8_prefill's prompt graph, run for calls of 4 tokens and more."""
     return compile_to(tmp_path_factory.mktemp("int8-prefill"),
-                      PREFILL_RECIPE.format(tail="  - int8_prefill: {min_tokens: 4}\n"), "prefill.bundle")
+                      PREFILL_RECIPE.format(
+        tail="  - int8_prefill: {min_tokens: 4, calibration: {samples: 2, text_windows: 1}}\n"), "prefill.bundle")
 
 
 @pytest.fixture(scope="session")

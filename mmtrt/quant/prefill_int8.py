@@ -117,10 +117,11 @@ def prefill_graph(model: onnx.ModelProto, select: Callable[[str], bool],
     rebuilt = [n for node in graph.node for n in replaced.get(id(node), [node])]
     del graph.node[:]
     graph.node.extend(rebuilt)
-    graph.initializer.extend(new + [numpy_helper.from_array(v, k) for k, v in PER_TOKEN_CONSTANTS.items()])
+    graph.initializer.extend(new + [numpy_helper.from_array(v, k) for k, v in PER_TOKEN_CONSTANTS.items()
+                                    if k not in inits])
     _drop_dead(graph)
     return out, {"linears": [u.name for u in chosen], "smoothing": alpha if x_max is not None else None,
-                 "int8_bytes": int(sum(t.ByteSize() for t in new))}
+                 "added_bytes": int(sum(t.ByteSize() for t in new))}
 
 
 def _smoothed_input(unit: Int4Unit, s: np.ndarray, new: list, replaced: dict) -> str:

@@ -26,6 +26,8 @@ from mmtrt.quant.session import run_with_outputs
 from passes.quant.int8_prefill_config import Int8PrefillConfig
 
 PREFILL = "llm_prefill"
+# its int8 products are ONNX Runtime's, and the runtime binds the KV buffers into ONNX Runtime sessions
+ON_ONNXRUNTIME = {"targeted": False, "min_segment_size": 1, "backends": ["onnxruntime"]}
 
 
 class Int8Prefill(Pass):
@@ -51,7 +53,7 @@ class Int8Prefill(Pass):
         x_max = None if cfg.smoothing is None else channel_maxima(ir, sorted({u.input for u in units}),
                                                                   cfg.calibration)
         graph, report = prefill_graph(llm.onnx, self._selected, x_max, cfg.smoothing or 0.0)
-        prefill = Component(PREFILL, [], [], metadata={"placement": dict(llm.metadata.get("placement", {}))})
+        prefill = Component(PREFILL, [], [], metadata={"placement": dict(ON_ONNXRUNTIME)})
         prefill.set_graph(graph)
         ir.components[PREFILL] = prefill
         ir.config["prefill"] = runtime_config(cfg)

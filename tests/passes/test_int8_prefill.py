@@ -1,6 +1,6 @@
 """int8_prefill on zoo:tiny-llava's INT4 LLM: the weights it reads back are the ones ONNX Runtime's MatMulNBits
 applies, its int8 products are the per-token int8 product of the smoothed weights (a numpy reference), and the
-runtime runs long calls on the prompt graph and short ones on the INT4 graph over one KV buffer."""
+runtime (Python and C++) runs long calls on the prompt graph and short ones on the INT4 graph over one KV buffer."""
 
 import json
 
@@ -8,8 +8,9 @@ import numpy as np
 import onnx
 import pytest
 
-from builders import StaticCacheForm, tiny_llm_feeds
+from builders import StaticCacheForm, random_image, tiny_llm_feeds
 from conftest import PREFILL_RECIPE, compile_to
+from cpp_harness import generate_cpp, needs_build
 from mmtrt.errors import UserError
 from mmtrt.quant.int4 import Grid
 from mmtrt.quant.prefill_int8 import effective_weight, int4_units, prefill_graph
@@ -43,12 +44,17 @@ def test_effective_weights_are_what_matmulnbits_applies(tiny_bundle, rng, grid):
         np.testing.assert_allclose(x @ effective_weight(unit, inits), y, rtol=1e-4, atol=1e-4 * np.abs(y).max())
 
 
-def _int8_reference(x, w, s):
-    """Per-token symmetric int8 of x / s times per-column int8 of s * W, in float64."""
-    x, w = x.astype(np.float64) / s, w.astype(np.float64) * s[:, None]
-    rows = np.maximum(np.abs(x).max(-1, keepdims=True), 1e-30) / 127
-    cols = np.where(np.abs(w).max(0) > 0, np.abs(w).max(0) / 127, 1)
-    return (np.rint(x / rows) * rows) @ (np.clip(np.rint(w / cols), -127, 127) * cols)
+def _int8_reference(x, w, x_max):
+    """The per-token int8 product of x / s and s * W (SmoothQuant's s at a = 0.5, int8 per column), each step in
+    float32 as the ONNX operators define it, so that every code rounds as the graph's does; the integer sum exact."""
+    s = (np.maximum(x_max, 1e-5) ** 0.5 / np.maximum(np.abs(w).max(1), 1e-5) ** 0.5).astype(np.float32)
+    x = x * (1 / s).astype(np.float32)
+    rows = np.maximum(np.abs(x).max(-1, keepdims=True), np.float32(1e-30)) / np.float32(127)
+    codes = np.clip(np.rint(x / rows) + 128, 0, 255).astype(np.int64) - 128
+    w = w * s[:, None]
+    cols = np.where(np.abs(w).max(0) > 0, np.abs(w).max(0) / np.float32(127), np.float32(1))
+    q = np.clip(np.rint(w / cols), -127, 127).astype(np.int64)
+    return (codes @ q).astype(np.float32) * rows * cols
 
 
 def test_prompt_graph_runs_the_smoothed_int8_product(tiny_bundle, rng):
@@ -66,10 +72,9 @@ def test_prompt_graph_runs_the_smoothed_int8_product(tiny_bundle, rng):
     for name in report["linears"]:
         unit = units[name]
         w = effective_weight(unit, inits)
-        s = np.maximum(x_max[unit.input], 1e-5) ** 0.5 / np.maximum(np.abs(w).max(1), 1e-5) ** 0.5
-        ref = _int8_reference(seen[unit.input].reshape(-1, w.shape[0]), w, s)
+        ref = _int8_reference(seen[unit.input].reshape(-1, w.shape[0]), w, x_max[unit.input])
         ours = seen[unit.output].reshape(ref.shape)
-        np.testing.assert_allclose(ours, ref, rtol=1e-3, atol=1e-3 * np.abs(ref).max())
+        np.testing.assert_allclose(ours, ref, rtol=1e-6, atol=1e-7 * np.abs(ref).max())
 
 
 def _k(unit):
@@ -95,6 +100,19 @@ def test_long_calls_run_the_prompt_graph_and_short_ones_the_int4_graph(tiny_pref
         for name, form in forms.items():  # both references follow the cache the bundle's step wrote
             for past, buffer in form.cache.items():
                 buffer[...] = forms[graph].cache[past]
+
+
+@needs_build
+def test_the_cpp_runtime_gives_the_python_runtime_tokens(tiny_prefill_bundle, rng, tmp_path):
+    from mmtrt.runtime import load
+
+    image = tmp_path / "image.png"
+    random_image(rng, int(rng.integers(24, 140)), int(rng.integers(24, 140))).save(image)
+    prompt = "What is in the picture?"
+    ours = generate_cpp(tiny_prefill_bundle, image, prompt)
+    theirs = load(tiny_prefill_bundle, threads=1).generate(image, prompt).to_json()
+    assert ours["token_ids"] == theirs["token_ids"] and ours["text"] == theirs["text"]
+    assert ours["backends"] == {**theirs["backends"], "preprocess": "cpp"} and "llm_prefill" in ours["backends"]
 
 
 @pytest.mark.parametrize("tail,problem", [

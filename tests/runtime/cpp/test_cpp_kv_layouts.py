@@ -129,12 +129,3 @@ def test_an_unknown_layout_is_refused(tiny_static_bundle, rng, tmp_path):
     message = one_line(run_cpp(copy, image_file(rng, tmp_path), "hi"))
     assert 'model.kv_cache.layout must be one of static, paged, not "ring"' in message
     assert message == python_message(lambda: load(copy))
-
-
-def test_the_int8_prompt_graph_gives_the_python_runtime_tokens(tiny_prefill_bundle, rng, tmp_path):
-    """int8_prefill: both runtimes run prompts on llm_prefill and decode steps on the INT4 graph."""
-    pipe = load(tiny_prefill_bundle, threads=1)
-    image = image_file(rng, tmp_path)
-    ours, theirs = generate_cpp(tiny_prefill_bundle, image, PROMPTS[0]), pipe.generate(image, PROMPTS[0]).to_json()
-    assert ours["token_ids"] == theirs["token_ids"] and ours["text"] == theirs["text"]
-    assert ours["backends"] == {**theirs["backends"], "preprocess": "cpp"} and "llm_prefill" in ours["backends"]
