@@ -94,3 +94,23 @@ def _outer_references(graph: onnx.GraphProto) -> list[str]:
     local = {v.name for v in graph.input} | {t.name for t in graph.initializer}
     local |= {o for n in graph.node for o in n.output}
     return [name for n in graph.node for name in node_inputs(n) if name not in local]
+
+
+def drop_dead(graph: onnx.GraphProto) -> None:
+    """Remove the nodes whose outputs nothing reads (in reverse topological order), then unread initializers and
+    the value_info of tensors gone."""
+    needed = {o.name for o in graph.output}
+    kept = []
+    for node in reversed(graph.node):
+        if any(o in needed for o in node.output):
+            kept.append(node)
+            needed.update(node_inputs(node))
+    del graph.node[:]
+    graph.node.extend(reversed(kept))
+    inits = [t for t in graph.initializer if t.name in needed]
+    del graph.initializer[:]
+    graph.initializer.extend(inits)
+    made = {o for n in graph.node for o in n.output}
+    infos = [v for v in graph.value_info if v.name in needed or v.name in made]
+    del graph.value_info[:]
+    graph.value_info.extend(infos)

@@ -20,6 +20,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from mmtrt.ir.graph import drop_dead
 from mmtrt.ir.rewrite import attr
 from mmtrt.quant.int8_weights import PER_TOKEN_CONSTANTS, per_token_input, per_token_matmul, quantize_columns
 from mmtrt.quant.int4 import num_groups
@@ -119,7 +120,7 @@ def prefill_graph(model: onnx.ModelProto, select: Callable[[str], bool],
     graph.node.extend(rebuilt)
     graph.initializer.extend(new + [numpy_helper.from_array(v, k) for k, v in PER_TOKEN_CONSTANTS.items()
                                     if k not in inits])
-    _drop_dead(graph)
+    drop_dead(graph)  # the group sums that only offsets read
     return out, {"linears": [u.name for u in chosen], "smoothing": alpha if x_max is not None else None,
                  "added_bytes": int(sum(t.ByteSize() for t in new))}
 
@@ -132,17 +133,3 @@ def _smoothed_input(unit: Int4Unit, s: np.ndarray, new: list, replaced: dict) ->
         helper.make_node("Mul", [unit.input, f"{name}.inverse_scale"], [name], name=name))
     return name
 
-
-def _drop_dead(graph: onnx.GraphProto) -> None:
-    """Remove the nodes no graph output depends on (the group sums only offsets read), then unread initializers."""
-    needed = {o.name for o in graph.output}
-    kept = []
-    for node in reversed(graph.node):
-        if any(o in needed for o in node.output):
-            kept.append(node)
-            needed.update(node.input)
-    del graph.node[:]
-    graph.node.extend(reversed(kept))
-    read = [t for t in graph.initializer if t.name in needed]
-    del graph.initializer[:]
-    graph.initializer.extend(read)

@@ -22,7 +22,7 @@ from onnx import numpy_helper
 from mmtrt.ir.graph import ModelIR
 from mmtrt.kernels import launch
 from mmtrt.kernels.catalog import PLUGINS
-from mmtrt.ir.graph import node_inputs
+from mmtrt.ir.graph import drop_dead, node_inputs
 from mmtrt.partition.placement import TENSORRT, place_component
 from mmtrt.pipeline.pass_base import Pass
 from passes.fusion.graph_view import GraphView, NoMatch, NotCandidate, check
@@ -168,7 +168,7 @@ def _rewrite(model: onnx.ModelProto, replacements: dict[int, list[onnx.NodeProto
     del graph.node[:]
     graph.node.extend(_in_dependency_order(nodes))
     graph.initializer.extend(weights)
-    _drop_dead(graph)
+    drop_dead(graph)
 
 
 def _in_dependency_order(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
@@ -191,22 +191,3 @@ def _in_dependency_order(nodes: list[onnx.NodeProto]) -> list[onnx.NodeProto]:
             order.append(nodes[i])
             stack.pop()
     return order
-
-
-def _drop_dead(graph: onnx.GraphProto) -> None:
-    """Nodes whose outputs nothing reads (in reverse topological order), then unread initializers."""
-    needed = {o.name for o in graph.output}
-    kept = []
-    for node in reversed(graph.node):
-        if any(o in needed for o in node.output):
-            kept.append(node)
-            needed.update(node_inputs(node))
-    del graph.node[:]
-    graph.node.extend(reversed(kept))
-    inits = [t for t in graph.initializer if t.name in needed]
-    del graph.initializer[:]
-    graph.initializer.extend(inits)
-    made = {o for n in graph.node for o in n.output}
-    infos = [v for v in graph.value_info if v.name in needed or v.name in made]
-    del graph.value_info[:]
-    graph.value_info.extend(infos)

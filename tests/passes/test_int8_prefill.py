@@ -12,6 +12,7 @@ from builders import StaticCacheForm, random_image, tiny_llm_feeds
 from conftest import PREFILL_RECIPE, compile_to
 from cpp_harness import generate_cpp, needs_build
 from mmtrt.errors import UserError
+from mmtrt.ir.rewrite import attr
 from mmtrt.quant.int4 import Grid
 from mmtrt.quant.prefill_int8 import effective_weight, int4_units, prefill_graph
 from mmtrt.quant.quantize import Settings, quantize_component
@@ -61,7 +62,7 @@ def test_prompt_graph_runs_the_smoothed_int8_product(tiny_bundle, rng):
     model = _quantized(tiny_bundle, Grid(64, False, True), rng)
     inits = {t.name: t for t in model.graph.initializer}
     units = {u.name: u for u in int4_units(model)}
-    x_max = {u.input: rng.uniform(0.1, 3, size=_k(u)).astype(np.float32) for u in units.values()}
+    x_max = {u.input: rng.uniform(0.1, 3, size=attr(u.node, "K")).astype(np.float32) for u in units.values()}
     graph, report = prefill_graph(model, lambda name: name != "llm.lm_head", x_max, 0.5)
     ops = [n.op_type for n in graph.graph.node]
     assert report["linears"] == [name for name in units if name != "llm.lm_head"]
@@ -76,9 +77,6 @@ def test_prompt_graph_runs_the_smoothed_int8_product(tiny_bundle, rng):
         ours = seen[unit.output].reshape(ref.shape)
         np.testing.assert_allclose(ours, ref, rtol=1e-6, atol=1e-7 * np.abs(ref).max())
 
-
-def _k(unit):
-    return next(a.i for a in unit.node.attribute if a.name == "K")
 
 
 def test_long_calls_run_the_prompt_graph_and_short_ones_the_int4_graph(tiny_prefill_bundle, rng):
