@@ -1,7 +1,9 @@
 """Session fixtures: the tiny zoo bundle and a SigLIP checkpoint the tests save themselves, compiled once."""
 
+import contextlib
 import functools
 import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -28,6 +30,16 @@ def compile_checkpoint(tmp: Path, model, processor, name: str = "bundle", passes
     model.save_pretrained(tmp / "checkpoint")
     processor.save_pretrained(tmp / "checkpoint")
     return compile_to(tmp, "model: {source: hf, path: checkpoint}\n" + passes, name)
+
+
+@contextlib.contextmanager
+def module_folder(request, tmp_path_factory, name: str):
+    """A folder for a module's large fixture, removed when the module ends unless a test has failed: the suite's
+    bundles would otherwise stay on disk until the run ends."""
+    folder = tmp_path_factory.mktemp(name)
+    yield folder
+    if not request.session.testsfailed:
+        shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session", autouse=True)
@@ -194,3 +206,20 @@ def next_bundle(anyres_compile):
 def onevision_bundle(anyres_compile):
     """With the static KV layout: its Qwen2 LLM has biased projections and tied embeddings."""
     return anyres_compile("llava_onevision", "passes:\n  - kv_layout: {layout: static}\n", "onevision.bundle")
+
+
+# The files that take a minute or more on two cores, longest first (the real zoo model's compiles, five families
+# exported three times, vLLM started): `make test` runs them first (--dist loadfile --no-loadscope-reorder), so its
+# two workers end together instead of one finishing a long file alone.
+LONGEST_FIRST = ("ir/test_lowering_bytes.py", "ir/test_compile_memory.py", "zoo/test_dino_smollm.py",
+                 "passes/test_token_prune.py", "handoff/test_vllm_int4.py", "nightly/test_night.py",
+                 "handoff/test_vllm_serve.py", "handoff/test_vllm_qwen2_vl.py", "partition/test_host_independent_plan.py",
+                 "handoff/test_vllm_pipeline.py", "handoff/test_trtllm_kv_layout_checkpoint.py")
+
+
+def pytest_collection_modifyitems(items):
+    def rank(item) -> int:
+        path = item.path.relative_to(ROOT / "tests").as_posix()
+        return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
+
+    items.sort(key=rank)

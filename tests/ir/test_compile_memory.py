@@ -22,7 +22,7 @@ import torch
 from transformers import LlavaForConditionalGeneration
 
 from builders import decided_steps, fake_quantized, hf_greedy, random_image
-from conftest import ROOT
+from conftest import ROOT, module_folder
 from mmtrt.runtime import load
 from mmtrt.zoo.tiny_llava import describe_tiny_llava
 
@@ -63,10 +63,10 @@ def compile_peak(folder, out, passes: str = "") -> int:
 
 
 @pytest.fixture(scope="module")
-def checkpoints(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("memory")
-    checkpoint(tmp / "small", hidden=128)
-    return tmp, checkpoint(tmp / "large", hidden=HIDDEN)
+def checkpoints(request, tmp_path_factory):
+    with module_folder(request, tmp_path_factory, "memory") as tmp:  # 1 GB of checkpoints and bundles
+        checkpoint(tmp / "small", hidden=128)
+        yield tmp, checkpoint(tmp / "large", hidden=HIDDEN)
 
 
 @pytest.fixture(scope="module")

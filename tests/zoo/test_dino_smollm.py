@@ -10,7 +10,7 @@ import torch
 pytest.importorskip("sklearn", reason="the digits task needs scikit-learn (make zoo-extras)")
 pretrained = pytest.importorskip("mmtrt.zoo.pretrained")
 
-from conftest import ROOT  # noqa: E402
+from conftest import ROOT, module_folder  # noqa: E402
 from mmtrt.compiler import compile_recipe  # noqa: E402
 from mmtrt.errors import UserError  # noqa: E402
 from mmtrt.eval import digits  # noqa: E402
@@ -31,8 +31,9 @@ def source():
 
 
 @pytest.fixture(scope="module")
-def bundle(source, tmp_path_factory):
-    return compile_recipe(ROOT / "recipes" / "dino-smollm.yaml", tmp_path_factory.mktemp("ds") / "ds.bundle")
+def bundle(source, request, tmp_path_factory):
+    with module_folder(request, tmp_path_factory, "ds") as tmp:
+        yield compile_recipe(ROOT / "recipes" / "dino-smollm.yaml", tmp / "ds.bundle")
 
 
 def test_image_tokens_and_chat_template(source):
