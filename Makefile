@@ -47,7 +47,7 @@ vllm-env: $(STAMP)
 	$(BIN)/python -m mmtrt.handoff.vllm_env >/dev/null
 
 test: $(STAMP) cpp kernels browser vllm-env
-	$(BIN)/python -m pytest -q -p no:logging -n 2 --dist loadfile --no-loadscope-reorder
+	$(BIN)/python -m pytest -q -p no:logging -n 2 --dist loadfile
 
 # The C++ runtime (mmtrt/runtime/cpp): build/cpp/mmtrt-run, libmmtrt.so; fetch_deps.sh installs what it needs.
 CPP_BUILD := build/cpp

@@ -207,19 +207,3 @@ def onevision_bundle(anyres_compile):
     """With the static KV layout: its Qwen2 LLM has biased projections and tied embeddings."""
     return anyres_compile("llava_onevision", "passes:\n  - kv_layout: {layout: static}\n", "onevision.bundle")
 
-
-# The files that take a minute or more on two cores, longest first (the real zoo model's compiles, five families
-# exported three times, vLLM started): `make test` runs them first (--dist loadfile --no-loadscope-reorder), so its
-# two workers end together instead of one finishing a long file alone.
-LONGEST_FIRST = ("ir/test_lowering_bytes.py", "ir/test_compile_memory.py", "zoo/test_dino_smollm.py",
-                 "passes/test_token_prune.py", "handoff/test_vllm_int4.py", "nightly/test_night.py",
-                 "handoff/test_vllm_serve.py", "handoff/test_vllm_qwen2_vl.py", "partition/test_host_independent_plan.py",
-                 "handoff/test_vllm_pipeline.py", "handoff/test_trtllm_kv_layout_checkpoint.py")
-
-
-def pytest_collection_modifyitems(items):
-    def rank(item) -> int:
-        path = item.path.relative_to(ROOT / "tests").as_posix()
-        return LONGEST_FIRST.index(path) if path in LONGEST_FIRST else len(LONGEST_FIRST)
-
-    items.sort(key=rank)
