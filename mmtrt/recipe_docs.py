@@ -35,6 +35,8 @@ def _type_name(annotation) -> str:
         return "mapping" if issubclass(annotation, BaseModel) else annotation.__name__
     if _mapping(annotation):
         return "mapping or None"
+    if typing.get_origin(annotation) is typing.Union:  # one that holds a Literal prints as Union[...]
+        return " or ".join("None" if a is type(None) else _type_name(a) for a in typing.get_args(annotation))
     return str(annotation).replace("typing.", "").replace("|", "or")
 
 

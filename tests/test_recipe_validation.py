@@ -32,6 +32,8 @@ def problems_of(tmp_path, text) -> str:
     ("- recover: {lr: 1e-4}", ["passes[0].recover.lr", "a number", "write 1.0e-4"]),
     ("- graph_cleanup: {fold_constants: 1}", ["passes[0].graph_cleanup.fold_constants", "true or false", "got 1"]),
     ("- channel_prune: {vision: {mlp: '0.3'}}", ["passes[0].channel_prune.vision.mlp", "'0.3'"]),
+    ("- int8_prefill: {smoothing: 1.5}", ["passes[0].int8_prefill.smoothing", "0 to 1", "`search`", "1.5"]),
+    ("- int8_prefill: {smoothing: searched}", ["passes[0].int8_prefill.smoothing", "`search`", "'searched'"]),
 ])
 def test_pass_options_have_strict_types(tmp_path, passes, words):
     message = problems_of(tmp_path, ZOO + f"passes:\n  {passes}\n")

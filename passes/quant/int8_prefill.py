@@ -21,12 +21,14 @@ from mmtrt.ir.graph import Component, ModelIR
 from mmtrt.ir.logits import LOGITS_FROM
 from mmtrt.pipeline.pass_base import Pass
 from mmtrt.quant.calibration import calibration_batches
-from mmtrt.quant.prefill_int8 import int4_units, prefill_graph
+from mmtrt.quant.prefill_int8 import int4_units, prefill_graph, searched_alpha
 from mmtrt.quant.session import run_with_outputs
 from passes.quant.int8_prefill_config import Int8PrefillConfig
 
 PREFILL = "llm_prefill"
 # its int8 products are ONNX Runtime's, and the runtime binds the KV buffers into ONNX Runtime sessions
+# calibration prompts the search of a runs on, seven prompt graphs each: four of dino-smollm's settle it
+SEARCH_PROMPTS = 4
 ON_ONNXRUNTIME = {"targeted": False, "min_segment_size": 1, "backends": ["onnxruntime"]}
 
 
@@ -50,14 +52,25 @@ class Int8Prefill(Pass):
         if not units:
             raise UserError("int8_prefill found no INT4 linears to run in int8 (it reads awq_int4's MatMulNBits); put "
                             "awq_int4 before it, or check its exclude patterns")
-        x_max = None if cfg.smoothing is None else channel_maxima(ir, sorted({u.input for u in units}),
-                                                                  cfg.calibration)
-        graph, report = prefill_graph(llm.onnx, self._selected, x_max, cfg.smoothing or 0.0)
+        x_max, alpha, search = self._smoothing(ir, sorted({u.input for u in units}))
+        graph, report = prefill_graph(llm.onnx, self._selected, x_max, alpha)
+        if search:  # each a's squared error in the last hidden states, over the chosen a's
+            report["smoothing_search"] = {str(a): round(e / min(search.values()), 4) for a, e in search.items()}
         prefill = Component(PREFILL, [], [], metadata={"placement": dict(ON_ONNXRUNTIME)})
         prefill.set_graph(graph)
         ir.components[PREFILL] = prefill
         ir.config["prefill"] = runtime_config(cfg)
         return {"llm": {**report, "min_tokens": cfg.min_tokens}}
+
+    def _smoothing(self, ir: ModelIR, inputs: list[str]) -> tuple[dict | None, float, dict]:
+        """The channel maxima of the linears' `inputs` on the calibration data, the a, and the search's errors."""
+        if self.config.smoothing is None:
+            return None, 0.0, {}
+        feeds = calibration_feeds(ir, self.config.calibration)
+        x_max = channel_maxima(ir.components["llm"], inputs, feeds)
+        if self.config.smoothing != "search":
+            return x_max, self.config.smoothing, {}
+        return x_max, *searched_alpha(ir.components["llm"].onnx, self._selected, x_max, feeds[:SEARCH_PROMPTS])
 
     def _selected(self, name: str) -> bool:
         return not any(fnmatch.fnmatchcase(part, p) for part in name.split("+") for p in self.config.exclude)
@@ -68,12 +81,16 @@ def runtime_config(config: Int8PrefillConfig) -> dict[str, Any]:
     return {"component": PREFILL, "min_tokens": config.min_tokens}
 
 
-def channel_maxima(ir: ModelIR, inputs: list[str], cal) -> dict[str, np.ndarray]:
-    """max |x| per channel of each tensor in `inputs`, over every calibration token through the LLM graph."""
+def calibration_feeds(ir: ModelIR, cal) -> list[dict[str, np.ndarray]]:
     llm = ir.components["llm"]
     batches = calibration_batches(ir, cal.images, cal.samples, cal.text_windows, cal.text)
+    return [static_feeds(llm, b) for b in batches.llm]
+
+
+def channel_maxima(llm: Component, inputs: list[str], feeds: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """max |x| per channel of each tensor in `inputs`, over every calibration token through the LLM graph."""
     maxima: dict[str, np.ndarray] = {}
-    for out in run_with_outputs(llm.onnx, inputs, [static_feeds(llm, b) for b in batches.llm]):
+    for out in run_with_outputs(llm.onnx, inputs, feeds):
         for name in inputs:
             seen = np.abs(out[name]).reshape(-1, out[name].shape[-1]).max(axis=0)
             maxima[name] = np.maximum(maxima[name], seen) if name in maxima else seen

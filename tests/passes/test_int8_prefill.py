@@ -14,7 +14,7 @@ from cpp_harness import generate_cpp, needs_build
 from mmtrt.errors import UserError
 from mmtrt.ir.rewrite import attr
 from mmtrt.quant.int4 import Grid
-from mmtrt.quant.prefill_int8 import effective_weight, int4_units, prefill_graph
+from mmtrt.quant.prefill_int8 import SEARCH_ALPHAS, effective_weight, int4_units, prefill_graph, searched_alpha
 from mmtrt.quant.quantize import Settings, quantize_component
 from mmtrt.quant.session import run_with_outputs
 
@@ -77,6 +77,45 @@ def test_prompt_graph_runs_the_smoothed_int8_product(tiny_bundle, rng):
         ours = seen[unit.output].reshape(ref.shape)
         np.testing.assert_allclose(ours, ref, rtol=1e-6, atol=1e-7 * np.abs(ref).max())
 
+
+
+OUTLIERS = [5, 40, 97]  # channels of the embeddings 20x the others, as LLM activations have a few
+
+
+def _outlier_feeds(rng, tokens):
+    """A prompt of `tokens` random embeddings with outlier channels, every position's logits."""
+    feeds = {"inputs_embeds": rng.normal(size=(1, tokens, 128)).astype(np.float32),
+             "attention_mask": np.ones((1, tokens), np.int64), "position_ids": np.arange(tokens)[None],
+             "logits_from": np.zeros(1, np.int64)}
+    feeds["inputs_embeds"][..., OUTLIERS] *= 20
+    feeds.update({f"past.{i}.{kind}": np.zeros((1, 2, 0, 32), np.float32)
+                  for i in range(4) for kind in ("key", "value")})
+    return feeds
+
+
+def test_the_searched_smoothing_is_the_best_a_on_held_out_prompts_to_one_step(tiny_bundle, rng):
+    """The a searched on calibration prompts (hidden states against the INT4 graph's) is, to one step of the grid,
+    the a whose prompt graph's logits come nearest the INT4 graph's on fresh prompts; and the choice matters."""
+    model = _quantized(tiny_bundle, Grid(32), rng)
+    select = lambda name: name != "llm.lm_head"  # noqa: E731
+    inputs = sorted({u.input for u in int4_units(model) if select(u.name)})
+    calibration = [_outlier_feeds(rng, 96) for _ in range(3)]
+    x_max = {name: np.max([np.abs(out[name]).reshape(-1, out[name].shape[-1]).max(0) for out in seen], axis=0)
+             for seen in [list(run_with_outputs(model, inputs, calibration))] for name in inputs}
+    alpha, errors = searched_alpha(model, select, x_max, calibration)
+    assert sorted(errors) == list(SEARCH_ALPHAS) and errors[alpha] == min(errors.values())
+
+    held_out = [_outlier_feeds(rng, 64) for _ in range(3)]
+    want = [out["logits"] for out in run_with_outputs(model, ["logits"], held_out)]
+    held = {}
+    for a in SEARCH_ALPHAS:
+        graph, report = prefill_graph(model, select, x_max, a)
+        assert report["smoothing"] == a
+        got = run_with_outputs(graph, ["logits"], held_out)
+        held[a] = sum(float(np.square(out["logits"] - w).sum()) for out, w in zip(got, want))
+    best = min(held, key=held.get)
+    assert abs(alpha - best) <= 0.1 + 1e-9, (alpha, held)
+    assert max(held.values()) > 1.2 * held[best], held
 
 
 def test_long_calls_run_the_prompt_graph_and_short_ones_the_int4_graph(tiny_prefill_bundle, rng):
