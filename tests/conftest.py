@@ -206,4 +206,3 @@ def next_bundle(anyres_compile):
 def onevision_bundle(anyres_compile):
     """With the static KV layout: its Qwen2 LLM has biased projections and tied embeddings."""
     return anyres_compile("llava_onevision", "passes:\n  - kv_layout: {layout: static}\n", "onevision.bundle")
-

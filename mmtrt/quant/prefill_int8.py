@@ -141,7 +141,6 @@ def _smoothed_input(unit: Int4Unit, s: np.ndarray, new: list, replaced: dict) ->
     return name
 
 
-
 def searched_alpha(model: onnx.ModelProto, select: Callable[[str], bool], x_max: dict[str, np.ndarray],
                    feeds: list[dict[str, np.ndarray]]) -> tuple[float, dict[float, float]]:
     """The a of SEARCH_ALPHAS whose prompt graph's last hidden states (every position's, the lm_head's input before

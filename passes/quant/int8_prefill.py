@@ -27,9 +27,9 @@ from passes.quant.int8_prefill_config import Int8PrefillConfig
 
 PREFILL = "llm_prefill"
 # its int8 products are ONNX Runtime's, and the runtime binds the KV buffers into ONNX Runtime sessions
-# calibration prompts the search of a runs on, seven prompt graphs each: four of dino-smollm's settle it
-SEARCH_PROMPTS = 4
 ON_ONNXRUNTIME = {"targeted": False, "min_segment_size": 1, "backends": ["onnxruntime"]}
+# the calibration prompts the search of a runs seven prompt graphs on
+SEARCH_PROMPTS = 4
 
 
 class Int8Prefill(Pass):
@@ -82,6 +82,7 @@ def runtime_config(config: Int8PrefillConfig) -> dict[str, Any]:
 
 
 def calibration_feeds(ir: ModelIR, cal) -> list[dict[str, np.ndarray]]:
+    """The calibration prompts as the static LLM graph's feeds."""
     llm = ir.components["llm"]
     batches = calibration_batches(ir, cal.images, cal.samples, cal.text_windows, cal.text)
     return [static_feeds(llm, b) for b in batches.llm]
