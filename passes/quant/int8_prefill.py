@@ -15,6 +15,7 @@ import fnmatch
 from typing import Any
 
 import numpy as np
+import onnx
 
 from mmtrt.errors import UserError
 from mmtrt.ir.graph import Component, ModelIR
@@ -67,7 +68,7 @@ class Int8Prefill(Pass):
         if self.config.smoothing is None:
             return None, 0.0, {}
         feeds = calibration_feeds(ir, self.config.calibration)
-        x_max = channel_maxima(ir.components["llm"], inputs, feeds)
+        x_max = channel_maxima(ir.components["llm"].onnx, inputs, feeds)
         if self.config.smoothing != "search":
             return x_max, self.config.smoothing, {}
         return x_max, *searched_alpha(ir.components["llm"].onnx, self._selected, x_max, feeds[:SEARCH_PROMPTS])
@@ -88,10 +89,11 @@ def calibration_feeds(ir: ModelIR, cal) -> list[dict[str, np.ndarray]]:
     return [static_feeds(llm, b) for b in batches.llm]
 
 
-def channel_maxima(llm: Component, inputs: list[str], feeds: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """max |x| per channel of each tensor in `inputs`, over every calibration token through the LLM graph."""
+def channel_maxima(model: onnx.ModelProto, inputs: list[str],
+                   feeds: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
+    """max |x| per channel of each tensor in `inputs`, over every token of `feeds` through the LLM graph."""
     maxima: dict[str, np.ndarray] = {}
-    for out in run_with_outputs(llm.onnx, inputs, feeds):
+    for out in run_with_outputs(model, inputs, feeds):
         for name in inputs:
             seen = np.abs(out[name]).reshape(-1, out[name].shape[-1]).max(axis=0)
             maxima[name] = np.maximum(maxima[name], seen) if name in maxima else seen

@@ -17,6 +17,7 @@ from mmtrt.quant.int4 import Grid
 from mmtrt.quant.prefill_int8 import SEARCH_ALPHAS, effective_weight, int4_units, prefill_graph, searched_alpha
 from mmtrt.quant.quantize import Settings, quantize_component
 from mmtrt.quant.session import run_with_outputs
+from passes.quant.int8_prefill import channel_maxima
 
 GRIDS = [(Grid(32), "symmetric"), (Grid(32, False), "int4-zero-points"), (Grid(64, False, True), "float-zero-points")]
 
@@ -78,7 +79,6 @@ def test_prompt_graph_runs_the_smoothed_int8_product(tiny_bundle, rng):
         np.testing.assert_allclose(ours, ref, rtol=1e-6, atol=1e-7 * np.abs(ref).max())
 
 
-
 OUTLIERS = [5, 40, 97]  # channels of the embeddings 20x the others, as LLM activations have a few
 
 
@@ -100,8 +100,7 @@ def test_the_searched_smoothing_is_the_best_a_on_held_out_prompts_to_one_step(ti
     select = lambda name: name != "llm.lm_head"  # noqa: E731
     inputs = sorted({u.input for u in int4_units(model) if select(u.name)})
     calibration = [_outlier_feeds(rng, 96) for _ in range(3)]
-    x_max = {name: np.max([np.abs(out[name]).reshape(-1, out[name].shape[-1]).max(0) for out in seen], axis=0)
-             for seen in [list(run_with_outputs(model, inputs, calibration))] for name in inputs}
+    x_max = channel_maxima(model, inputs, calibration)
     alpha, errors = searched_alpha(model, select, x_max, calibration)
     assert sorted(errors) == list(SEARCH_ALPHAS) and errors[alpha] == min(errors.values())
 
