@@ -122,7 +122,7 @@ class LayerRewrite:
             plan.hessian = None  # every linear of the group is rounded
 
     def _write(self, c: Candidate) -> None:
-        """Replace the linear's MatMul by its lowering, its initializers into the graph (a group indicator that
+        """Replace the linear's MatMul by its lowering, its initializers into the graph (the group sums' constants that
         linears share, once)."""
         stored = [t for t in c.initializers if t.name not in self.names]
         self.replaced[c.linear.output] = c.nodes

@@ -136,7 +136,7 @@ def test_matmulnbits(rng, n, k, group, symmetric):
 @pytest.mark.parametrize("level", [0, 4])
 @pytest.mark.parametrize("n,k,group", SHAPES)
 def test_matmulnbits_with_float_zero_points(rng, n, k, group, level):
-    """A MatMulNBits without zero points holding q - 8, plus (x @ group indicator) @ offsets^T; at level 4 only the
+    """A MatMulNBits without zero points holding q - 8, plus (x summed per group) @ offsets^T; at level 4 only the
     MatMulNBits part sees int8 activations."""
     w, x = _weight(rng, n, k) + np.float32(rng.normal()), rng.normal(size=(3, k)).astype(np.float32)
     q, scales, zero_points = quantize_groups(w, group, symmetric=False, float_zero_point=True)
