@@ -12,7 +12,7 @@ rewrites the LLM, since it copies the graph they made.
 from __future__ import annotations
 
 import fnmatch
-from typing import Any
+from typing import Any, Callable
 
 import numpy as np
 import onnx
@@ -67,11 +67,11 @@ class Int8Prefill(Pass):
         """The channel maxima of the linears' `inputs` on the calibration data, the a, and the search's errors."""
         if self.config.smoothing is None:
             return None, 0.0, {}
+        llm = ir.components["llm"].onnx
         feeds = calibration_feeds(ir, self.config.calibration)
-        x_max = channel_maxima(ir.components["llm"].onnx, inputs, feeds)
         if self.config.smoothing != "search":
-            return x_max, self.config.smoothing, {}
-        return x_max, *searched_alpha(ir.components["llm"].onnx, self._selected, x_max, feeds[:SEARCH_PROMPTS])
+            return channel_maxima(llm, inputs, feeds), self.config.smoothing, {}
+        return search_smoothing(llm, self._selected, inputs, feeds)
 
     def _selected(self, name: str) -> bool:
         return not any(fnmatch.fnmatchcase(part, p) for part in name.split("+") for p in self.config.exclude)
@@ -87,6 +87,20 @@ def calibration_feeds(ir: ModelIR, cal) -> list[dict[str, np.ndarray]]:
     llm = ir.components["llm"]
     batches = calibration_batches(ir, cal.images, cal.samples, cal.text_windows, cal.text)
     return [static_feeds(llm, b) for b in batches.llm]
+
+
+def search_smoothing(model: onnx.ModelProto, select: Callable[[str], bool], inputs: list[str],
+                     feeds: list[dict[str, np.ndarray]]) -> tuple[dict, float, dict]:
+    """The channel maxima of `inputs` over every prompt of `feeds`, the searched a, and each a's error. The search
+    scores the a on its first prompts (at most SEARCH_PROMPTS, and half) with the maxima of the others: scored on
+    the prompts its maxima came from, it favoured a larger a than fresh prompts do."""
+    if len(feeds) < 2:
+        raise UserError("int8_prefill's smoothing: search needs at least 2 calibration prompts (its maxima come from "
+                        "some, its score from others); raise calibration.samples or calibration.text_windows")
+    scored = min(SEARCH_PROMPTS, len(feeds) // 2)
+    first, rest = channel_maxima(model, inputs, feeds[:scored]), channel_maxima(model, inputs, feeds[scored:])
+    alpha, errors = searched_alpha(model, select, rest, feeds[:scored])
+    return {name: np.maximum(first[name], rest[name]) for name in inputs}, alpha, errors
 
 
 def channel_maxima(model: onnx.ModelProto, inputs: list[str],

@@ -14,10 +14,10 @@ from cpp_harness import generate_cpp, needs_build
 from mmtrt.errors import UserError
 from mmtrt.ir.rewrite import attr
 from mmtrt.quant.int4 import Grid
-from mmtrt.quant.prefill_int8 import SEARCH_ALPHAS, effective_weight, int4_units, prefill_graph, searched_alpha
+from mmtrt.quant.prefill_int8 import SEARCH_ALPHAS, effective_weight, int4_units, prefill_graph
 from mmtrt.quant.quantize import Settings, quantize_component
 from mmtrt.quant.session import run_with_outputs
-from passes.quant.int8_prefill import channel_maxima
+from passes.quant.int8_prefill import channel_maxima, search_smoothing
 
 GRIDS = [(Grid(32), "symmetric"), (Grid(32, False), "int4-zero-points"), (Grid(64, False, True), "float-zero-points")]
 
@@ -93,18 +93,20 @@ def _outlier_feeds(rng, tokens):
     return feeds
 
 
-def test_the_searched_smoothing_is_the_best_a_on_held_out_prompts_to_one_step(tiny_bundle, rng):
-    """The a searched on calibration prompts (hidden states against the INT4 graph's) is, to one step of the grid,
-    the a whose prompt graph's logits come nearest the INT4 graph's on fresh prompts; and the choice matters."""
+def test_the_searched_smoothing_gets_most_of_the_grids_gain_on_held_out_prompts(tiny_bundle, rng):
+    """The a searched on calibration prompts (hidden states against the INT4 graph's, scored on prompts its channel
+    maxima did not come from) closes at least two thirds of the gap between the grid's worst and best a in the
+    logits' error on fresh prompts; and the choice matters. (Near the best a the error is flat, so the searched a
+    and the held-out best are often a step apart, and were two steps apart in 1 run of 80: the gap is the measure.)"""
     model = _quantized(tiny_bundle, Grid(32), rng)
     select = lambda name: name != "llm.lm_head"  # noqa: E731
     inputs = sorted({u.input for u in int4_units(model) if select(u.name)})
-    calibration = [_outlier_feeds(rng, 96) for _ in range(3)]
-    x_max = channel_maxima(model, inputs, calibration)
-    alpha, errors = searched_alpha(model, select, x_max, calibration)
+    calibration = [_outlier_feeds(rng, 128) for _ in range(8)]
+    x_max, alpha, errors = search_smoothing(model, select, inputs, calibration)
     assert sorted(errors) == list(SEARCH_ALPHAS) and errors[alpha] == min(errors.values())
+    np.testing.assert_array_equal(x_max[inputs[0]], channel_maxima(model, inputs, calibration)[inputs[0]])
 
-    held_out = [_outlier_feeds(rng, 64) for _ in range(3)]
+    held_out = [_outlier_feeds(rng, 96) for _ in range(4)]
     want = [out["logits"] for out in run_with_outputs(model, ["logits"], held_out)]
     held = {}
     for a in SEARCH_ALPHAS:
@@ -112,9 +114,16 @@ def test_the_searched_smoothing_is_the_best_a_on_held_out_prompts_to_one_step(ti
         assert report["smoothing"] == a
         got = run_with_outputs(graph, ["logits"], held_out)
         held[a] = sum(float(np.square(out["logits"] - w).sum()) for out, w in zip(got, want))
-    best = min(held, key=held.get)
-    assert abs(alpha - best) <= 0.1 + 1e-9, (alpha, held)
-    assert max(held.values()) > 1.2 * held[best], held
+    best, worst = min(held.values()), max(held.values())
+    assert worst - held[alpha] >= 2 / 3 * (worst - best), (alpha, held)
+    assert worst > 1.2 * best, held
+
+
+def test_a_search_on_one_prompt_names_the_data_it_needs(tiny_bundle, rng):
+    model = _quantized(tiny_bundle, Grid(32), rng)
+    inputs = sorted({u.input for u in int4_units(model)})
+    with pytest.raises(UserError, match="at least 2 calibration prompts.*calibration.samples"):
+        search_smoothing(model, lambda name: True, inputs, [_outlier_feeds(rng, 16)])
 
 
 def test_long_calls_run_the_prompt_graph_and_short_ones_the_int4_graph(tiny_prefill_bundle, rng):
