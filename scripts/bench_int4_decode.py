@@ -1,10 +1,10 @@
 """Where an INT4 LLM's decode step goes on the CPU, and what its float zero points cost there.
 
-`awq_int4` with `zero_point: float` lowers each linear to a MatMulNBits without zero points plus two small float
-MatMuls and an Add (mmtrt/quant/int4.py: `matmulnbits_offset_nodes`). This script times one decode step of
-bundles' LLMs (`kv_layout: static` bundles: GroupQueryAttention over a KV buffer) at a given context, side by side
-in one run (round robin, medians): each bundle as compiled (two bundles of one checkpoint: two recipes), and with
-`--forms` two other forms of the first bundle's graph:
+`awq_int4` with `zero_point: float` lowers each linear to a MatMulNBits without zero points, plus a small float
+MatMul of its input's per-group sums by the offsets, and an Add (mmtrt/quant/int4.py: `matmulnbits_offset_nodes`).
+This script times one decode step of bundles' LLMs (`kv_layout: static` bundles: GroupQueryAttention over a KV
+buffer) at a given context, side by side in one run (round robin, medians): each bundle as compiled (two bundles
+of one checkpoint: two recipes), and with `--forms` two other forms of the first bundle's graph:
 
 - the offsets dropped and a 4-bit zero point per group added: ONNX Runtime's own asymmetric form
   (`zero_point: int4`), the same kernels and bytes as such a compile;
@@ -12,10 +12,11 @@ in one run (round robin, medians): each bundle as compiled (two bundles of one c
 
 Those two compute other numbers (their zero points are not the model's): they time the graph's form only; what
 a grid costs in accuracy is the accuracy budgets' to say. They take a graph whose linears are not fused
-(`fuse_projections`). It also prints the first bundle's time per ONNX Runtime op type (its profiler).
+(`fuse_projections`). `--indicator-sums` adds the first bundle with its group sums as MatMuls by a [K, G] group
+indicator (the same numbers). It also prints the first bundle's time per ONNX Runtime op type (its profiler).
 
-    PYTHONPATH=. python scripts/bench_int4_decode.py BUNDLE [BUNDLE ...] [--forms] [--context 2049] [--steps 25]
-        [--rounds 3]
+    PYTHONPATH=. python scripts/bench_int4_decode.py BUNDLE [BUNDLE ...] [--forms] [--indicator-sums]
+        [--context 2049] [--steps 25] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -41,8 +42,8 @@ def variant(model: onnx.ModelProto, zero_points: bool) -> onnx.ModelProto:
     g = out.graph
     renamed = {n.input[0]: n.output[0] for n in g.node
                if n.op_type == "Add" and n.input[0].endswith(".int4_out")}
-    dropped = {n.name for n in g.node if n.op_type == "MatMul" and (n.name.endswith(".offsets")
-                                                                   or ".group_sums." in n.name)}
+    dropped = {n.name for n in g.node if (n.op_type == "MatMul" and n.name.endswith(".offsets"))
+               or ".group_sums." in n.name}
     dropped |= {n.name for n in g.node if n.op_type == "Add" and n.input[0] in renamed}
     kept = [n for n in g.node if n.name not in dropped]
     for n in kept:
@@ -60,6 +61,28 @@ def variant(model: onnx.ModelProto, zero_points: bool) -> onnx.ModelProto:
     kept_inits = [t for t in g.initializer if t.name in used]
     del g.initializer[:]
     g.initializer.extend(kept_inits)
+    return out
+
+
+def indicator_sums(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` with each float-zero-point group sum (Reshape and ReduceSum) computed as a MatMul of the input by the
+    [K, G] group indicator instead: the same sums, another kernel."""
+    out = onnx.ModelProto.FromString(model.SerializeToString())
+    g = out.graph
+    k_of = {n.input[0]: next(a.i for a in n.attribute if a.name == "K") for n in g.node if n.op_type == "MatMulNBits"}
+    nodes = []
+    for n in g.node:
+        if ".group_sums." not in n.name:
+            nodes.append(n)
+        elif n.op_type == "ReduceSum":
+            x, block = n.output[0].rsplit(".group_sums.b", 1)
+            k, block = k_of[x], int(block)
+            indicator = np.zeros((k, -(-k // block)), np.float32)
+            indicator[np.arange(k), np.arange(k) // block] = 1
+            g.initializer.append(numpy_helper.from_array(indicator, f"{n.output[0]}.indicator"))
+            nodes.append(onnx.helper.make_node("MatMul", [x, f"{n.output[0]}.indicator"], [n.output[0]]))
+    del g.node[:]
+    g.node.extend(nodes)
     return out
 
 
@@ -118,6 +141,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("bundles", type=Path, nargs="+")
     parser.add_argument("--forms", action="store_true", help="also the first bundle with 4-bit and no zero points")
+    parser.add_argument("--indicator-sums", action="store_true",
+                        help="also the first bundle with its group sums as MatMuls by the group indicator")
     parser.add_argument("--context", type=int, default=2049)
     parser.add_argument("--steps", type=int, default=25)
     parser.add_argument("--rounds", type=int, default=3)
@@ -127,6 +152,11 @@ def main() -> None:
         paths = {f"{b}, as compiled": b / "llm.onnx" for b in args.bundles}
         if args.forms:
             paths.update(other_forms(args.bundles[0], Path(tmp)))
+        if args.indicator_sums:
+            path = Path(tmp) / "indicator.onnx"
+            onnx.save(indicator_sums(onnx.load(str(args.bundles[0] / "llm.onnx"))), str(path),
+                      save_as_external_data=True, location="indicator.onnx.data")
+            paths[f"{args.bundles[0]}, group sums by indicator MatMuls"] = path
         sessions = {form: ort.InferenceSession(str(p), options(args.threads), providers=["CPUExecutionProvider"])
                     for form, p in paths.items()}
         feeds = decode_feeds(next(iter(sessions.values())), args.context)
