@@ -16,7 +16,7 @@ a grid costs in accuracy is the accuracy budgets' to say. They take a graph whos
 indicator (the same numbers). It also prints the first bundle's time per ONNX Runtime op type (its profiler).
 
     PYTHONPATH=. python scripts/bench_int4_decode.py BUNDLE [BUNDLE ...] [--forms] [--indicator-sums]
-        [--context 2049] [--steps 25] [--rounds 3]
+        [--context 2049] [--tokens 1] [--graph llm.onnx] [--steps 25] [--rounds 3]
 """
 
 from __future__ import annotations
@@ -86,19 +86,20 @@ def indicator_sums(model: onnx.ModelProto) -> onnx.ModelProto:
     return out
 
 
-def decode_feeds(sess: ort.InferenceSession, context: int) -> dict[str, np.ndarray]:
-    """One token after `context` cached ones, random everywhere (the buffer a little longer than the context)."""
+def decode_feeds(sess: ort.InferenceSession, context: int, tokens: int = 1) -> dict[str, np.ndarray]:
+    """`tokens` new tokens after `context` cached ones, random everywhere (the buffer a little longer)."""
     rng = np.random.default_rng(0)
     names = {i.name: i for i in sess.get_inputs()}
     if "seqlens_k" not in names:
         raise SystemExit("bench_int4_decode: the bundle's LLM has no GroupQueryAttention inputs; compile it with "
                          "kv_layout: {layout: static}")
     hidden = names["inputs_embeds"].shape[-1]
-    capacity = context + 256
+    capacity = context + tokens + 255
     feeds = {n: rng.standard_normal((1, i.shape[1], capacity, i.shape[3]), np.float32)
              for n, i in names.items() if n.startswith("past.")}
-    feeds.update(inputs_embeds=rng.standard_normal((1, 1, hidden), np.float32),
-                 position_ids=np.array([[context]], np.int64), seqlens_k=np.array([context], np.int32),
+    feeds.update(inputs_embeds=rng.standard_normal((1, tokens, hidden), np.float32),
+                 position_ids=np.arange(context, context + tokens)[None],
+                 seqlens_k=np.array([context + tokens - 1], np.int32),
                  total_sequence_length=np.array(capacity, np.int32))
     if "logits_from" in names:
         feeds["logits_from"] = np.zeros(1, np.int64)
@@ -144,29 +145,31 @@ def main() -> None:
     parser.add_argument("--indicator-sums", action="store_true",
                         help="also the first bundle with its group sums as MatMuls by the group indicator")
     parser.add_argument("--context", type=int, default=2049)
+    parser.add_argument("--tokens", type=int, default=1, help="new tokens per call (a prompt: --context 0)")
+    parser.add_argument("--graph", default="llm.onnx", help="the bundle's LLM graph to time (llm_prefill.onnx)")
     parser.add_argument("--steps", type=int, default=25)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--threads", type=int, default=2)
     args = parser.parse_args()
     with tempfile.TemporaryDirectory() as tmp:
-        paths = {f"{b}, as compiled": b / "llm.onnx" for b in args.bundles}
+        paths = {f"{b}, as compiled": b / args.graph for b in args.bundles}
         if args.forms:
-            paths.update(other_forms(args.bundles[0], Path(tmp)))
+            paths.update(other_forms(args.bundles[0] / args.graph, Path(tmp)))
         if args.indicator_sums:
             path = Path(tmp) / "indicator.onnx"
-            onnx.save(indicator_sums(onnx.load(str(args.bundles[0] / "llm.onnx"))), str(path),
+            onnx.save(indicator_sums(onnx.load(str(args.bundles[0] / args.graph))), str(path),
                       save_as_external_data=True, location="indicator.onnx.data")
             paths[f"{args.bundles[0]}, group sums by indicator MatMuls"] = path
         sessions = {form: ort.InferenceSession(str(p), options(args.threads), providers=["CPUExecutionProvider"])
                     for form, p in paths.items()}
-        feeds = decode_feeds(next(iter(sessions.values())), args.context)
+        feeds = decode_feeds(next(iter(sessions.values())), args.context, args.tokens)
         times = {form: [] for form in sessions}
         for _ in range(args.rounds):
             for form, sess in sessions.items():
                 times[form].append(step_ms(sess, feeds, args.steps))
-        shares = op_shares(args.bundles[0] / "llm.onnx", feeds, args.threads, args.steps)
+        shares = op_shares(args.bundles[0] / args.graph, feeds, args.threads, args.steps)
     base = statistics.median(next(iter(times.values())))
-    print(f"| LLM form | decode step ms (median of {args.rounds} runs) | speed vs the first |")
+    print(f"| LLM form | {args.graph} step ms (median of {args.rounds} runs) | speed vs the first |")
     print("| --- | ---: | ---: |")
     for form, runs in times.items():
         ms = statistics.median(runs)
@@ -177,14 +180,14 @@ def main() -> None:
         print(f"| {op} | {ms:.1f} | {100 * share:.0f} % |")
 
 
-def other_forms(bundle: Path, tmp: Path) -> dict[str, Path]:
-    """The bundle's LLM with 4-bit zero points, and with none, saved under `tmp`."""
-    compiled = onnx.load(str(bundle / "llm.onnx"))
+def other_forms(graph: Path, tmp: Path) -> dict[str, Path]:
+    """The bundle's LLM `graph` with 4-bit zero points, and with none, saved under `tmp`."""
+    compiled = onnx.load(str(graph))
     paths = {}
     for form, name, zp in (("int4 zero points", "int4zp", True), ("symmetric (no zero points)", "sym", False)):
         path = tmp / f"{name}.onnx"
         onnx.save(variant(compiled, zp), str(path), save_as_external_data=True, location=f"{name}.onnx.data")
-        paths[f"{bundle}, {form}"] = path
+        paths[f"{graph.parent}, {form}"] = path
     return paths
 
 
