@@ -187,6 +187,8 @@ def main() -> int:
     parser.add_argument("--discard-bundles", action="store_true",
                         help="delete each bundle once measured (a real-size bundle is 3.6 GB of disk)")
     args = parser.parse_args()
+    args.commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                 cwd=ROOT).stdout.strip()  # the code that runs, whatever is committed meanwhile
     os.environ["OMP_WAIT_POLICY"] = "PASSIVE"
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     os.environ["VLLM_CPU_OMP_THREADS_BIND"] = f"0-{args.threads - 1}"  # all the cores mmtrt gets: none reserved
@@ -217,14 +219,12 @@ def recipe_line(name: str, seconds: float) -> str:
 
 
 def write_table(args, rows, compiles: dict[str, float]) -> None:
-    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                            cwd=ROOT).stdout.strip()
     shape = f"{args.layers[0]} vision + {args.layers[1]} LLM layers" if args.layers else "all 26 + 24 layers"
     command = "PYTHONPATH=. python scripts/bench_vllm_cpu.py " + " ".join(
         "DIR" if a == str(args.work) else "FILE.md" if a == str(args.out) else a for a in sys.argv[1:])
     lines = [
         "# mmtrt against vLLM on the same CPU", "",
-        f"Date: {time.strftime('%Y-%m-%d')}. Commit: {commit}. Machine: 2-core x86-64 VM (AVX-512), 24 GB, no GPU. "
+        f"Date: {time.strftime('%Y-%m-%d')}. Commit: {args.commit}. Machine: 2-core x86-64 VM (AVX-512), 24 GB, no GPU. "
         f"Command: `{command}`.", "",
         f"A random-weight LLaVA-OneVision-0.5B ({shape}: SigLIP so400m/14 at 384, Qwen2-0.5B, vocabulary 151,936), "
         f"{args.checkpoint_dtype} weights (mmtrt's bundles float32). Every request: one {SIZE[0]}x{SIZE[1]} image, "

@@ -217,7 +217,7 @@ def matmulnbits_offset_nodes(name: str, x_input: str, q: np.ndarray, scales: np.
     """`output` = x @ dequantized(W).T for unsigned q with float zero points, without MatMulNBits' float zero point
     input (ONNX Runtime 1.31 runs it on a slow path, measured 6x slower than fp32): (q - z) s = (q - 8) s + (8 - z) s,
     so a MatMulNBits without zero points (its fast kernels) plus, per group, the sum of x over the group times
-    (8 - z) s: `group_sum_nodes(x)` @ O^T with O the [N, G] offsets, one small float MatMul. The sums are named by
+    (8 - z) s: `group_sum_nodes(x)` @ O^T with O the [N, G] offsets, a small float MatMul. The sums are named by
     the input and the block, so linears reading one tensor share them (callers keep the first of equal names)."""
     g = num_groups(K, block)
     scales = np.asarray(scales)
@@ -225,7 +225,7 @@ def matmulnbits_offset_nodes(name: str, x_input: str, q: np.ndarray, scales: np.
     b = _packed(q, 0, np.full((N, 1), 8, np.uint8), block)  # unsigned q under the default zero point 8
     node, inits = _matmulnbits(name, x_input, b, scales, None, K, N, block, accuracy_level, f"{name}.int4_out")
     offsets = ((8 - zero_points) * scales).astype(scales.dtype)
-    sums, sum_nodes, sum_inits = group_sum_nodes(x_input, K, block)
+    sums, sum_nodes, sum_inits = group_sum_nodes(x_input, K, block, scales.dtype)
     inits += sum_inits + [numpy_helper.from_array(np.ascontiguousarray(offsets.T), f"{name}.offsets")]
     nodes = [node, *sum_nodes,
              helper.make_node("MatMul", [sums, f"{name}.offsets"], [f"{name}.offset_out"], name=f"{name}.offsets"),
@@ -233,12 +233,24 @@ def matmulnbits_offset_nodes(name: str, x_input: str, q: np.ndarray, scales: np.
     return nodes, inits
 
 
-def group_sum_nodes(x_input: str, K: int, block: int) -> tuple[str, list[onnx.NodeProto], list[onnx.TensorProto]]:
-    """The sum of x [..., K] over each group of `block` channels, [..., G]: x reshaped to [..., G, block] (a short
-    last group padded with zeros) and a ReduceSum. It reads x once, where a MatMul by the [K, G] group indicator
-    takes 37x as long at 2,049 tokens of a 4,864-wide input and reads the indicator at every call."""
+# Above this many bytes (a core's L2 cache) the [K, G] group indicator costs more to read per call than the four
+# small kernels of a Reshape and ReduceSum; below it, one MatMul is the cheaper launch at a decode step.
+INDICATOR_MAX_BYTES = 1 << 20
+
+
+def group_sum_nodes(x_input: str, K: int, block: int,
+                    dtype: np.dtype) -> tuple[str, list[onnx.NodeProto], list[onnx.TensorProto]]:
+    """The sum of x [..., K] over each group of `block` channels, [..., G]. A small K x G indicator is one MatMul;
+    a large one (a 4,864-wide down_proj's, 2.9 MB) is x reshaped to [..., G, block] (a short last group padded
+    with zeros) and a ReduceSum, which reads x once: 37x faster at 2,049 tokens, and not slower at one token."""
     g = num_groups(K, block)
     sums = f"{x_input}.group_sums.b{block}"
+    if K * g * np.dtype(dtype).itemsize <= INDICATOR_MAX_BYTES:
+        indicator = np.zeros((K, g), dtype)
+        indicator[np.arange(K), np.arange(K) // block] = 1
+        name = f"int4.group_indicator.k{K}.b{block}.{indicator.dtype}"
+        return sums, [helper.make_node("MatMul", [x_input, name], [sums], name=sums)], [
+            numpy_helper.from_array(indicator, name)]
     consts = {f"int4.group_shape.g{g}.b{block}": np.array([g, block], np.int64),
               "int4.last_axis": np.array([-1], np.int64)}
     nodes = [helper.make_node("Shape", [x_input], [f"{sums}.lead"], name=f"{sums}.lead", end=-1),

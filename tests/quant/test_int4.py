@@ -134,7 +134,7 @@ def test_matmulnbits(rng, n, k, group, symmetric):
 
 
 @pytest.mark.parametrize("level", [0, 4])
-@pytest.mark.parametrize("n,k,group", SHAPES)
+@pytest.mark.parametrize("n,k,group", SHAPES + [(4, 4864, 32), (4, 2100, 16)])  # group sums by ReduceSum, padded
 def test_matmulnbits_with_float_zero_points(rng, n, k, group, level):
     """A MatMulNBits without zero points holding q - 8, plus (x summed per group) @ offsets^T; at level 4 only the
     MatMulNBits part sees int8 activations."""
