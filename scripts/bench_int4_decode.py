@@ -72,7 +72,7 @@ def indicator_sums(model: onnx.ModelProto) -> onnx.ModelProto:
     k_of = {n.input[0]: next(a.i for a in n.attribute if a.name == "K") for n in g.node if n.op_type == "MatMulNBits"}
     nodes = []
     for n in g.node:
-        if ".group_sums." not in n.name:
+        if ".group_sums." not in n.name or n.op_type == "MatMul":
             nodes.append(n)
         elif n.op_type == "ReduceSum":
             x, block = n.output[0].rsplit(".group_sums.b", 1)
@@ -102,7 +102,7 @@ def decode_feeds(sess: ort.InferenceSession, context: int, tokens: int = 1) -> d
                  seqlens_k=np.array([context + tokens - 1], np.int32),
                  total_sequence_length=np.array(capacity, np.int32))
     if "logits_from" in names:
-        feeds["logits_from"] = np.zeros(1, np.int64)
+        feeds["logits_from"] = np.array([tokens - 1], np.int64)  # the last position, as the runtime asks
     return feeds
 
 
