@@ -14,8 +14,8 @@ from onnx import TensorProto, helper, numpy_helper
 from builders import tensor, unpack_int4, unpack_matmulnbits
 from mmtrt.ir.rewrite import cleanup
 from mmtrt.quant import int4
-from mmtrt.quant.int4 import (dequantize_groups, dequantize_linear_nodes, matmulnbits_node, matmulnbits_offset_nodes,
-                              quantize_groups)
+from mmtrt.quant.int4 import (INDICATOR_MAX_BYTES, dequantize_groups, dequantize_linear_nodes, matmulnbits_node,
+                              matmulnbits_offset_nodes, quantize_groups)
 
 # (N, K, group): K a multiple of the group or not, odd N, odd group counts (zero points packed with a pad nibble).
 SHAPES = [(16, 256, 64), (7, 100, 32), (5, 130, 16), (3, 96, 32)]
@@ -146,6 +146,7 @@ def test_matmulnbits_with_float_zero_points(rng, n, k, group, level):
     uq, uscales, uzp = unpack_matmulnbits({"B": arrays["lin.B"], "scales": arrays["lin.scales"]}, n, k, group)
     np.testing.assert_array_equal(uq + 8, q)
     assert uzp is None
+    assert any(n.op_type == "ReduceSum" for n in nodes) == (k * -(-k // group) * 4 > INDICATOR_MAX_BYTES)
     model = _model(nodes, inits, 3, k, n)
     onnx.checker.check_model(model, full_check=True)
     got = _session(model).run(None, {"x": x})[0]
