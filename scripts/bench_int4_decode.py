@@ -34,6 +34,8 @@ import onnx
 import onnxruntime as ort
 from onnx import numpy_helper
 
+from mmtrt.quant.int4 import group_indicator
+
 
 def variant(model: onnx.ModelProto, zero_points: bool) -> onnx.ModelProto:
     """`model` without the offset MatMuls and Adds, each MatMulNBits writing the linear's output itself; with a
@@ -76,9 +78,7 @@ def indicator_sums(model: onnx.ModelProto) -> onnx.ModelProto:
             nodes.append(n)
         elif n.op_type == "ReduceSum":
             x, block = n.output[0].rsplit(".group_sums.b", 1)
-            k, block = k_of[x], int(block)
-            indicator = np.zeros((k, -(-k // block)), np.float32)
-            indicator[np.arange(k), np.arange(k) // block] = 1
+            indicator = group_indicator(k_of[x], int(block), np.float32)
             g.initializer.append(numpy_helper.from_array(indicator, f"{n.output[0]}.indicator"))
             nodes.append(onnx.helper.make_node("MatMul", [x, f"{n.output[0]}.indicator"], [n.output[0]]))
     del g.node[:]

@@ -246,8 +246,7 @@ def group_sum_nodes(x_input: str, K: int, block: int,
     g = num_groups(K, block)
     sums = f"{x_input}.group_sums.b{block}"
     if K * g * np.dtype(dtype).itemsize <= INDICATOR_MAX_BYTES:
-        indicator = np.zeros((K, g), dtype)
-        indicator[np.arange(K), np.arange(K) // block] = 1
+        indicator = group_indicator(K, block, dtype)
         name = f"int4.group_indicator.k{K}.b{block}.{indicator.dtype}"
         return sums, [helper.make_node("MatMul", [x_input, name], [sums], name=sums)], [
             numpy_helper.from_array(indicator, name)]
@@ -265,6 +264,13 @@ def group_sum_nodes(x_input: str, K: int, block: int,
     nodes += [helper.make_node("Reshape", [grouped, f"{sums}.shape"], [f"{sums}.grouped"], name=f"{sums}.grouped"),
               helper.make_node("ReduceSum", [f"{sums}.grouped", "int4.last_axis"], [sums], name=sums, keepdims=0)]
     return sums, nodes, [numpy_helper.from_array(v, k) for k, v in consts.items()]
+
+
+def group_indicator(K: int, block: int, dtype: np.dtype) -> np.ndarray:
+    """E [K, G]: 1 where channel k is in group g, so that x @ E sums x per group."""
+    indicator = np.zeros((K, num_groups(K, block)), dtype)
+    indicator[np.arange(K), np.arange(K) // block] = 1
+    return indicator
 
 
 def dequantize_linear_nodes(name: str, x_input: str, output: str, q: np.ndarray, scales: np.ndarray,
