@@ -34,6 +34,9 @@ def problems_of(tmp_path, text) -> str:
     ("- channel_prune: {vision: {mlp: '0.3'}}", ["passes[0].channel_prune.vision.mlp", "'0.3'"]),
     ("- int8_prefill: {smoothing: 1.5}", ["passes[0].int8_prefill.smoothing", "0 to 1", "`search`", "1.5"]),
     ("- int8_prefill: {smoothing: searched}", ["passes[0].int8_prefill.smoothing", "`search`", "'searched'"]),
+    ("- int8_prefill: {float_channels: {'*down_proj': -4}}", ["passes[0].int8_prefill.float_channels", "0 or more",
+                                                                "-4"]),
+    ("- int8_prefill: {float_channels: {'*down_proj': 0.5}}", ["passes[0].int8_prefill.float_channels", "0.5"]),
 ])
 def test_pass_options_have_strict_types(tmp_path, passes, words):
     message = problems_of(tmp_path, ZOO + f"passes:\n  {passes}\n")

@@ -11,12 +11,15 @@ s = max|x|^a / max|w|^(1-a), from calibration inputs, first moves the activation
 (x / s as an explicit Mul, s * W): without it per-token int8 cost zoo:dino-smollm 8 digits points. The one a may be
 searched: the a of SEARCH_ALPHAS whose prompt graph's last hidden states on calibration prompts come nearest the
 INT4 graph's. (A search per linear, each a nearest its own INT4 product, chose larger a and cost dino-smollm 2 more
-digits points than a = 0.5: the linears' errors add up differently than each one alone says.)
+digits points than a = 0.5: the linears' errors add up differently than each one alone says.) Where smoothing is
+not enough (the down projections' inputs, whose few outlier channels cost dino-smollm 5 to 6 digits points in
+int8), a linear's channels of the largest calibration maxima may stay out of the int8 product, in a float32 one
+beside it (LLM.int8's decomposition).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 import numpy as np
@@ -96,29 +99,37 @@ def smoothing_scales(x_max: np.ndarray, w: np.ndarray, alpha: float) -> np.ndarr
     return np.where((x_max > 0) & (w_max > 0), s, 1).astype(np.float32)
 
 
-def prefill_graph(model: onnx.ModelProto, select: Callable[[str], bool],
-                  x_max: dict[str, np.ndarray] | None, alpha: float) -> tuple[onnx.ModelProto, dict]:
+def prefill_graph(model: onnx.ModelProto, select: Callable[[str], bool], x_max: dict[str, np.ndarray] | None,
+                  alpha: float | None, float_channels: Callable[[str], int] = lambda name: 0
+                  ) -> tuple[onnx.ModelProto, dict]:
     """A copy of `model` whose selected INT4 units are per-token int8 products (smoothed by `alpha` on the channel
-    maxima `x_max` of each unit's input, when given), and its report."""
+    maxima `x_max` of each unit's input, unless it is None), each with its `float_channels(name)` input channels of
+    the largest maxima kept out of the int8 product in a float32 one; and its report."""
     out = onnx.ModelProto()
     out.CopyFrom(model)
     graph = out.graph
     inits = {t.name: t for t in graph.initializer}
     chosen = [u for u in int4_units(out) if select(u.name)]
-    replaced, new, quantized_inputs = {}, [], {}
+    replaced, new, quantized_inputs, floats = {}, [], {}, {}
     for unit in chosen:
         w = effective_weight(unit, inits)
-        x = unit.input
-        if x_max is not None:
-            s = smoothing_scales(x_max[x], w, alpha)
-            w = w * s[:, None]
-            x = _smoothed_input(unit, s, new, replaced)
+        keep = outlier_channels(x_max, unit.input, float_channels(unit.name))
+        rows = w[keep]
+        s = np.ones(w.shape[0], np.float32) if alpha is None else smoothing_scales(x_max[unit.input], w, alpha)
+        inverse, w = 1 / s, w * s[:, None]
+        inverse[keep], w[keep] = 0, 0
+        x = unit.input if alpha is None and not keep.size else _scaled_input(unit, inverse, new, replaced)
+        if keep.size:
+            floats[unit.name] = keep
         first = x not in quantized_inputs
         nodes, codes, x_scale = quantized_inputs.setdefault(x, per_token_input(x))
         q, scales = quantize_columns(w)
         new += [numpy_helper.from_array(q, f"{unit.name}.prefill_int8"),
                 numpy_helper.from_array(scales, f"{unit.name}.prefill_scale")]
-        matmul = per_token_matmul(unit, f"{unit.name}.prefill_int8", f"{unit.name}.prefill_scale", codes, x_scale)
+        target = replace(unit, output=f"{unit.name}.int8_part") if keep.size else unit
+        matmul = per_token_matmul(target, f"{unit.name}.prefill_int8", f"{unit.name}.prefill_scale", codes, x_scale)
+        if keep.size:
+            matmul += _float_part(unit, keep, rows, target.output, new)
         replaced.setdefault(id(unit.node), []).extend((nodes if first else []) + matmul)
         for gone in unit.nodes[1:]:
             replaced[id(gone)] = []
@@ -128,28 +139,48 @@ def prefill_graph(model: onnx.ModelProto, select: Callable[[str], bool],
     graph.initializer.extend(new + [numpy_helper.from_array(v, k) for k, v in PER_TOKEN_CONSTANTS.items()
                                     if k not in inits])
     drop_dead(graph)  # the group sums that only offsets read
-    return out, {"linears": [u.name for u in chosen], "smoothing": alpha if x_max is not None else None,
+    return out, {"linears": [u.name for u in chosen], "smoothing": alpha,
+                 "float_channels": {name: len(keep) for name, keep in floats.items()},
                  "added_bytes": int(sum(t.ByteSize() for t in new))}
 
 
-def _smoothed_input(unit: Int4Unit, s: np.ndarray, new: list, replaced: dict) -> str:
-    """x / s, per unit (units reading one tensor have their own s)."""
+def outlier_channels(x_max: dict[str, np.ndarray] | None, x: str, count: int) -> np.ndarray:
+    """The `count` channels of `x` with the largest calibration maxima, in order (LLM.int8's outlier features: a
+    few channels of a linear's input, in every layer, far above the rest; in a row's int8 step they would round
+    the other channels to a few codes)."""
+    if not count:
+        return np.zeros(0, np.int64)
+    return np.sort(np.argsort(-x_max[x], kind="stable")[:count]).astype(np.int64)
+
+
+def _float_part(unit: Int4Unit, keep: np.ndarray, rows: np.ndarray, int8_part: str, new: list) -> list:
+    """The kept channels' float32 product, added to the int8 product's output."""
+    p = f"{unit.name}.float_channels"
+    new += [numpy_helper.from_array(keep, f"{p}.index"), numpy_helper.from_array(rows.astype(np.float32), f"{p}.weight")]
+    return [helper.make_node("Gather", [unit.input, f"{p}.index"], [f"{p}.x"], name=f"{p}.gather", axis=-1),
+            helper.make_node("MatMul", [f"{p}.x", f"{p}.weight"], [f"{p}.y"], name=p),
+            helper.make_node("Add", [int8_part, f"{p}.y"], [unit.output], name=f"{p}.add")]
+
+
+def _scaled_input(unit: Int4Unit, inverse: np.ndarray, new: list, replaced: dict) -> str:
+    """x * inverse, per unit (units reading one tensor have their own smoothing scales and kept channels)."""
     name = f"{unit.name}.smoothed"
-    new.append(numpy_helper.from_array((1 / s).astype(np.float32), f"{name}.inverse_scale"))
+    new.append(numpy_helper.from_array(inverse.astype(np.float32), f"{name}.inverse_scale"))
     replaced.setdefault(id(unit.node), []).append(
         helper.make_node("Mul", [unit.input, f"{name}.inverse_scale"], [name], name=name))
     return name
 
 
 def searched_alpha(model: onnx.ModelProto, select: Callable[[str], bool], x_max: dict[str, np.ndarray],
-                   feeds: list[dict[str, np.ndarray]]) -> tuple[float, dict[float, float]]:
+                   feeds: list[dict[str, np.ndarray]], float_channels: Callable[[str], int] = lambda name: 0
+                   ) -> tuple[float, dict[float, float]]:
     """The a of SEARCH_ALPHAS whose prompt graph's last hidden states (every position's, the lm_head's input before
     `logits_from` slices it) on `feeds` are nearest the INT4 graph's in squared error; and each a's error."""
     hidden = next(node.input[0] for node in model.graph.node if LOGITS_FROM in node.input)
     want = [out[hidden] for out in run_with_outputs(model, [hidden], feeds)]
     errors = {}
     for alpha in SEARCH_ALPHAS:
-        graph, _ = prefill_graph(model, select, x_max, alpha)
+        graph, _ = prefill_graph(model, select, x_max, alpha, float_channels)
         got = run_with_outputs(graph, [hidden], feeds)
         errors[alpha] = float(sum(np.square(out[hidden] - w).sum(dtype=np.float64) for out, w in zip(got, want)))
     return min(errors, key=errors.get), errors

@@ -54,7 +54,7 @@ class Int8Prefill(Pass):
             raise UserError("int8_prefill found no INT4 linears to run in int8 (it reads awq_int4's MatMulNBits); put "
                             "awq_int4 before it, or check its exclude patterns")
         x_max, alpha, search = self._smoothing(ir, sorted({u.input for u in units}))
-        graph, report = prefill_graph(llm.onnx, self._selected, x_max, alpha)
+        graph, report = prefill_graph(llm.onnx, self._selected, x_max, alpha, self._float_channels)
         if search:  # each a's squared error in the last hidden states, over the chosen a's
             report["smoothing_search"] = {str(a): round(e / min(search.values()), 4) for a, e in search.items()}
         prefill = Component(PREFILL, [], [], metadata={"placement": dict(ON_ONNXRUNTIME)})
@@ -63,18 +63,23 @@ class Int8Prefill(Pass):
         ir.config["prefill"] = runtime_config(cfg)
         return {"llm": {**report, "min_tokens": cfg.min_tokens}}
 
-    def _smoothing(self, ir: ModelIR, inputs: list[str]) -> tuple[dict | None, float, dict]:
+    def _smoothing(self, ir: ModelIR, inputs: list[str]) -> tuple[dict | None, float | None, dict]:
         """The channel maxima of the linears' `inputs` on the calibration data, the a, and the search's errors."""
-        if self.config.smoothing is None:
-            return None, 0.0, {}
+        smoothing = self.config.smoothing
+        if smoothing is None and not self.config.float_channels:
+            return None, None, {}
         llm = ir.components["llm"].onnx
         feeds = calibration_feeds(ir, self.config.calibration)
-        if self.config.smoothing != "search":
-            return channel_maxima(llm, inputs, feeds), self.config.smoothing, {}
-        return search_smoothing(llm, self._selected, inputs, feeds)
+        if smoothing != "search":
+            return channel_maxima(llm, inputs, feeds), smoothing, {}
+        return search_smoothing(llm, self._selected, inputs, feeds, self._float_channels)
 
     def _selected(self, name: str) -> bool:
         return not any(fnmatch.fnmatchcase(part, p) for part in name.split("+") for p in self.config.exclude)
+
+    def _float_channels(self, name: str) -> int:
+        return max((n for p, n in self.config.float_channels.items() for part in name.split("+")
+                    if fnmatch.fnmatchcase(part, p)), default=0)
 
 
 def runtime_config(config: Int8PrefillConfig) -> dict[str, Any]:
@@ -90,7 +95,8 @@ def calibration_feeds(ir: ModelIR, cal) -> list[dict[str, np.ndarray]]:
 
 
 def search_smoothing(model: onnx.ModelProto, select: Callable[[str], bool], inputs: list[str],
-                     feeds: list[dict[str, np.ndarray]]) -> tuple[dict, float, dict]:
+                     feeds: list[dict[str, np.ndarray]], float_channels: Callable[[str], int] = lambda name: 0
+                     ) -> tuple[dict, float, dict]:
     """The channel maxima of `inputs` over every prompt of `feeds`, the searched a, and each a's error. The search
     scores the a on its first prompts (at most SEARCH_PROMPTS, and half) with the maxima of the others: scored on
     the prompts its maxima came from, it favoured a larger a than fresh prompts do."""
@@ -99,7 +105,7 @@ def search_smoothing(model: onnx.ModelProto, select: Callable[[str], bool], inpu
                         "some, its score from others); raise calibration.samples or calibration.text_windows")
     scored = min(SEARCH_PROMPTS, len(feeds) // 2)
     first, rest = channel_maxima(model, inputs, feeds[:scored]), channel_maxima(model, inputs, feeds[scored:])
-    alpha, errors = searched_alpha(model, select, rest, feeds[:scored])
+    alpha, errors = searched_alpha(model, select, rest, feeds[:scored], float_channels)
     return {name: np.maximum(first[name], rest[name]) for name in inputs}, alpha, errors
 
 

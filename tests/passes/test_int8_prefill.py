@@ -46,14 +46,18 @@ def test_effective_weights_are_what_matmulnbits_applies(tiny_bundle, rng, grid):
         np.testing.assert_allclose(x @ effective_weight(unit, inits), y, rtol=1e-4, atol=1e-4 * np.abs(y).max())
 
 
-def _int8_reference(x, w, x_max):
-    """The per-token int8 product of x / s and s * W (SmoothQuant's s at a = 0.5, int8 per column), each step in
-    float32 as the ONNX operators define it, so that every code rounds as the graph's does; the integer sum exact."""
+def _int8_reference(x, w, x_max, keep=()):
+    """The per-token int8 product of x / s and s * W (SmoothQuant's s at a = 0.5, int8 per column) over the channels
+    not in `keep`, each step in float32 as the ONNX operators define it, so that every code rounds as the graph's
+    does; the integer sum exact."""
     s = (np.maximum(x_max, 1e-5) ** 0.5 / np.maximum(np.abs(w).max(1), 1e-5) ** 0.5).astype(np.float32)
-    x = x * (1 / s).astype(np.float32)
+    inverse = (1 / s).astype(np.float32)
+    inverse[list(keep)] = 0
+    x = x * inverse
     rows = np.maximum(np.abs(x).max(-1, keepdims=True), np.float32(1e-30)) / np.float32(127)
     codes = np.clip(np.rint(x / rows) + 128, 0, 255).astype(np.int64) - 128
     w = w * s[:, None]
+    w[list(keep)] = 0
     cols = np.where(np.abs(w).max(0) > 0, np.abs(w).max(0) / np.float32(127), np.float32(1))
     q = np.clip(np.rint(w / cols), -127, 127).astype(np.int64)
     return (codes @ q).astype(np.float32) * rows * cols
@@ -77,6 +81,25 @@ def test_prompt_graph_runs_the_smoothed_int8_product(tiny_bundle, rng):
         ref = _int8_reference(seen[unit.input].reshape(-1, w.shape[0]), w, x_max[unit.input])
         ours = seen[unit.output].reshape(ref.shape)
         np.testing.assert_allclose(ours, ref, rtol=1e-6, atol=1e-7 * np.abs(ref).max())
+
+
+def test_kept_channels_are_a_float_product_beside_the_int8_one(tiny_bundle, rng):
+    model = _quantized(tiny_bundle, Grid(64, False, True), rng)
+    inits = {t.name: t for t in model.graph.initializer}
+    units = {u.name: u for u in int4_units(model)}
+    x_max = {u.input: rng.uniform(0.1, 3, size=attr(u.node, "K")).astype(np.float32) for u in units.values()}
+    down = [name for name in units if name.endswith("down_proj")]
+    graph, report = prefill_graph(model, lambda name: name != "llm.lm_head", x_max, 0.5,
+                                  lambda name: 5 if name in down else 0)
+    assert report["float_channels"] == {name: 5 for name in down}
+    seen = _captured(graph, [n for name in down for n in (units[name].input, units[name].output)], rng)
+    for name in down:
+        unit = units[name]
+        w, x = effective_weight(unit, inits), seen[unit.input].reshape(-1, attr(unit.node, "K"))
+        keep = np.sort(np.argsort(-x_max[unit.input])[:5])
+        ref = _int8_reference(x, w, x_max[unit.input], keep) + x[:, keep] @ w[keep]
+        ours = seen[unit.output].reshape(ref.shape)
+        np.testing.assert_allclose(ours, ref, rtol=1e-5, atol=1e-6 * np.abs(ref).max())
 
 
 OUTLIERS = [5, 40, 97]  # channels of the embeddings 20x the others, as LLM activations have a few
@@ -118,6 +141,23 @@ def test_the_searched_smoothing_gets_most_of_the_grids_gain_on_held_out_prompts(
     best, worst = min(held.values()), max(held.values())
     assert worst - held[alpha] >= 2 / 3 * (worst - best), (alpha, held)
     assert worst > 1.2 * best, held
+
+
+def test_outlier_channels_kept_in_float_cut_the_error_on_held_out_prompts(tiny_bundle, rng):
+    """Unsmoothed, a row's int8 step follows its outlier channels; the three channels of the largest calibration
+    maxima multiplied in float32 take the logits' error on fresh prompts well below the int8 product's alone."""
+    model = _quantized(tiny_bundle, Grid(32), rng)
+    select = lambda name: name != "llm.lm_head"  # noqa: E731
+    inputs = sorted({u.input for u in int4_units(model) if select(u.name)})
+    x_max = channel_maxima(model, inputs, [_outlier_feeds(rng, 128) for _ in range(4)])
+    held_out = [_outlier_feeds(rng, 96) for _ in range(4)]
+    want = [out["logits"] for out in run_with_outputs(model, ["logits"], held_out)]
+    error = {}
+    for kept in (0, 3):
+        graph, _ = prefill_graph(model, select, x_max, None, lambda name: kept)
+        got = run_with_outputs(graph, ["logits"], held_out)
+        error[kept] = sum(float(np.square(out["logits"] - w).sum()) for out, w in zip(got, want))
+    assert error[3] < error[0] / 2, error
 
 
 def test_a_search_on_one_prompt_names_the_data_it_needs(tiny_bundle, rng):
