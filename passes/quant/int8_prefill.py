@@ -16,6 +16,7 @@ from typing import Any, Callable
 
 import numpy as np
 import onnx
+from onnx import helper, numpy_helper
 
 from mmtrt.errors import UserError
 from mmtrt.ir.graph import Component, ModelIR
@@ -111,13 +112,37 @@ def search_smoothing(model: onnx.ModelProto, select: Callable[[str], bool], inpu
 
 def channel_maxima(model: onnx.ModelProto, inputs: list[str],
                    feeds: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """max |x| per channel of each tensor in `inputs`, over every token of `feeds` through the LLM graph."""
-    maxima: dict[str, np.ndarray] = {}
-    for out in run_with_outputs(model, inputs, feeds):
-        for name in inputs:
-            seen = np.abs(out[name]).reshape(-1, out[name].shape[-1]).max(axis=0)
-            maxima[name] = np.maximum(maxima[name], seen) if name in maxima else seen
+    """max |x| per channel of each tensor in `inputs`, over every token of `feeds` through the LLM graph. The graph
+    reduces them itself: taken out whole, one prompt's inputs of every linear were held at once (at LLaVA-OneVision
+    -0.5B's size 0.7 MB a token with the down projections' 4,864 channels, 1.4 GB for a 2,000-token prompt)."""
+    nodes, extra, reduced = _maxima_nodes(model, inputs)
+    model.graph.node.extend(nodes)
+    model.graph.initializer.extend(extra)
+    try:
+        maxima: dict[str, np.ndarray] = {}
+        for out in run_with_outputs(model, list(reduced.values()), feeds):
+            for name, m in reduced.items():
+                maxima[name] = np.maximum(maxima[name], out[m]) if name in maxima else out[m]
+    finally:
+        del model.graph.node[len(model.graph.node) - len(nodes):]
+        del model.graph.initializer[len(model.graph.initializer) - len(extra):]
     return maxima
+
+
+def _maxima_nodes(model: onnx.ModelProto, inputs: list[str]):
+    """Abs, Flatten to [rows, channels] and ReduceMax over the rows, per tensor (ReduceMax's axes an input from
+    opset 18); the nodes, the initializers they read, and each tensor's reduced name."""
+    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    axes = numpy_helper.from_array(np.array([0], np.int64), "channel_maxima.rows")
+    nodes, reduced = [], {}
+    for i, name in enumerate(inputs):
+        p = f"channel_maxima.{i}"
+        reduce = (helper.make_node("ReduceMax", [f"{p}.rows", axes.name], [f"{p}.max"], keepdims=0) if opset >= 18
+                  else helper.make_node("ReduceMax", [f"{p}.rows"], [f"{p}.max"], axes=[0], keepdims=0))
+        nodes += [helper.make_node("Abs", [name], [f"{p}.abs"]),
+                  helper.make_node("Flatten", [f"{p}.abs"], [f"{p}.rows"], axis=-1), reduce]
+        reduced[name] = f"{p}.max"
+    return nodes, [axes] if opset >= 18 else [], reduced
 
 
 def static_feeds(llm: Component, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -143,6 +143,19 @@ def test_the_searched_smoothing_gets_most_of_the_grids_gain_on_held_out_prompts(
     assert worst > 1.2 * best, held
 
 
+def test_channel_maxima_are_the_captured_inputs_maxima_and_leave_the_graph_as_it_was(tiny_bundle, rng):
+    model = _quantized(tiny_bundle, Grid(32), rng)
+    inputs = sorted({u.input for u in int4_units(model)})
+    feeds = [_outlier_feeds(rng, 40), _outlier_feeds(rng, 24)]
+    before = model.SerializeToString()
+    maxima = channel_maxima(model, inputs, feeds)
+    assert model.SerializeToString() == before
+    seen = list(run_with_outputs(model, inputs, feeds))
+    for name in inputs:
+        want = np.max([np.abs(out[name]).reshape(-1, out[name].shape[-1]).max(0) for out in seen], axis=0)
+        np.testing.assert_array_equal(maxima[name], want)
+
+
 def test_outlier_channels_kept_in_float_cut_the_error_on_held_out_prompts(tiny_bundle, rng):
     """Unsmoothed, a row's int8 step follows its outlier channels; the three channels of the largest calibration
     maxima multiplied in float32 take the logits' error on fresh prompts well below the int8 product's alone."""
