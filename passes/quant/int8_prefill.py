@@ -113,8 +113,8 @@ def search_smoothing(model: onnx.ModelProto, select: Callable[[str], bool], inpu
 def channel_maxima(model: onnx.ModelProto, inputs: list[str],
                    feeds: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
     """max |x| per channel of each tensor in `inputs`, over every token of `feeds` through the LLM graph. The graph
-    reduces them itself: taken out whole, one prompt's inputs of every linear were held at once (at LLaVA-OneVision
-    -0.5B's size 0.7 MB a token with the down projections' 4,864 channels, 1.4 GB for a 2,000-token prompt)."""
+    reduces them itself, so no prompt's activations are held whole: at LLaVA-OneVision-0.5B's size the inputs of
+    every linear are 0.7 MB a token with the down projections' 4,864 channels, 1.4 GB for a 2,000-token prompt."""
     nodes, extra, reduced = _maxima_nodes(model, inputs)
     model.graph.node.extend(nodes)
     model.graph.initializer.extend(extra)
