@@ -77,7 +77,7 @@ def int8_weight_linears(model: onnx.ModelProto, component: str, select: Callable
     kept = [t for t in graph.initializer if t.name in read] + new
     del graph.initializer[:]
     graph.initializer.extend(kept)
-    if activations == "dynamic" and names:
+    if activations != "float" and names:
         import_domain(model, "com.microsoft")
     return {"linears_quantized": len(names), "linears": names, "weight_bytes_before": before,
             "weight_bytes_after": after, "activations": activations}
@@ -99,7 +99,7 @@ def _dynamic(lin, weight: str, scale: str) -> list[onnx.NodeProto]:
 
 def per_token_input(x: str) -> tuple[list[onnx.NodeProto], str, str]:
     """x [..., K] quantized per row: s = max|row| / 127 and round(row / s) + 128 as uint8 (a symmetric grid held
-    as uint8 with the zero point 128, the operand form of the VNNI int8 GEMM; ONNX Runtime's MatMulInteger takes
+    as uint8 with the zero point 128, the operand form of the VNNI int8 GEMM; ONNX Runtime's integer GEMMs take
     no per-row zero point). Nodes, the codes and the scales [..., 1]; one set per input tensor, shared by the
     linears that read it."""
     p = f"{x}.per_token"
@@ -115,12 +115,11 @@ def per_token_input(x: str) -> tuple[list[onnx.NodeProto], str, str]:
 
 
 def per_token_matmul(lin, weight: str, scale: str, codes: str, x_scale: str) -> list[onnx.NodeProto]:
-    """MatMulInteger of the row codes and the int8 weight, scaled back by each row's and each column's scale."""
-    p = f"{lin.name}.per_token"
-    return [helper.make_node("MatMulInteger", [codes, weight, "int8.zero_128"], [f"{p}.int32"], name=p),
-            helper.make_node("Cast", [f"{p}.int32"], [f"{p}.float"], to=TensorProto.FLOAT),
-            helper.make_node("Mul", [f"{p}.float", x_scale], [f"{p}.rows"]),
-            helper.make_node("Mul", [f"{p}.rows", scale], [lin.output])]
+    """The integer product of the row codes and the int8 weight, scaled back by each column's and each row's scale:
+    ONNX Runtime's MatMulIntegerToFloat, which applies the column scales in the GEMM's output stage and the rows'
+    in one pass after it (MatMulInteger, a Cast and two Muls pass over the output three times)."""
+    return [helper.make_node("MatMulIntegerToFloat", [codes, weight, x_scale, scale, "int8.zero_128"], [lin.output],
+                             name=f"{lin.name}.per_token", domain="com.microsoft")]
 
 
 PER_TOKEN_CONSTANTS = {"int8.last_axis": np.array([-1], np.int64), "int8.tiny": np.array(1e-30, np.float32),

@@ -71,7 +71,7 @@ def test_prompt_graph_runs_the_smoothed_int8_product(tiny_bundle, rng):
     graph, report = prefill_graph(model, lambda name: name != "llm.lm_head", x_max, 0.5)
     ops = [n.op_type for n in graph.graph.node]
     assert report["linears"] == [name for name in units if name != "llm.lm_head"]
-    assert ops.count("MatMulNBits") == 1 and ops.count("MatMulInteger") == 7 * 4
+    assert ops.count("MatMulNBits") == 1 and ops.count("MatMulIntegerToFloat") == 7 * 4
     assert [n.name for n in graph.graph.node if n.name.endswith(".offsets")] == ["llm.lm_head.offsets"]
     names = [n for name in report["linears"] for n in (units[name].input, units[name].output)]
     seen = _captured(graph, names, rng)

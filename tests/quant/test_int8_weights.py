@@ -82,7 +82,7 @@ def _per_token(x: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("activations, quantized, ops", [
     ("dynamic", _per_tensor, ["DynamicQuantizeMatMul", "Relu", "DynamicQuantizeMatMul"]),
-    ("per_token", _per_token, ["MatMulInteger", "Relu", "MatMulInteger"])])
+    ("per_token", _per_token, ["MatMulIntegerToFloat", "Relu", "MatMulIntegerToFloat"])])
 def test_quantized_activations_give_the_integer_product_of_the_quantized_input(rng, activations, quantized, ops):
     """Two linears with a Relu between: each multiplies its input, quantized at run time per tensor or per row,
     by the int8 weight, exactly up to float rounding."""
