@@ -76,11 +76,15 @@ class Int8Prefill(Pass):
         return search_smoothing(llm, self._selected, inputs, feeds, self._float_channels)
 
     def _selected(self, name: str) -> bool:
-        return not any(fnmatch.fnmatchcase(part, p) for part in name.split("+") for p in self.config.exclude)
+        return not any(_matches(name, p) for p in self.config.exclude)
 
     def _float_channels(self, name: str) -> int:
-        return max((n for p, n in self.config.float_channels.items() for part in name.split("+")
-                    if fnmatch.fnmatchcase(part, p)), default=0)
+        return max((n for p, n in self.config.float_channels.items() if _matches(name, p)), default=0)
+
+
+def _matches(name: str, pattern: str) -> bool:
+    """Whether any part of a linear's name (a fused one is its parts joined by "+") matches the glob `pattern`."""
+    return any(fnmatch.fnmatchcase(part, pattern) for part in name.split("+"))
 
 
 def runtime_config(config: Int8PrefillConfig) -> dict[str, Any]:
@@ -130,19 +134,17 @@ def channel_maxima(model: onnx.ModelProto, inputs: list[str],
 
 
 def _maxima_nodes(model: onnx.ModelProto, inputs: list[str]):
-    """Abs, Flatten to [rows, channels] and ReduceMax over the rows, per tensor (ReduceMax's axes an input from
-    opset 18); the nodes, the initializers they read, and each tensor's reduced name."""
-    opset = next(o.version for o in model.opset_import if o.domain in ("", "ai.onnx"))
+    """Abs, Flatten to [rows, channels] and ReduceMax over the rows, per tensor; the nodes, the initializers they
+    read, and each tensor's reduced name."""
     axes = numpy_helper.from_array(np.array([0], np.int64), "channel_maxima.rows")
     nodes, reduced = [], {}
     for i, name in enumerate(inputs):
         p = f"channel_maxima.{i}"
-        reduce = (helper.make_node("ReduceMax", [f"{p}.rows", axes.name], [f"{p}.max"], keepdims=0) if opset >= 18
-                  else helper.make_node("ReduceMax", [f"{p}.rows"], [f"{p}.max"], axes=[0], keepdims=0))
         nodes += [helper.make_node("Abs", [name], [f"{p}.abs"]),
-                  helper.make_node("Flatten", [f"{p}.abs"], [f"{p}.rows"], axis=-1), reduce]
+                  helper.make_node("Flatten", [f"{p}.abs"], [f"{p}.rows"], axis=-1),
+                  helper.make_node("ReduceMax", [f"{p}.rows", axes.name], [f"{p}.max"], keepdims=0)]
         reduced[name] = f"{p}.max"
-    return nodes, [axes] if opset >= 18 else [], reduced
+    return nodes, [axes], reduced
 
 
 def static_feeds(llm: Component, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
