@@ -115,8 +115,10 @@ def prefill_graph(model: onnx.ModelProto, select: Callable[[str], bool], x_max: 
         w = effective_weight(unit, inits)
         keep = outlier_channels(x_max, unit.input, float_channels(unit.name))
         rows = w[keep]
-        s = np.ones(w.shape[0], np.float32) if alpha is None else smoothing_scales(x_max[unit.input], w, alpha)
-        inverse, w = 1 / s, w * s[:, None]
+        inverse = np.ones(w.shape[0], np.float32)
+        if alpha is not None:
+            s = smoothing_scales(x_max[unit.input], w, alpha)
+            inverse, w = 1 / s, w * s[:, None]
         inverse[keep], w[keep] = 0, 0
         x = unit.input if alpha is None and not keep.size else _scaled_input(unit, inverse, new, replaced)
         if keep.size:
