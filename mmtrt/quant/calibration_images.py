@@ -18,10 +18,11 @@ import onnx
 
 from mmtrt.ir.graph import ModelIR
 from mmtrt.ir.hidden_states import stacked_selects
+from mmtrt.ir.rewrite import attr
 from mmtrt.preprocess.anyres import NEWLINE_ASSET, build_tiler, pack
 from mmtrt.quant.layerwise import captured, give_back_freed_memory
-from mmtrt.quant.linears import find_linears
 
+WEIGHT_PRODUCTS = {"MatMul", "DynamicQuantizeMatMul", "MatMulIntegerToFloat"}  # input, [K, N] weight, ...
 Prepared = tuple[dict[str, np.ndarray], list, tuple | None]  # feeds, vision inputs kept for calibration, grid
 
 
@@ -39,15 +40,33 @@ def encoded(ir: ModelIR, images: list) -> list[tuple[list, np.ndarray, tuple | N
 def by_layer(model, component: str, batches: list[dict[str, np.ndarray]]) -> list[dict[str, np.ndarray]]:
     """The graph's outputs for each batch, its stages cut after every down projection (one stage, the whole
     graph, where it has none), each selected hidden state read from its layer rather than from the stack."""
-    _, linears, _ = find_linears(model, component)
     outputs = [o.name for o in model.graph.output]
-    chunks = [[lin.output] for lin in linears if lin.n < lin.k] + [outputs]
+    chunks = [[name] for name in narrowing_products(model)] + [outputs]
     selects = stacked_selects(model.graph)
     nodes = [_reading(node, selects) for node in model.graph.node]
     stages = captured(model, chunks, batches, f"{component} encoder", nodes)
     for _ in chunks[:-1]:
         next(stages)  # each stage's runs are drained when the next one is asked for
     return [{n: out[n] for n in outputs} for out in next(stages)]
+
+
+def narrowing_products(model: onnx.ModelProto) -> list[str]:
+    """The outputs of the graph's weight products narrower than their inputs (each MLP's down projection), in
+    graph order, in whatever form earlier passes left them: float MatMul, int8_weights' DynamicQuantizeMatMul or
+    MatMulIntegerToFloat, awq_int4's MatMulNBits. (Counting MatMul alone, a calibrated pass after int8_weights
+    would run the whole tower in one session: 2.8 GB above the pass's start at LLaVA-OneVision-0.5B's size.)"""
+    dims = {t.name: t.dims for t in model.graph.initializer}
+    narrowing = []
+    for node in model.graph.node:
+        if node.op_type == "MatMulNBits":
+            k, n = attr(node, "K"), attr(node, "N")
+        elif node.op_type in WEIGHT_PRODUCTS and len(dims.get(node.input[1], ())) == 2:
+            k, n = dims[node.input[1]]
+        else:
+            continue
+        if n < k:
+            narrowing.append(node.output[0])
+    return narrowing
 
 
 def _reading(node: onnx.NodeProto, renamed: dict[str, str]) -> onnx.NodeProto:
