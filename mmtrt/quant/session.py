@@ -1,13 +1,15 @@
 """ONNX Runtime sessions on the IR's graphs for calibration, at any size.
 
-A session is made from a graph's serialized bytes, which protobuf caps at 2 GB: a float32 vision tower of 675M
-parameters (Qwen2-VL-2B's) or a few layers of a 7B LLM are more. A graph above `PROTOBUF_BUDGET` is written to a
+A small graph's session is made from its serialized bytes. A graph above `IN_MEMORY_BYTES` is written to a
 temporary folder instead, its large initializers as external data one at a time (no second copy in memory), and
-the session loads it from there. So is a graph that refers to the source model's weights
-(mmtrt/ir/source_weights.py): widened one at a time into the file, they are held once, by the session, where a
-widened copy of the graph and its serialized bytes held them three times over while the session was made.
-(Handing the arrays over with `SessionOptions.add_initializer` beside a shell fails ONNX Runtime's checks of the
-shell's initializers, with or without an external location.)
+the session loads it from there: protobuf caps serialized bytes at 2 GB (a float32 vision tower of 675M
+parameters, Qwen2-VL-2B's, or a few layers of a 7B LLM are more), and below that a session made from bytes held
+the bytes, protobuf's parse of them, its own tensors and ONNX Runtime's prepacked weights at once (1.6 GB for the
+0.4 GB INT4 LLM of LLaVA-OneVision-0.5B, against 0.5 GB loaded from a file). So is a graph that refers to the
+source model's weights (mmtrt/ir/source_weights.py): widened one at a time into the file, they are held once, by
+the session, where a widened copy of the graph and its serialized bytes held them three times over while the
+session was made. (Handing the arrays over with `SessionOptions.add_initializer` beside a shell fails ONNX
+Runtime's checks of the shell's initializers, with or without an external location.)
 
 Calibration sessions run without ONNX Runtime's CPU memory arena. A calibration stage runs a decoder layer on
 one whole calibration sequence (at OneVision-0.5B's size, 14 heads' score matrices over 1,800 tokens), and the
@@ -30,7 +32,7 @@ from mmtrt.backends.onnxruntime_backend import session_options
 from mmtrt.ir import source_weights
 from mmtrt.progress import track
 
-PROTOBUF_BUDGET = 2**31 - 2**27  # serialized bytes a session is made from at most: protobuf's 2 GB, less headroom
+IN_MEMORY_BYTES = 2**26  # serialized bytes a session is made from at most; a larger graph loads from a file
 EXTERNAL_BYTES = 2**20  # initializers at least this large go to the external data file
 DATA = "weights.bin"
 
@@ -45,7 +47,7 @@ def session(model: onnx.ModelProto) -> ort.InferenceSession:
     providers = ["CUDAExecutionProvider"] * cuda + ["CPUExecutionProvider"]
     options = session_options(None, spin=False)
     options.enable_cpu_mem_arena = False
-    if serialized_bytes(model) < PROTOBUF_BUDGET and not any(map(source_weights.is_reference, model.graph.initializer)):
+    if serialized_bytes(model) < IN_MEMORY_BYTES and not any(map(source_weights.is_reference, model.graph.initializer)):
         return ort.InferenceSession(model.SerializeToString(), options, providers=providers)
     with tempfile.TemporaryDirectory(prefix="mmtrt-session-") as tmp:
         return ort.InferenceSession(str(save_external(model, Path(tmp))), options, providers=providers)
