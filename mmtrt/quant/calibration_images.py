@@ -52,10 +52,14 @@ def by_layer(model, component: str, batches: list[dict[str, np.ndarray]]) -> lis
 
 def narrowing_products(model: onnx.ModelProto) -> list[str]:
     """The outputs of the graph's weight products narrower than their inputs (each MLP's down projection), in
-    graph order, in whatever form earlier passes left them: float MatMul, int8_weights' DynamicQuantizeMatMul or
-    MatMulIntegerToFloat, awq_int4's MatMulNBits. (Counting MatMul alone, a calibrated pass after int8_weights
-    would run the whole tower in one session: 2.8 GB above the pass's start at LLaVA-OneVision-0.5B's size.)"""
+    graph order, in whatever form earlier passes left them: float MatMul, a MatMul of a dequantized int8 or INT4
+    weight, int8_weights' DynamicQuantizeMatMul or MatMulIntegerToFloat, awq_int4's MatMulNBits. (Counting float
+    MatMuls alone, a calibrated pass after int8_weights would run the whole tower in one session: 2.8 GB above
+    the pass's start at LLaVA-OneVision-0.5B's size.)"""
     dims = {t.name: t.dims for t in model.graph.initializer}
+    for node in model.graph.node:  # a dequantized weight: the [K, N] of the int8 or INT4 initializer it reads
+        if node.op_type == "DequantizeLinear" and node.input[0] in dims:
+            dims[node.output[0]] = dims[node.input[0]]
     narrowing = []
     for node in model.graph.node:
         if node.op_type == "MatMulNBits":

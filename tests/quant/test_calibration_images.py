@@ -60,16 +60,18 @@ def test_features_a_layer_at_a_time_equal_the_whole_graphs(lowered, rng, monkeyp
         np.testing.assert_allclose(feats, expected, rtol=1e-5, atol=1e-5)
 
 
-def test_an_int8_tower_is_cut_at_the_same_layers(lowered, rng, monkeypatch):
-    """After int8_weights (DynamicQuantizeMatMul in place of MatMul) a later calibrated pass still runs the tower a
-    layer at a time, not in one session over the stack of every hidden state, and gets the int8 graph's features."""
+@pytest.mark.parametrize("activations, op", [("dynamic", "DynamicQuantizeMatMul"), ("float", "DequantizeLinear")])
+def test_an_int8_tower_is_cut_at_the_same_layers(lowered, rng, monkeypatch, activations, op):
+    """After int8_weights (DynamicQuantizeMatMul in place of MatMul, or a MatMul of a dequantized weight) a later
+    calibrated pass still runs the tower a layer at a time, not in one session over the stack of every hidden
+    state, and gets the int8 graph's features."""
     ir = copy.deepcopy(lowered["llava"])
     down = [lin for lin in find_linears(ir.components["vision"].onnx, "vision")[1] if lin.n < lin.k]
     ir.config = fit_envelope(ir.config, Envelope())
     annotate(ir, PartitionPolicy())
-    Int8Weights(Int8Weights.Config(components=["vision"], activations="dynamic")).run(ir)
+    Int8Weights(Int8Weights.Config(components=["vision"], activations=activations)).run(ir)
     vision = ir.components["vision"].onnx
-    assert "DynamicQuantizeMatMul" in {node.op_type for node in vision.graph.node}
+    assert op in {node.op_type for node in vision.graph.node}
     images = [random_image(rng, int(rng.integers(40, 130)), int(rng.integers(40, 130))) for _ in range(2)]
     computed, sessions, made = set(), [], layerwise.session
 
