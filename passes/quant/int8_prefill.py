@@ -16,15 +16,14 @@ from typing import Any, Callable
 
 import numpy as np
 import onnx
-from onnx import helper, numpy_helper
 
 from mmtrt.errors import UserError
 from mmtrt.ir.graph import Component, ModelIR
 from mmtrt.ir.logits import LOGITS_FROM
 from mmtrt.pipeline.pass_base import Pass
 from mmtrt.quant.calibration import calibration_batches
+from mmtrt.quant.channel_maxima import channel_maxima
 from mmtrt.quant.prefill_int8 import int4_units, prefill_graph, searched_alpha
-from mmtrt.quant.session import run_with_outputs
 from passes.quant.int8_prefill_config import Int8PrefillConfig
 
 PREFILL = "llm_prefill"
@@ -112,39 +111,6 @@ def search_smoothing(model: onnx.ModelProto, select: Callable[[str], bool], inpu
     first, rest = channel_maxima(model, inputs, feeds[:scored]), channel_maxima(model, inputs, feeds[scored:])
     alpha, errors = searched_alpha(model, select, rest, feeds[:scored], float_channels)
     return {name: np.maximum(first[name], rest[name]) for name in inputs}, alpha, errors
-
-
-def channel_maxima(model: onnx.ModelProto, inputs: list[str],
-                   feeds: list[dict[str, np.ndarray]]) -> dict[str, np.ndarray]:
-    """max |x| per channel of each tensor in `inputs`, over every token of `feeds` through the LLM graph. The graph
-    reduces them itself, so no prompt's activations are held whole: at LLaVA-OneVision-0.5B's size the inputs of
-    every linear are 0.7 MB a token with the down projections' 4,864 channels, 1.4 GB for a 2,000-token prompt."""
-    nodes, extra, reduced = _maxima_nodes(model, inputs)
-    model.graph.node.extend(nodes)
-    model.graph.initializer.extend(extra)
-    try:
-        maxima: dict[str, np.ndarray] = {}
-        for out in run_with_outputs(model, list(reduced.values()), feeds):
-            for name, m in reduced.items():
-                maxima[name] = np.maximum(maxima[name], out[m]) if name in maxima else out[m]
-    finally:
-        del model.graph.node[len(model.graph.node) - len(nodes):]
-        del model.graph.initializer[len(model.graph.initializer) - len(extra):]
-    return maxima
-
-
-def _maxima_nodes(model: onnx.ModelProto, inputs: list[str]):
-    """Abs, Flatten to [rows, channels] and ReduceMax over the rows, per tensor; the nodes, the initializers they
-    read, and each tensor's reduced name."""
-    axes = numpy_helper.from_array(np.array([0], np.int64), "channel_maxima.rows")
-    nodes, reduced = [], {}
-    for i, name in enumerate(inputs):
-        p = f"channel_maxima.{i}"
-        nodes += [helper.make_node("Abs", [name], [f"{p}.abs"]),
-                  helper.make_node("Flatten", [f"{p}.abs"], [f"{p}.rows"], axis=-1),
-                  helper.make_node("ReduceMax", [f"{p}.rows", axes.name], [f"{p}.max"], keepdims=0)]
-        reduced[name] = f"{p}.max"
-    return nodes, [axes], reduced
 
 
 def static_feeds(llm: Component, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -13,11 +13,12 @@ from conftest import PREFILL_RECIPE, compile_to
 from cpp_harness import generate_cpp, needs_build
 from mmtrt.errors import UserError
 from mmtrt.ir.rewrite import attr
+from mmtrt.quant.channel_maxima import channel_maxima, layer_chunks, maxima_nodes
 from mmtrt.quant.int4 import Grid
 from mmtrt.quant.prefill_int8 import SEARCH_ALPHAS, effective_weight, int4_units, prefill_graph
 from mmtrt.quant.quantize import Settings, quantize_component
 from mmtrt.quant.session import run_with_outputs
-from passes.quant.int8_prefill import channel_maxima, search_smoothing
+from passes.quant.int8_prefill import search_smoothing
 
 GRIDS = [(Grid(32), "symmetric"), (Grid(32, False), "int4-zero-points"), (Grid(64, False, True), "float-zero-points")]
 
@@ -154,6 +155,19 @@ def test_channel_maxima_are_the_captured_inputs_maxima_and_leave_the_graph_as_it
     for name in inputs:
         want = np.max([np.abs(out[name]).reshape(-1, out[name].shape[-1]).max(0) for out in seen], axis=0)
         np.testing.assert_array_equal(maxima[name], want)
+
+
+def test_channel_maxima_run_a_decoder_layer_at_a_time(tiny_bundle, rng):
+    """The inputs are reduced in stages cut after narrowing linears (down projections, and the tiny LLM's GQA k and
+    v projections), so no stage reads two layers' inputs and a stage holds about one layer's weights."""
+    model = _quantized(tiny_bundle, Grid(32), rng)
+    units = int4_units(model)
+    _, reduced = maxima_nodes(sorted({u.input for u in units}))
+    chunks = layer_chunks(model, reduced)
+    layer = {u.input: u.name.split(".")[2] for u in units if u.name.startswith("llm.layers.")}
+    owners = [{layer.get(name, "lm_head") for name, m in reduced.items() if m in chunk} for chunk in chunks]
+    assert all(len(o) == 1 for o in owners), owners
+    assert len(chunks) >= len({*layer.values()}) + 1 and sorted(m for c in chunks for m in c) == sorted(reduced.values())
 
 
 def test_outlier_channels_kept_in_float_cut_the_error_on_held_out_prompts(tiny_bundle, rng):
