@@ -6,6 +6,7 @@ one component can be checked against what its neighbours expect.
 
 from __future__ import annotations
 
+import heapq
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -98,19 +99,51 @@ def _outer_references(graph: onnx.GraphProto) -> list[str]:
 
 def drop_dead(graph: onnx.GraphProto) -> None:
     """Remove the nodes whose outputs nothing reads (in reverse topological order), then unread initializers and
-    the value_info of tensors gone."""
+    the value_info of tensors gone. Each goes by its index: protobuf copies every message it moves, so putting a
+    list of the kept initializers back copied every weight of the graph (0.37 GB for an INT4 Qwen2-0.5B)."""
     needed = {o.name for o in graph.output}
-    kept = []
-    for node in reversed(graph.node):
+    dead = []
+    for i in reversed(range(len(graph.node))):
+        node = graph.node[i]
         if any(o in needed for o in node.output):
-            kept.append(node)
             needed.update(node_inputs(node))
+        else:
+            dead.append(i)
+    _delete(graph.node, dead)
+    _delete(graph.initializer, [i for i, t in enumerate(graph.initializer) if t.name not in needed][::-1])
+    needed |= {o for n in graph.node for o in n.output}
+    _delete(graph.value_info, [i for i, v in enumerate(graph.value_info) if v.name not in needed][::-1])
+
+
+def _delete(field, descending: list[int]) -> None:
+    for i in descending:
+        del field[i]
+
+
+def toposort(graph: onnx.GraphProto) -> None:
+    """Order the nodes so that each comes after the nodes it reads from, keeping the graph's order wherever it
+    already holds (a node goes as early as its inputs and its place among the others allow)."""
+    made = {o: i for i, node in enumerate(graph.node) for o in node.output if o}
+    reads = [{made[n] for n in node_inputs(node) if n in made} - {i} for i, node in enumerate(graph.node)]
+    if all(j < i for i, r in enumerate(reads) for j in r):
+        return
+    readers: dict[int, list[int]] = {}
+    for i, r in enumerate(reads):
+        for j in r:
+            readers.setdefault(j, []).append(i)
+    waiting = [len(r) for r in reads]
+    ready = [i for i, w in enumerate(waiting) if not w]
+    heapq.heapify(ready)
+    order = []
+    while ready:
+        i = heapq.heappop(ready)
+        order.append(i)
+        for k in readers.get(i, ()):
+            waiting[k] -= 1
+            if not waiting[k]:
+                heapq.heappush(ready, k)
+    if len(order) != len(graph.node):
+        raise ValueError("the graph has a cycle")
+    nodes = [graph.node[i] for i in order]
     del graph.node[:]
-    graph.node.extend(reversed(kept))
-    inits = [t for t in graph.initializer if t.name in needed]
-    del graph.initializer[:]
-    graph.initializer.extend(inits)
-    made = {o for n in graph.node for o in n.output}
-    infos = [v for v in graph.value_info if v.name in needed or v.name in made]
-    del graph.value_info[:]
-    graph.value_info.extend(infos)
+    graph.node.extend(nodes)

@@ -8,6 +8,7 @@ import onnx_graphsurgeon as gs
 from onnx import numpy_helper
 
 from mmtrt.ir import source_weights
+from mmtrt.ir.graph import drop_dead, toposort
 
 
 def producers(graph: onnx.GraphProto) -> dict[str, onnx.NodeProto]:
@@ -53,11 +54,22 @@ def import_domain(model: onnx.ModelProto, domain: str) -> None:
 
 
 def cleanup(model: onnx.ModelProto, fold_constants: bool = False) -> onnx.ModelProto:
-    """Remove nodes and initializers no output depends on (and optionally fold constants), keeping model metadata."""
+    """Remove nodes and initializers no output depends on and order the nodes topologically, in place; returns
+    `model`. Folding constants goes through onnx-graphsurgeon, whose export copies every weight of the graph (an
+    INT4 Qwen2-0.5B's 0.4 GB, and glibc kept the freed copy: 0.56 GB more resident after each pass that cleaned
+    up), so only graph_cleanup's `fold_constants` takes that way."""
+    if fold_constants:
+        return _folded(model)
+    toposort(model.graph)  # drop_dead reads the nodes from the last
+    drop_dead(model.graph)
+    return model
+
+
+def _folded(model: onnx.ModelProto) -> onnx.ModelProto:
+    """A copy of `model` with its constants folded and its dead nodes removed, by onnx-graphsurgeon."""
     gs.logger.G_LOGGER.severity = gs.logger.G_LOGGER.ERROR  # its folding advice is noise in a compile log
     graph = gs.import_onnx(model)
-    if fold_constants:
-        graph.fold_constants(error_ok=False)
+    graph.fold_constants(error_ok=False)
     graph.cleanup(remove_unused_graph_inputs=False).toposort()
     out = gs.export_onnx(graph, do_type_check=True)
     out.ir_version = model.ir_version
