@@ -1,13 +1,19 @@
-"""Session fixtures: the tiny zoo bundle and a SigLIP checkpoint the tests save themselves, compiled once."""
+"""Session fixtures: the tiny zoo bundle and a SigLIP checkpoint the tests save themselves, compiled once, and
+each small source model exported once."""
 
 import contextlib
+import copy
 import functools
+import hashlib
+import itertools
 import os
 import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 
 from mmtrt.compiler import compile_recipe
 from mmtrt.zoo.tiny_llava import build_tiny_llava
@@ -40,6 +46,66 @@ def module_folder(request, tmp_path_factory, name: str):
     yield folder
     if not request.session.testsfailed:
         shutil.rmtree(folder, ignore_errors=True)
+
+
+# A source model above this many tensor bytes is exported by every compile: its lowered copies would crowd memory.
+LOWER_ONCE_BYTES = 2**27
+
+
+def source_digest(model, processor) -> str | None:
+    """What lowering reads, hashed: the model's class, configs and tensors, its processor's files and the export
+    device; None for a model above LOWER_ONCE_BYTES."""
+    from mmtrt.ir import export
+
+    tensors = list(itertools.chain(model.named_parameters(), model.named_buffers()))
+    if sum(t.numel() * t.element_size() for _, t in tensors) > LOWER_ONCE_BYTES:
+        return None
+    digest = hashlib.sha256(f"{type(model).__name__} {export.device()} {export.trace_device()}".encode())
+    digest.update(model.config.to_json_string().encode() + model.generation_config.to_json_string().encode())
+    for name, t in tensors:
+        digest.update(f"{name} {t.dtype} {tuple(t.shape)}".encode())
+        digest.update(t.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    with tempfile.TemporaryDirectory() as folder:
+        copy.deepcopy(processor).save_pretrained(folder)  # saving marks the processor's tokenizer config
+        for file in sorted(p for p in Path(folder).rglob("*") if p.is_file()):
+            digest.update(file.relative_to(folder).as_posix().encode() + file.read_bytes())
+    return digest.hexdigest()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def lower_once():
+    """In-process compiles export each small source model once per worker: a later compile of the same model
+    (weights, configs, processor, device) runs its passes on a copy of that lowering, which is deterministic
+    (tests/bundle/test_bundle.py compiles twice to the same bytes). The copy holds its weights itself: the first
+    compile's source model is gone when the next one runs. A test marked `exports` exports every compile it runs
+    itself (its body and its function-scoped fixtures)."""
+    import mmtrt.compiler
+    from mmtrt.ir import source_weights
+
+    lowered, real_lower = {}, mmtrt.compiler.lower
+
+    def lower(model, processor):
+        key = None if lower.fresh else source_digest(model, processor)
+        if key is None:
+            return real_lower(model, processor)
+        if key not in lowered:
+            lowered[key] = real_lower(model, processor)
+            for comp in lowered[key].onnx_components():
+                source_weights.materialize(comp.onnx)
+        return copy.deepcopy(lowered[key])
+
+    lower.fresh = False
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(mmtrt.compiler, "lower", lower)
+        yield lower
+
+
+@pytest.fixture(autouse=True)
+def fresh_exports(request, lower_once):
+    """Under the `exports` mark, every compile of the test exports its model."""
+    lower_once.fresh = request.node.get_closest_marker("exports") is not None
+    yield
+    lower_once.fresh = False
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -20,6 +20,7 @@ def test_cuda_without_a_gpu_is_refused_in_one_line(capsys, tmp_path):
     assert not out.exists() and list(tmp_path.iterdir()) == []
 
 
+@pytest.mark.exports  # the device is where the export runs
 def test_cpu_and_auto_write_the_same_bundle(tiny_bundle, tmp_path):
     out = tmp_path / "cpu.bundle"
     assert main(["compile", str(RECIPE), "-o", str(out), "--device", "cpu"]) == 0

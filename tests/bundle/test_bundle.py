@@ -9,6 +9,7 @@ from mmtrt.errors import UserError
 from conftest import ROOT
 
 
+@pytest.mark.exports  # the export is part of what must repeat
 def test_same_recipe_gives_identical_bundles(tiny_bundle, tmp_path):
     again = compile_recipe(ROOT / "recipes" / "tiny-llava.yaml", tmp_path / "again")
     first, second = read_manifest(tiny_bundle), read_manifest(again)

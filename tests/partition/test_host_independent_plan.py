@@ -30,6 +30,7 @@ def here(tmp_path_factory):
     return compile_to(tmp_path_factory.mktemp("host"), TENSORRT_ONLY, "here")
 
 
+@pytest.mark.exports  # the host must not change the export either
 def test_manifest_is_the_same_on_every_host(here, tmp_path, monkeypatch):
     with monkeypatch.context() as m:
         _everything_importable(m)
