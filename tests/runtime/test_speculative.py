@@ -35,13 +35,21 @@ def both(pipe, image, prompts, new=24, **sampling):
 
 
 def test_greedy_tokens_equal_plain_decoding_and_drafts_are_accepted(bundle, rng):
+    """The random tiny model's answers repeat an n-gram of their prompt or of themselves for about 7 images in 8
+    (none of the three prompts' drafts was accepted for the eighth); images are drawn until one has a draft
+    accepted, each checked against plain decoding."""
     pipe = load(bundle, prefix_cache_mib=0)
-    plain, spec = both(pipe, random_image(rng, 64, 64), PROMPTS)
-    assert [g.token_ids for g in spec] == [g.token_ids for g in plain]
-    assert [g.finish_reason for g in spec] == [g.finish_reason for g in plain]
-    assert sum(g.speculative["accepted"] for g in spec) > 0
-    assert all(g.speculative["accepted"] <= g.speculative["proposed"] for g in spec)
-    assert all(g.speculative is None for g in plain)
+    accepted = 0
+    for _ in range(6):
+        plain, spec = both(pipe, random_image(rng, 64, 64), PROMPTS)
+        assert [g.token_ids for g in spec] == [g.token_ids for g in plain]
+        assert [g.finish_reason for g in spec] == [g.finish_reason for g in plain]
+        assert all(g.speculative["accepted"] <= g.speculative["proposed"] for g in spec)
+        assert all(g.speculative is None for g in plain)
+        accepted = sum(g.speculative["accepted"] for g in spec)
+        if accepted:
+            break
+    assert accepted > 0
 
 
 def test_a_batch_with_different_acceptance_gives_every_request_its_solo_tokens(bundle, rng):
