@@ -16,34 +16,42 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from mmtrt.ir import source_weights
 
-BLOCK = 64 << 20  # bytes compared or hashed at a time: no check holds a second copy of a large tensor
 
-
-def _key(data_type: int, dims, raw) -> tuple:
-    return data_type, tuple(dims), _digest(raw)
+def digest(raw) -> bytes:
+    """The digest of a tensor's bytes (as `source_weights.tensor_data` gives them), read a block at a time."""
+    return _digest(source_weights.pieces(raw))
 
 
 def _digest(parts) -> bytes:
     h = hashlib.sha256()
-    for part in ([parts] if isinstance(parts, (bytes, memoryview)) else parts):
+    for part in parts:
         h.update(part)
     return h.digest()
 
 
-def _table(raw, data_type: int, dims) -> np.ndarray | None:
-    """The 2-D tensor `raw` as an array of opaque elements; None where elements are not whole bytes (int4)."""
-    itemsize = helper.tensor_dtype_to_np_dtype(data_type).itemsize
+def _columns(raw, data_type: int, dims):
+    """columns(start, stop) of the 2-D tensor `raw`, as an array of opaque elements; None where the tensor is not
+    2-D or its elements are not whole bytes (int4)."""
+    itemsize = _itemsize(data_type)
     if len(dims) != 2 or len(raw) != itemsize * dims[0] * dims[1]:
         return None
-    return np.frombuffer(raw, dtype=f"V{itemsize}").reshape(dims)
+    if isinstance(raw, source_weights.Widening):
+        return lambda start, stop: raw.columns(slice(start, stop)).view(f"V{itemsize}")
+    table = np.frombuffer(raw, dtype=f"V{itemsize}").reshape(dims)
+    return lambda start, stop: table[:, start:stop]
 
 
-def _transposed_blocks(table: np.ndarray):
-    """The bytes of `table` transposed, in order, a block of its columns at a time."""
-    step = max(1, BLOCK // max(1, table.shape[0] * table.itemsize))
-    for c in range(0, table.shape[1], step):
-        yield table[:, c:c + step].T.tobytes()
+def _itemsize(data_type: int) -> int:
+    return helper.tensor_dtype_to_np_dtype(data_type).itemsize
+
+
+def _transposed_blocks(columns, data_type: int, dims):
+    """The bytes of a table transposed, in order, a block of its columns at a time."""
+    step = max(1, source_weights.BLOCK // max(1, dims[0] * _itemsize(data_type)))
+    for c in range(0, dims[1], step):
+        yield columns(c, c + step).T.tobytes()
 
 
 class StoredTensors:
@@ -54,42 +62,51 @@ class StoredTensors:
         self.saved: dict[tuple, list[onnx.StringStringEntryProto]] = {}
         self.tables: dict[tuple, tuple[list[onnx.StringStringEntryProto], list[int]]] = {}
 
-    def add(self, tensor: onnx.TensorProto, raw, table: bool) -> None:
-        """Record `tensor`, just saved with its bytes `raw`; a `table` (the token embedding) is also found by its
-        transpose."""
+    def add(self, tensor: onnx.TensorProto, raw, sha: bytes, table: bool) -> None:
+        """Record `tensor`, just saved with its bytes `raw` of `digest` sha; a `table` (the token embedding) is also
+        found by its transpose."""
         entries = list(tensor.external_data)
-        self.saved.setdefault(_key(tensor.data_type, tensor.dims, raw), entries)
-        grid = _table(raw, tensor.data_type, tensor.dims) if table else None
-        if grid is not None:
-            key = (tensor.data_type, tuple(tensor.dims[::-1]), _digest(_transposed_blocks(grid)))
-            self.tables.setdefault(key, (entries, list(tensor.dims)))
+        self.saved.setdefault((tensor.data_type, tuple(tensor.dims), sha), entries)
+        columns = _columns(raw, tensor.data_type, tensor.dims) if table else None
+        if columns is not None:
+            flipped = _digest(_transposed_blocks(columns, tensor.data_type, tensor.dims))
+            self.tables.setdefault((tensor.data_type, tuple(tensor.dims[::-1]), flipped), (entries, list(tensor.dims)))
 
-    def same(self, tensor: onnx.TensorProto, raw) -> list[onnx.StringStringEntryProto] | None:
+    def same(self, tensor: onnx.TensorProto, raw, sha: bytes) -> list[onnx.StringStringEntryProto] | None:
         """The external data entries of a saved tensor with `tensor`'s dtype, dims and bytes, or None."""
-        entries = self.saved.get(_key(tensor.data_type, tensor.dims, raw))
+        entries = self.saved.get((tensor.data_type, tuple(tensor.dims), sha))
         return entries if entries is not None and self._equal(entries, raw) else None
 
-    def transposed(self, tensor: onnx.TensorProto, raw):
+    def transposed(self, tensor: onnx.TensorProto, raw, sha: bytes):
         """(entries, dims) of a saved table whose transpose is `tensor`, or None."""
-        found = self.tables.get(_key(tensor.data_type, tensor.dims, raw))
+        found = self.tables.get((tensor.data_type, tuple(tensor.dims), sha))
         if found is None:
             return None
         entries, dims = found
-        mine = _table(raw, tensor.data_type, tensor.dims)
-        rows = max(1, BLOCK // max(1, mine.itemsize * dims[1]))
-        for r, block in enumerate(self._blocks(entries, rows * mine.itemsize * dims[1])):
-            saved = np.frombuffer(block, dtype=mine.dtype).reshape(-1, dims[1])
-            if not np.array_equal(saved.T, mine[:, r * rows:r * rows + len(saved)]):
+        columns = _columns(raw, tensor.data_type, tensor.dims)
+        itemsize = _itemsize(tensor.data_type)
+        rows = max(1, source_weights.BLOCK // max(1, itemsize * dims[1]))
+        for r, block in enumerate(self._blocks(entries, rows * itemsize * dims[1])):
+            saved = np.frombuffer(block, dtype=f"V{itemsize}").reshape(-1, dims[1])
+            if not np.array_equal(saved.T, columns(r * rows, r * rows + len(saved))):
                 return None
         return found
 
     def _equal(self, entries, raw) -> bool:
-        view, at = memoryview(raw).cast("B"), 0
-        for block in self._blocks(entries, BLOCK):
-            if block != view[at:at + len(block)]:
+        """Whether the saved bytes of `entries` are `raw`'s, compared a block at a time."""
+        mine, theirs = source_weights.pieces(raw), self._blocks(entries, source_weights.BLOCK)
+        held, saved = memoryview(b""), memoryview(b"")
+        while True:
+            if not held:
+                held = memoryview(next(mine, b"")).cast("B")
+            if not saved:
+                saved = memoryview(next(theirs, b""))
+            if not held or not saved:
+                return not held and not saved
+            n = min(len(held), len(saved))
+            if held[:n] != saved[:n]:
                 return False
-            at += len(block)
-        return at == len(view)
+            held, saved = held[n:], saved[n:]
 
     def _blocks(self, entries, size: int):
         """The saved bytes of `entries`, `size` bytes at a time."""

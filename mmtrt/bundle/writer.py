@@ -20,7 +20,7 @@ from mmtrt.backends.tensorrt.engines import ENGINE_DIR
 from mmtrt.bundle.manifest import BUILD_REPORT, MANIFEST, dumps, is_bundle, sha256_file
 from mmtrt.bundle.staging import (OWNER, claim, raise_if_terminated, signals_deferred, sigterm_as_interrupt,
                                   sweep_stale)
-from mmtrt.bundle.stored import StoredTensors, fresh_name, transpose_node
+from mmtrt.bundle.stored import StoredTensors, digest, fresh_name, transpose_node
 from mmtrt.errors import UserError
 from mmtrt.ir import source_weights
 from mmtrt.ir.graph import ModelIR
@@ -141,7 +141,8 @@ def save_onnx(model: onnx.ModelProto, path: Path, threshold: int, stored: Stored
               table: bool = False, desc: str | None = None) -> list[str]:
     """Save with large initializers in one external data file; returns the file names it reads, the model's first.
     The files are `onnx.save_model(save_as_external_data=True, all_tensors_to_one_file=True)`'s to the byte, but
-    written one initializer at a time from `model` (left as it was), so saving holds no second copy of the weights.
+    written one initializer at a time from `model` (left as it was), a referenced weight a block at a time, so saving
+    holds no second copy of the weights.
     With `stored` (the tensors saved so far beside `path`), an initializer already saved is read from there, and
     recorded there when it is new; `table`: `model`'s large tensors are token tables, shared with a tied lm_head.
     `desc`: a progress bar over the initializers under that name (widening a 7B LLM's takes minutes)."""
@@ -156,17 +157,18 @@ def save_onnx(model: onnx.ModelProto, path: Path, threshold: int, stored: Stored
         initializers = model.graph.initializer
         for tensor in track(initializers, desc, len(initializers)) if desc else initializers:
             kept = shell.graph.initializer.add()
-            raw = source_weights.tensor_bytes(tensor)
+            raw = source_weights.tensor_data(tensor)
             if raw is None or len(raw) + _BYTES_OVERHEAD < threshold:
                 kept.CopyFrom(tensor)
                 if raw is not None and source_weights.is_reference(tensor):
-                    source_weights.materialize_one(kept, raw)
+                    source_weights.materialize_one(kept, source_weights.tensor_bytes(tensor))
                 continue
             source_weights.copy_fields(tensor, kept, skip="raw_data")
             del kept.external_data[:]
             kept.data_location = onnx.TensorProto.EXTERNAL
-            entries = stored.same(tensor, raw) if stored else None
-            flipped = stored.transposed(tensor, raw) if stored and entries is None and tensor.name not in inputs \
+            sha = digest(raw) if stored else None
+            entries = stored.same(tensor, raw, sha) if stored else None
+            flipped = stored.transposed(tensor, raw, sha) if stored and entries is None and tensor.name not in inputs \
                 else None
             if flipped is not None:
                 entries, dims = flipped
@@ -180,12 +182,13 @@ def save_onnx(model: onnx.ModelProto, path: Path, threshold: int, stored: Stored
             if sink is None:
                 sink = files.enter_context(open(path.parent / data, "wb"))
             offset = sink.tell()
-            sink.write(raw)
+            for piece in source_weights.pieces(raw):
+                sink.write(piece)
             sink.flush()
             for key, value in (("location", data), ("offset", offset), ("length", sink.tell() - offset)):
                 kept.external_data.add(key=key, value=str(value))
             if stored:
-                stored.add(kept, raw, table)
+                stored.add(kept, raw, sha, table)
             del raw
     if transposes:
         nodes = [*transposes, *shell.graph.node]

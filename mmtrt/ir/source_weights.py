@@ -5,7 +5,7 @@ bytes. While `kept()` is active, the export traces each large parameter as a flo
 memory (an allocation nobody writes), and each initializer of the exported graph that reads a placeholder (the
 parameter itself, or the transpose of it the exporter folds) becomes a reference to its source tensor, in the
 checkpoint's own dtype, and to the view the exporter took of it. The reference is an external data entry whose
-location names no file: the bundle writer widens the source one tensor at a time as it saves (`tensor_bytes`),
+location names no file: the bundle writer widens the source a block at a time as it saves (`tensor_data`),
 and a pass that edits a graph takes its weights into memory first (`materialize`). The bytes are the float32
 export's to the bit, since every bfloat16 and float16 value is exactly a float32. A checkpoint's safetensors
 are mapped, and a page read stays resident until the kernel needs it back: once a view is widened, its source's
@@ -33,6 +33,7 @@ LOCATION = "mmtrt:source-model"
 # a parameter the exporter may fold with anything is exported with its real values; larger ones only meet the
 # folder's always-fold Transpose, which a view of the placeholder records exactly
 SMALL = DEFAULT_CONSTANT_FOLD_INPUT_SIZE_LIMIT
+BLOCK = 64 << 20  # bytes of a weight widened, hashed or compared at a time: none is held whole twice
 
 
 @dataclass(frozen=True)
@@ -42,17 +43,52 @@ class _View:
     strides: tuple[int, ...]  # in elements, into the source laid out contiguously
     offset: int
 
-    def array(self, columns: slice | None = None) -> np.ndarray:
-        """The view's float32 values (of a 2-D view's `columns` alone), in one new array (the source is widened
-        into it)."""
-        shape, offset = self.shape, self.offset
-        if columns is not None:
-            start, stop, _ = columns.indices(shape[1])
-            shape, offset = (shape[0], stop - start), offset + start * self.strides[1]
+    def array(self, *, rows: slice | None = None, columns: slice | None = None) -> np.ndarray:
+        """The view's float32 values (of its first axis's `rows`, a 2-D view's `columns`, alone), in one new array
+        (the source is widened into it)."""
+        shape, offset = list(self.shape), self.offset
+        for axis, part in ((0, rows), (1, columns)):
+            if part is not None:
+                start, stop, _ = part.indices(shape[axis])
+                shape[axis], offset = max(0, stop - start), offset + start * self.strides[axis]
         out = torch.empty(shape, dtype=torch.float32)
         out.copy_(self.source.contiguous().as_strided(shape, self.strides, offset))
         release(self.source)
         return out.numpy()
+
+
+@dataclass(frozen=True)
+class Widening:
+    """A reference's float32 bytes, widened from its source a block at a time: no one holds a large weight's
+    float32 copy whole while saving, hashing or comparing it."""
+    view: _View
+
+    def __len__(self) -> int:
+        return int(np.prod(self.view.shape)) * 4
+
+    def blocks(self, size: int):
+        """The bytes in order, whole rows of the first axis at a time, about `size` bytes each."""
+        if not self.view.shape or len(self) == 0:
+            yield memoryview(self.view.array()).cast("B")
+            return
+        rows = self.view.shape[0]
+        step = max(1, size * rows // len(self))
+        for r in range(0, rows, step):
+            yield memoryview(self.view.array(rows=slice(r, r + step))).cast("B")
+
+    def columns(self, columns: slice) -> np.ndarray:
+        return self.view.array(columns=columns)
+
+
+def pieces(data: bytes | memoryview | Widening):
+    """The bytes of `data` (as `tensor_data` gives them) in order, about BLOCK at a time."""
+    size = BLOCK
+    if isinstance(data, Widening):
+        yield from data.blocks(size)
+        return
+    view = memoryview(data).cast("B")
+    for at in range(0, len(view), size):
+        yield view[at:at + size]
 
 
 _PAGEOUT = 21  # MADV_PAGEOUT (Linux 5.4+): reclaim the pages now; clean file pages are read again when touched
@@ -165,16 +201,22 @@ def is_reference(tensor: onnx.TensorProto) -> bool:
     return _key(tensor) is not None
 
 
-def tensor_bytes(tensor: onnx.TensorProto) -> bytes | memoryview | None:
-    """The raw bytes of `tensor`: its own, or its source's widened (a view of one new array); None for a tensor
-    in another form."""
+def tensor_data(tensor: onnx.TensorProto) -> bytes | Widening | None:
+    """The raw bytes of `tensor`: its own, or its source's as a Widening; None for a tensor in another form."""
     key = _key(tensor)
     if key is None:
         return tensor.raw_data if tensor.HasField("raw_data") else None
     registry = _registry.get()
     if registry is None or key not in registry.views:
         raise RuntimeError(f"initializer {tensor.name} refers to a source model that is no longer held")
-    return memoryview(registry.views[key].array()).cast("B")
+    return Widening(registry.views[key])
+
+
+def tensor_bytes(tensor: onnx.TensorProto) -> bytes | memoryview | None:
+    """The raw bytes of `tensor`: its own, or its source's widened (a view of one new array); None for a tensor
+    in another form."""
+    data = tensor_data(tensor)
+    return memoryview(data.view.array()).cast("B") if isinstance(data, Widening) else data
 
 
 def materialize(model: onnx.ModelProto) -> None:
@@ -243,6 +285,6 @@ def array(tensor: onnx.TensorProto, columns: slice | None = None) -> np.ndarray:
     source: a reference widens only those columns."""
     registry = _registry.get()
     if is_reference(tensor) and registry:
-        return registry.views[_key(tensor)].array(columns)
+        return registry.views[_key(tensor)].array(columns=columns)
     whole = onnx.numpy_helper.to_array(tensor)
     return whole if columns is None else whole[:, columns]

@@ -65,7 +65,7 @@ def save_external(model: onnx.ModelProto, folder: Path) -> Path:
     initializers = []
     with open(folder / DATA, "wb") as data:
         for tensor in model.graph.initializer:
-            raw = source_weights.tensor_bytes(tensor)
+            raw = source_weights.tensor_data(tensor)
             if raw is None or (len(raw) < EXTERNAL_BYTES and not source_weights.is_reference(tensor)):
                 initializers.append(tensor)
                 continue
@@ -73,7 +73,8 @@ def save_external(model: onnx.ModelProto, folder: Path) -> Path:
                                    data_location=onnx.TensorProto.EXTERNAL)
             for key, value in (("location", DATA), ("offset", data.tell()), ("length", len(raw))):
                 out.external_data.add(key=key, value=str(value))
-            data.write(raw)
+            for piece in source_weights.pieces(raw):
+                data.write(piece)
             initializers.append(out)
     g = model.graph
     graph = helper.make_graph(g.node, g.name, g.input, g.output, initializers, value_info=g.value_info)

@@ -7,14 +7,17 @@ from types import SimpleNamespace
 
 import numpy as np
 import onnx
+import onnx_ir as ir
 import onnxruntime as ort
 import pytest
+import torch
 from onnx import numpy_helper
 
 from builders import assert_same_up_to_near_ties, hf_greedy, hf_prefill_logits, make_model, random_image, tensor
 from mmtrt.bundle.stored import StoredTensors
 from mmtrt.bundle.verify import verify_bundle
 from mmtrt.bundle.writer import save_onnx
+from mmtrt.ir import source_weights
 from mmtrt.runtime import load
 
 NEW_TOKENS = 6
@@ -30,7 +33,7 @@ def tied(anyres_compile):
 def two_copies(anyres_compile):
     """The same recipe written as before sharing: the lm_head's own transposed copy of the table."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(StoredTensors, "transposed", lambda self, tensor, raw: None)
+        patch.setattr(StoredTensors, "transposed", lambda self, tensor, raw, sha: None)
         return anyres_compile("llava_onevision", "", "two-copies.bundle")
 
 
@@ -89,9 +92,8 @@ def test_an_untied_model_keeps_its_own_lm_head(tiny_bundle):
     assert "embed.onnx.data" not in json.loads((tiny_bundle / "manifest.json").read_text())["components"]["llm"]["files"]
 
 
-def _save_pair(folder, table: np.ndarray, head: np.ndarray, llm_stored=None) -> onnx.ModelProto:
-    """An embed graph gathering from `table` and an llm graph multiplying by `head`, saved with one registry (the
-    llm with `llm_stored` where given); the llm as saved (external data not loaded)."""
+def _pair(table: np.ndarray, head: np.ndarray) -> tuple[onnx.ModelProto, onnx.ModelProto]:
+    """An embed graph gathering from `table` and an llm graph multiplying by `head`."""
     embed = make_model([onnx.helper.make_node("Gather", ["table", "ids"], ["x"])],
                        [tensor("ids", [2], onnx.TensorProto.INT64)],
                        [tensor("x", [2, table.shape[1]], onnx.helper.np_dtype_to_tensor_dtype(table.dtype))],
@@ -100,6 +102,13 @@ def _save_pair(folder, table: np.ndarray, head: np.ndarray, llm_stored=None) -> 
     llm = make_model([onnx.helper.make_node("MatMul", ["h", "head"], ["logits"])],
                      [tensor("h", [3, head.shape[0]], dtype)], [tensor("logits", [3, head.shape[1]], dtype)],
                      [("head", head)])
+    return embed, llm
+
+
+def _save_pair(folder, table: np.ndarray, head: np.ndarray, llm_stored=None) -> onnx.ModelProto:
+    """`_pair` saved with one registry (the llm with `llm_stored` where given); the llm as saved (external data
+    not loaded)."""
+    embed, llm = _pair(table, head)
     stored = StoredTensors(folder)
     save_onnx(embed, folder / "embed.onnx", 64, stored, table=True)
     save_onnx(llm, folder / "llm.onnx", 64, stored if llm_stored is None else llm_stored)
@@ -138,3 +147,39 @@ def test_a_table_a_pass_changed_is_not_shared(tmp_path, rng):
     llm = _save_pair(tmp_path, table, head)
     assert _locations(llm) == {"llm.onnx.data"}
     assert not any(n.op_type == "Transpose" for n in llm.graph.node)
+
+
+
+def _referring(model: onnx.ModelProto, source: torch.Tensor, transpose: bool) -> onnx.ModelProto:
+    """`model` with its one initializer exported from a placeholder of `source` (its transpose where asked): a
+    reference to the checkpoint's tensor, as a compile's export leaves it."""
+    lowered = ir.serde.deserialize_model(model)
+    held = source_weights.placeholder(source).numpy()
+    next(iter(lowered.graph.initializers.values())).const_value = ir.Tensor(held.T if transpose else held)
+    source_weights.refer(lowered)
+    out = ir.serde.serialize_model(lowered)
+    assert source_weights.is_reference(out.graph.initializer[0])
+    return out
+
+
+def test_a_referenced_table_is_written_and_shared_a_block_of_rows_at_a_time(tmp_path, rng, monkeypatch):
+    """A checkpoint's bf16 table widened to float32 a few rows at a time (blocks that split the saved file's blocks
+    unevenly) gives onnx's bytes, and is still found again whole and as the lm_head's transpose."""
+    monkeypatch.setattr(source_weights, "BLOCK", 1000)
+    source = torch.from_numpy(rng.normal(size=(301, 40)).astype(np.float32)).to(torch.bfloat16)
+    table = source.float().numpy()
+    embed, llm = _pair(table, np.ascontiguousarray(table.T))
+    stored = StoredTensors(tmp_path)
+    with source_weights.kept():
+        save_onnx(_referring(embed, source, False), tmp_path / "embed.onnx", 64, stored, table=True)
+        save_onnx(_referring(llm, source, True), tmp_path / "llm.onnx", 64, stored)
+        save_onnx(_referring(embed, source, False), tmp_path / "again.onnx", 64, stored)
+    assert (tmp_path / "embed.onnx.data").read_bytes() == table.tobytes()
+    assert not (tmp_path / "llm.onnx.data").exists() and not (tmp_path / "again.onnx.data").exists()
+    for name in ("llm", "again"):
+        assert _locations(onnx.load(tmp_path / f"{name}.onnx", load_external_data=False)) == {"embed.onnx.data"}
+    h, ids = rng.normal(size=(3, 40)).astype(np.float32), rng.integers(0, 301, size=2)
+    logits = ort.InferenceSession(str(tmp_path / "llm.onnx")).run(None, {"h": h})[0]
+    np.testing.assert_allclose(logits, h @ table.T, rtol=1e-5, atol=1e-5)
+    rows = ort.InferenceSession(str(tmp_path / "again.onnx")).run(None, {"ids": ids})[0]
+    np.testing.assert_array_equal(rows, table[ids])
