@@ -104,6 +104,14 @@ def release(tensor: torch.Tensor) -> None:
         _libc().madvise(ctypes.c_void_p(first), ctypes.c_size_t(last - first), ctypes.c_int(_PAGEOUT))
 
 
+def give_back_freed_memory() -> None:
+    """glibc's malloc_trim: the free pages of every heap back to the system, which glibc does not shrink by itself;
+    nothing where libc has no such call."""
+    trim = getattr(_libc(), "malloc_trim", None)
+    if trim is not None:
+        trim(0)
+
+
 def _maps_file(first: int, last: int) -> bool:
     """Whether [first, last) lies in one mapping of a file (/proc/self/maps: a non-zero inode)."""
     try:

@@ -102,4 +102,5 @@ def run_passes(passes: list[Pass], ir: ModelIR, instruments: list[Instrument]) -
         for inst in reversed(instruments):
             inst.after(p, ir, report)
         reports.append(report)
+        source_weights.give_back_freed_memory()  # what the pass freed, before the next pass or the writer allocates
     return reports

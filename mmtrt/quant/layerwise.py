@@ -14,9 +14,6 @@ resident set grew by about one layer's float32 weights per layer (1 GB for a Lla
 
 from __future__ import annotations
 
-import ctypes
-import ctypes.util
-import functools
 from collections import deque
 from dataclasses import dataclass
 from typing import Iterator
@@ -26,6 +23,7 @@ import onnx
 from onnx import helper
 
 from mmtrt.ir.graph import node_inputs
+from mmtrt.ir.source_weights import give_back_freed_memory
 from mmtrt.progress import track
 from mmtrt.quant.session import session
 
@@ -111,16 +109,3 @@ def _stage_model(model: onnx.ModelProto, nodes: list[onnx.NodeProto], stage: Sta
     return helper.make_model(graph, opset_imports=model.opset_import, ir_version=model.ir_version,
                              functions=model.functions)
 
-
-def give_back_freed_memory() -> None:
-    """glibc's malloc_trim: the free pages of every heap back to the system; nothing where libc has no such call."""
-    trim = _malloc_trim()
-    if trim is not None:
-        trim(0)
-
-
-@functools.cache
-def _malloc_trim():
-    """libc's malloc_trim, looked up once (find_library runs ldconfig), or None."""
-    name = ctypes.util.find_library("c")
-    return getattr(ctypes.CDLL(name), "malloc_trim", None) if name else None

@@ -21,7 +21,7 @@ import onnx
 from mmtrt.ir import source_weights
 from mmtrt.quant.awq import GroupStats, ModuleLoss, OwnLoss, ScaleResult, scaled_blocks, search_clip, search_scale
 from mmtrt.quant.layer_rewrite import GroupPlan, LayerRewrite
-from mmtrt.quant.layerwise import captured, give_back_freed_memory
+from mmtrt.quant.layerwise import captured
 from mmtrt.quant.linears import GraphIndex, Group, find_linears, region_inputs
 from mmtrt.quant.lowering import GPTQ, QuantizedLinear, Settings, sig
 
@@ -46,7 +46,7 @@ def quantize_component(model: onnx.ModelProto, component: str, batches: list[dic
     for chunk, stats in _calibrate(model, index, groups, batches, settings):
         searched = time.perf_counter()
         for group in chunk:
-            give_back_freed_memory()  # what the layer's calibration session or the last search freed
+            source_weights.give_back_freed_memory()  # what the layer's calibration session or the last search freed
             ws = [np.asarray(source_weights.array(index.initializers[lin.weight]).T, np.float32)
                   for lin in group.linears]
             plan, report = _search(model, index, group, ws, stats.pop(group.input), settings)
@@ -56,7 +56,6 @@ def quantize_component(model: onnx.ModelProto, component: str, batches: list[dic
         searching += time.perf_counter() - searched
     calibrated = time.perf_counter() - searching  # the search ran between the layers' calibrations
     quantized, lowered = rewrite.finish()
-    give_back_freed_memory()  # the calibration's and the searches' arrays, before the compile writes the bundle
     return quantized, {"calibration_s": round(calibrated - started, 2),
                        "search_and_rewrite_s": round(time.perf_counter() - calibrated, 2), "groups": reports, **lowered}
 
