@@ -116,7 +116,7 @@ class TorchRunner(FunctionRunner):
     def activate_impl(self):
         import torch
 
-        from mmtrt.ir.source_weights import release
+        from mmtrt.ir.resident import release
 
         tensors = itertools.chain(*(itertools.chain(m.parameters(), m.buffers()) for m in self._modules))
         for t in {id(t): t for t in tensors if t.is_floating_point() and t.dtype != torch.float32}.values():

@@ -8,7 +8,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from mmtrt.errors import UserError
-from mmtrt.ir import source_weights
+from mmtrt.ir import resident, source_weights
 from mmtrt.ir.graph import ModelIR
 from mmtrt.pipeline.instruments import Instrument
 from mmtrt.pipeline.pass_base import Pass
@@ -102,5 +102,5 @@ def run_passes(passes: list[Pass], ir: ModelIR, instruments: list[Instrument]) -
         for inst in reversed(instruments):
             inst.after(p, ir, report)
         reports.append(report)
-        source_weights.give_back_freed_memory()  # what the pass freed, before the next pass or the writer allocates
+        resident.give_back_freed_memory()  # what the pass freed, before the next pass or the writer allocates
     return reports

@@ -20,7 +20,7 @@ from mmtrt.ir.graph import ModelIR
 from mmtrt.ir.hidden_states import stacked_selects
 from mmtrt.ir.rewrite import attr
 from mmtrt.preprocess.anyres import NEWLINE_ASSET, build_tiler, pack
-from mmtrt.ir.source_weights import give_back_freed_memory
+from mmtrt.ir.resident import give_back_freed_memory
 from mmtrt.quant.layerwise import captured
 
 WEIGHT_PRODUCTS = {"MatMul", "DynamicQuantizeMatMul", "MatMulIntegerToFloat"}  # input, [K, N] weight, ...

@@ -23,7 +23,7 @@ import onnx
 from onnx import helper
 
 from mmtrt.ir.graph import node_inputs
-from mmtrt.ir.source_weights import give_back_freed_memory
+from mmtrt.ir.resident import give_back_freed_memory
 from mmtrt.progress import track
 from mmtrt.quant.session import session
 

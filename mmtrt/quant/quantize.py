@@ -18,7 +18,7 @@ from typing import Callable, Iterator
 import numpy as np
 import onnx
 
-from mmtrt.ir import source_weights
+from mmtrt.ir import resident, source_weights
 from mmtrt.quant.awq import GroupStats, ModuleLoss, OwnLoss, ScaleResult, scaled_blocks, search_clip, search_scale
 from mmtrt.quant.layer_rewrite import GroupPlan, LayerRewrite
 from mmtrt.quant.layerwise import captured
@@ -46,7 +46,7 @@ def quantize_component(model: onnx.ModelProto, component: str, batches: list[dic
     for chunk, stats in _calibrate(model, index, groups, batches, settings):
         searched = time.perf_counter()
         for group in chunk:
-            source_weights.give_back_freed_memory()  # what the layer's calibration session or the last search freed
+            resident.give_back_freed_memory()  # what the layer's calibration session or the last search freed
             ws = [np.asarray(source_weights.array(index.initializers[lin.weight]).T, np.float32)
                   for lin in group.linears]
             plan, report = _search(model, index, group, ws, stats.pop(group.input), settings)

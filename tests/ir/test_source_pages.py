@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import load_file, save_file
 
-from mmtrt.ir import source_weights
+from mmtrt.ir import resident
 
 
 def resident_mib() -> dict[str, int]:
@@ -21,7 +21,7 @@ def test_a_mapped_tensor_leaves_the_resident_set_and_reads_back_the_same(tmp_pat
     table = load_file(path)["table"]
     total = table.float().sum()
     before = resident_mib()["RssFile"]
-    source_weights.release(table)
+    resident.release(table)
     assert before - resident_mib()["RssFile"] >= 60
     assert table.float().sum() == total
 
@@ -30,6 +30,6 @@ def test_memory_of_the_process_own_is_left_alone():
     own = torch.randn(4096, 4096)  # 64 MiB, anonymous
     copy = own.clone()
     before = resident_mib()["RssAnon"]
-    source_weights.release(own)
+    resident.release(own)
     assert resident_mib()["RssAnon"] >= before - 1
     assert torch.equal(own, copy)
