@@ -56,10 +56,31 @@ class _View:
 
 
 @dataclass(frozen=True)
+class _Joined:
+    """2-D views side by side along their columns (a fused linear's weight), widened part by part."""
+    parts: tuple[_View, ...]
+
+    @property
+    def shape(self) -> tuple[int, int]:
+        return self.parts[0].shape[0], sum(p.shape[1] for p in self.parts)
+
+    def array(self, *, rows: slice | None = None, columns: slice | None = None) -> np.ndarray:
+        start, stop, _ = (columns or slice(None)).indices(self.shape[1])
+        pieces, at = [], 0
+        for part in self.parts:
+            low, high = max(start, at), min(stop, at + part.shape[1])
+            if low < high:
+                pieces.append(part.array(rows=rows, columns=slice(low - at, high - at)))
+            at += part.shape[1]
+        height = len(range(*(rows or slice(None)).indices(self.shape[0])))
+        return np.concatenate(pieces, axis=1) if pieces else np.empty((height, 0), np.float32)
+
+
+@dataclass(frozen=True)
 class Widening:
     """A reference's float32 bytes, widened from its source a block at a time: no one holds a large weight's
     float32 copy whole while saving, hashing or comparing it."""
-    view: _View
+    view: _View | _Joined
 
     def __len__(self) -> int:
         return int(np.prod(self.view.shape)) * 4
@@ -92,7 +113,7 @@ def pieces(data: bytes | memoryview | Widening):
 class _Registry:
     def __init__(self):
         self.placeholders: dict[int, tuple[int, torch.Tensor, torch.Tensor]] = {}  # start -> (end, held, source)
-        self.views: dict[str, _View] = {}
+        self.views: dict[str, _View | _Joined] = {}
         self.keys = itertools.count()
 
     def placeholder(self, source: torch.Tensor) -> torch.Tensor:
@@ -192,6 +213,16 @@ def materialize(model: onnx.ModelProto) -> None:
             materialize_one(tensor, tensor_bytes(tensor))
 
 
+def held(tensor: onnx.TensorProto) -> onnx.TensorProto:
+    """`tensor`, or for a reference a copy holding its values (`tensor` is left as it was)."""
+    if not is_reference(tensor):
+        return tensor
+    out = onnx.TensorProto()
+    out.CopyFrom(tensor)
+    materialize_one(out, tensor_bytes(tensor))
+    return out
+
+
 def materialize_one(tensor: onnx.TensorProto, raw) -> None:
     del tensor.external_data[:]
     tensor.data_location = onnx.TensorProto.DEFAULT
@@ -214,6 +245,24 @@ def transposed(tensor: onnx.TensorProto) -> onnx.TensorProto:
     for entry in out.external_data:
         if entry.key == "location":
             entry.value = new_key
+    return out
+
+
+def joined(tensors: list[onnx.TensorProto], name: str) -> onnx.TensorProto:
+    """2-D initializers side by side, `np.concatenate(axis=1)` of them: a reference to their sources where each
+    is one (nothing is widened until the bundle is written), else an initializer holding the values."""
+    keys = [_key(t) for t in tensors]
+    registry = _registry.get()
+    if registry is None or None in keys:
+        return onnx.numpy_helper.from_array(np.concatenate([array(t) for t in tensors], axis=1), name)
+    parts = [registry.views[k] for k in keys]
+    join = _Joined(tuple(v for part in parts for v in (part.parts if isinstance(part, _Joined) else (part,))))
+    key = f"{LOCATION}/{next(registry.keys)}"
+    registry.views[key] = join
+    out = onnx.TensorProto(name=name, data_type=onnx.TensorProto.FLOAT, dims=join.shape,
+                           data_location=onnx.TensorProto.EXTERNAL)
+    for entry, value in (("location", key), ("offset", 0), ("length", int(np.prod(join.shape)) * 4)):
+        out.external_data.add(key=entry, value=str(value))
     return out
 
 

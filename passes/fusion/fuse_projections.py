@@ -6,8 +6,9 @@ quantization (MatMulNBits at accuracy level 4 quantizes its input to int8 per ca
 onnxruntime-genai's builder writes one packed QKV MatMulNBits for that reason. Here the packed weights, scales
 and zero points of `com.microsoft.MatMulNBits` nodes with the same input and the same K, bits, block size and
 accuracy level are concatenated along N (each row of N is quantized on its own, so nothing is rounded again), and
-float MatMuls with constant [K, N] weights are concatenated along N the same way; a Split on the last axis gives
-each consumer its original tensor.
+float MatMuls with constant [K, N] weights are concatenated along N the same way (weights still in the source model
+are joined by reference and widened when the bundle is written); a Split on the last axis gives each consumer its
+original tensor.
 
 Where the parts are added to something part by part, the Add moves before the Split (`add_before_split`): to
 another fused linear's parts (awq_int4's float zero points: each MatMulNBits' output plus its offsets' MatMul), or
@@ -21,6 +22,7 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
+from mmtrt.ir import source_weights
 from mmtrt.ir.graph import ModelIR
 from mmtrt.ir.rewrite import attr, cleanup
 from mmtrt.pipeline.pass_base import Pass
@@ -33,6 +35,7 @@ class FuseProjections(Pass):
     name = "fuse_projections"
     Config = FuseProjectionsConfig
     components = ("vision", "llm")
+    reads_source_weights = True  # a float weight's parts are joined by reference (source_weights.joined)
 
     def run(self, ir: ModelIR) -> dict:
         changes = {}
@@ -106,7 +109,7 @@ def _joined_other(others: list[str], sizes: list[int], made: dict, readers: dict
     if (twin is not None and _sizes(twin, inits) == sizes and list(twin.output) == others
             and all(len(readers[o]) == 1 for o in others)):
         return twin.input[0]
-    vectors = [numpy_helper.to_array(inits[o]) if o in inits else None for o in others]
+    vectors = [source_weights.array(inits[o]) if o in inits else None for o in others]
     if all(v is not None and v.shape == (n,) for v, n in zip(vectors, sizes)):
         joined = numpy_helper.from_array(np.concatenate(vectors), "+".join(others))
         graph.initializer.append(joined)
@@ -159,9 +162,9 @@ def _fuse(graph: onnx.GraphProto, group: list[onnx.NodeProto], inits: dict) -> N
         node.attribute.extend(a for a in first.attribute if a.name != "N")
         node.attribute.append(helper.make_attribute("N", sum(widths)))
     else:
-        weights = [numpy_helper.to_array(inits[n.input[1]]) for n in group]
-        widths = [w.shape[1] for w in weights]
-        tensors = [numpy_helper.from_array(np.concatenate(weights, axis=1), f"{name}.weight")]
+        weights = [inits[n.input[1]] for n in group]
+        widths = [w.dims[1] for w in weights]
+        tensors = [source_weights.joined(weights, f"{name}.weight")]
         node = helper.make_node("MatMul", [first.input[0], tensors[0].name], [out], name=name)
     sizes = numpy_helper.from_array(np.array(widths, np.int64), f"{name}.split")
     split = helper.make_node("Split", [out, sizes.name], [n.output[0] for n in group], name=f"{name}.split", axis=-1)
@@ -176,7 +179,7 @@ def _fuse(graph: onnx.GraphProto, group: list[onnx.NodeProto], inits: dict) -> N
 def _nbits_rows(node: onnx.NodeProto, inits: dict) -> list[np.ndarray]:
     """B, scales (and zero points) as arrays with N leading: each row of N is quantized on its own."""
     n = attr(node, "N")
-    return [numpy_helper.to_array(inits[i]).reshape(n, -1) for i in node.input[1:] if i]
+    return [source_weights.array(inits[i]).reshape(n, -1) for i in node.input[1:] if i]
 
 
 def _concat(name: str, parts: list[np.ndarray], like: onnx.TensorProto) -> onnx.TensorProto:

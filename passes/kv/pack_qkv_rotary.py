@@ -20,6 +20,7 @@ import onnxruntime as ort
 from onnx import helper, numpy_helper
 
 from mmtrt.errors import UserError
+from mmtrt.ir import source_weights
 from mmtrt.ir.graph import ModelIR
 from mmtrt.ir.rewrite import attr, cleanup, producers
 from mmtrt.pipeline.pass_base import Pass, PassConfig
@@ -33,6 +34,7 @@ class PackQkvRotary(Pass):
     Config = PassConfig
     components = ("llm",)
     requires = frozenset({"kv_layout"})
+    reads_source_weights = True  # rewires attention; only the rotary tables' small constants are read
 
     def run(self, ir: ModelIR) -> dict:
         comp = ir.components["llm"]
@@ -120,7 +122,7 @@ def _caches(model: onnx.ModelProto, rotary: onnx.NodeProto, positions: int) -> t
         [n for n in graph.node if n.output[0] in chosen], "rotary_cache",  # the graph's own (topological) order
         [helper.make_tensor_value_info(POSITIONS, onnx.TensorProto.INT64, [1, "seq"])],
         [helper.make_empty_tensor_value_info(n) for n in rotary.input[1:3]],
-        [inits[n] for n in used if n in inits])
+        [source_weights.held(inits[n]) for n in used if n in inits])
     sub_model = helper.make_model(sub, opset_imports=model.opset_import, ir_version=model.ir_version)
     sess = ort.InferenceSession(sub_model.SerializeToString(), providers=["CPUExecutionProvider"])
     cos, sin = sess.run(None, {POSITIONS: np.arange(positions, dtype=np.int64)[None]})

@@ -1,8 +1,8 @@
 """A compile's memory follows the checkpoint: a lossless compile's peak RSS, above what compiling a model of no
 size takes, stays within 1.5x the checkpoint's bytes, with or without the passes that only rewrite the graph
-(kv_layout, fuse_skip_norm, an early-exit draft), and awq_int4 adds to it one decoder layer's working set; each
-bundle still gives transformers' greedy tokens (awq_int4's: those of transformers holding the bundle's dequantized
-weights, as tests/passes/test_awq_int4.py compares its logits).
+(kv_layout, fuse_skip_norm, an early-exit draft, fuse_projections, pack_qkv_rotary), and awq_int4 adds to it one
+decoder layer's working set; each bundle still gives transformers' greedy tokens (awq_int4's: those of
+transformers holding the bundle's dequantized weights, as tests/passes/test_awq_int4.py compares its logits).
 
 The checkpoint is bfloat16 and written tensor by tensor (the test itself never holds the model), with an LLM
 deep enough (12 layers, 92M parameters, 184 MB) that the export's float32 graphs, held together, would take 2x
@@ -38,7 +38,7 @@ AWQ = ("passes:\n  - awq_int4: {lowering: matmulnbits, accuracy_level: 0, "
        "calibration: {samples: 1, text_windows: 1, search_tokens: 64}}\n")
 # the serving recipes' lossless passes, which rewrite the LLM's graph around its weights
 STRUCTURE = ("passes:\n  - speculative: {draft: early_exit, layers: 6, k: 4}\n  - fuse_skip_norm: {}\n"
-             "  - kv_layout: {layout: static}\n")
+             "  - kv_layout: {layout: static}\n  - fuse_projections: {}\n  - pack_qkv_rotary: {}\n")
 HIDDEN, LAYERS = 768, 12
 PROMPT = "Describe the image."
 
@@ -102,8 +102,9 @@ def test_peak_memory_above_the_baseline_is_within_the_budget(compiled):
 
 
 def test_passes_that_rewrite_the_graph_keep_the_weights_in_the_source(restructured, rng):
-    """kv_layout, fuse_skip_norm and an early-exit draft hold no float32 copy of the LLM: the same budget above the
-    bare compile's baseline, and speculative decoding on the static cache gives transformers' greedy tokens."""
+    """kv_layout, fuse_skip_norm, an early-exit draft, fuse_projections and pack_qkv_rotary hold no float32 copy of
+    the LLM: the same budget above the bare compile's baseline, and speculative decoding on the static cache gives
+    transformers' greedy tokens."""
     tmp, weights, baseline, peak = restructured
     assert_within_budget(peak, baseline, weights)
     model = LlavaForConditionalGeneration.from_pretrained(tmp / "large", dtype=torch.float32).eval()
