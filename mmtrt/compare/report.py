@@ -41,6 +41,7 @@ def compare(a: Path, b: Path | None, *, reference: str | None = None, atol: floa
                         f"{ma['model']['architecture']}; check this bundle against transformers with "
                         "`mmtrt eval BUNDLE --suite parity --source-model FOLDER`")
     components = _components(components)
+    _check_layout(ma, components)
     seed = int(np.random.SeedSequence().entropy % (1 << 63)) if seed is None else seed
     feeds = (compare_inputs.load(inputs_file, ma, components) if inputs_file else
              {c: compare_inputs.generate(ma, c, np.random.default_rng([seed, i])) for i, c in enumerate(components)})
@@ -59,6 +60,15 @@ def compare(a: Path, b: Path | None, *, reference: str | None = None, atol: floa
     }
     report["passed"] = all(p["passed"] for p in partitions.values())
     return report
+
+
+def _check_layout(manifest: dict[str, Any], components: list[str]) -> None:
+    """The LLM is compared on the inputs of the hf KV layout (past and present tensors that grow with the cache)."""
+    layout = (manifest["model"].get("kv_cache") or {}).get("layout")
+    if "llm" in components and layout is not None:
+        raise UserError(f"compare runs the LLM with the hf KV layout, and this bundle's LLM has the {layout} layout "
+                        "(kv_layout); compare `--partition vision --partition embed`, and the LLM's tokens with "
+                        "`mmtrt eval BUNDLE --suite parity --source-model FOLDER`")
 
 
 def _components(requested: list[str] | None) -> list[str]:

@@ -89,6 +89,15 @@ def test_an_architecture_without_a_torch_reference_is_one_line(tiny_bundle, tmp_
                                   "--suite parity"]), err
 
 
+def test_a_kv_layout_bundles_llm_is_refused_in_one_line_and_its_vision_compared(tiny_paged_bundle, capsys):
+    code, _, err = run_compare(capsys, tiny_paged_bundle, "--reference", "torch")
+    assert code == 2 and len(err.strip().splitlines()) == 1 and "Traceback" not in err, err
+    assert all(w in err for w in ["paged layout", "--partition vision", "--suite parity"]), err
+    code, out, _ = run_compare(capsys, tiny_paged_bundle, "--reference", "torch", "--atol", "1e-4", "--rtol", "1e-3",
+                               "--partition", "vision")
+    assert code == 0 and "pytorch (cpu, fp32)" in out
+
+
 def test_the_torch_side_is_float32_only_while_its_runner_is_active():
     """The source model stays in its checkpoint's dtype; a partition's runner widens its modules exactly and
     hands their own tensors back."""
