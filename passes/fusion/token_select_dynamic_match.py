@@ -9,7 +9,8 @@ whatever criterion made the scores (they stay standard ops and feed the plugin),
 lowers the TopK and the comparison, not the sums). The plugin node replaces the GatherND and gives the count too
 (int32; a Cast hands the graph its int64). Every tensor inside is read by the chain only, except the count, and
 every node is in a TensorRT segment. The fused node counts in fp32 from the fp32 scores whatever cast_precision
-chose (the kernel and the decomposition agree).
+chose (the kernel and the decomposition agree), at the mass the graph holds (after cast_precision, its fp16
+rounding: 0.7 becomes 0.7001953125).
 """
 
 from __future__ import annotations
