@@ -93,20 +93,13 @@ class StoredTensors:
         return found
 
     def _equal(self, entries, raw) -> bool:
-        """Whether the saved bytes of `entries` are `raw`'s, compared a block at a time."""
-        mine, theirs = source_weights.pieces(raw), self._blocks(entries, source_weights.BLOCK)
-        held, saved = memoryview(b""), memoryview(b"")
-        while True:
-            if not held:
-                held = memoryview(next(mine, b"")).cast("B")
-            if not saved:
-                saved = memoryview(next(theirs, b""))
-            if not held or not saved:
-                return not held and not saved
-            n = min(len(held), len(saved))
-            if held[:n] != saved[:n]:
-                return False
-            held, saved = held[n:], saved[n:]
+        """Whether the saved bytes of `entries` are `raw`'s, read back a piece of `raw` at a time."""
+        where = {e.key: e.value for e in entries}
+        if int(where["length"]) != len(raw):
+            return False
+        with open(self.folder / where["location"], "rb") as f:
+            f.seek(int(where["offset"]))
+            return all(f.read(len(piece)) == piece for piece in source_weights.pieces(raw))
 
     def _blocks(self, entries, size: int):
         """The saved bytes of `entries`, `size` bytes at a time."""
