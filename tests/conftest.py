@@ -80,7 +80,6 @@ def lower_once():
     compile's source model is gone when the next one runs. A test marked `exports` exports every compile it runs
     itself (its body and its function-scoped fixtures)."""
     import mmtrt.compiler
-    from mmtrt.ir import source_weights
 
     lowered, real_lower = {}, mmtrt.compiler.lower
 
@@ -89,15 +88,23 @@ def lower_once():
         if key is None:
             return real_lower(model, processor)
         if key not in lowered:
-            lowered[key] = real_lower(model, processor)
-            for comp in lowered[key].onnx_components():
-                source_weights.materialize(comp.onnx)
+            lowered[key] = holding_weights(real_lower(model, processor))
         return copy.deepcopy(lowered[key])
 
     lower.fresh = False
     with pytest.MonkeyPatch.context() as patch:
         patch.setattr(mmtrt.compiler, "lower", lower)
         yield lower
+
+
+def holding_weights(ir):
+    """`ir` with every component's weights taken into its graphs: it outlives the compile whose source model they
+    are kept in."""
+    from mmtrt.ir import source_weights
+
+    for comp in ir.onnx_components():
+        source_weights.materialize(comp.onnx)
+    return ir
 
 
 @pytest.fixture(autouse=True)
@@ -201,29 +208,25 @@ def _save_checkpoints(tmp_path_factory, builders: dict) -> dict:
 
 
 def _compiler_lowering_once(checkpoints: dict, tmp_path_factory):
-    """compile(family, recipe lines after `model:`, name) -> bundle. Each family is exported once: later compiles
-    run their passes on a copy of the first one's lowered IR (lowering is deterministic), which saves the export.
-    The kept IR holds its weights itself: the first compile's source model is gone when the next one runs."""
-    import copy
-
+    """compile(family, recipe lines after `model:`, name) -> bundle. Each family's checkpoint is exported once per
+    worker (`lower_once`); `compile.lowered` keeps each family's first lowering, for tests that run passes on it."""
     import mmtrt.compiler
-    from mmtrt.ir import source_weights
 
-    lowered, real_lower = {}, mmtrt.compiler.lower
-
-    def lower_once(model, processor):
-        family = model.config.model_type
-        if family not in lowered:
-            lowered[family] = real_lower(model, processor)
-            for comp in lowered[family].onnx_components():
-                source_weights.materialize(comp.onnx)
-        return copy.deepcopy(lowered[family])
+    lowered = {}
 
     def compile_(family: str, recipe_tail: str, name: str) -> Path:
         folder = tmp_path_factory.mktemp(name)
         (folder / "checkpoint").symlink_to(checkpoints[family], target_is_directory=True)
+        session_lower = mmtrt.compiler.lower
+
+        def recording(model, processor):
+            ir = session_lower(model, processor)
+            if family not in lowered:
+                lowered[family] = holding_weights(copy.deepcopy(ir))
+            return ir
+
         with pytest.MonkeyPatch.context() as patch:
-            patch.setattr(mmtrt.compiler, "lower", lower_once)
+            patch.setattr(mmtrt.compiler, "lower", recording)
             return compile_to(folder, "model: {source: hf, path: checkpoint}\n" + recipe_tail, name)
     compile_.lowered = lowered  # family -> its lowered IR, once a compile has lowered it
     return compile_
