@@ -3,7 +3,7 @@ written tensor by tensor), each compiled losslessly and with awq_int4 in a subpr
 bundle bytes as ratios to the checkpoint's bytes, and `mmtrt compare --reference torch` on one request.
 
     python scripts/bench_scale.py onevision-0.5b --work /tmp/scale [--layers 4 4] [--dtype bfloat16]
-        [--recipes lossless awq_int4] [--no-compare] [--reuse-checkpoint]
+        [--recipes lossless awq_int4 int4_rtn] [--no-compare] [--reuse-checkpoint]
 
 `--no-compare` where the float32 bundle and the PyTorch model do not fit in memory together (a 7B bundle is
 28 GB of float32 weights, which `compare` loads into ONNX Runtime beside the source model).
@@ -27,6 +27,7 @@ from scale_models import MODELS
 RECIPES = {
     "lossless": "model: {{source: hf, path: {path}}}\n",
     "awq_int4": "model: {{source: hf, path: {path}}}\npasses:\n  - awq_int4: {{}}\n",
+    "int4_rtn": "model: {{source: hf, path: {path}}}\npasses:\n  - awq_int4: {{method: rtn}}\n",
 }
 
 
