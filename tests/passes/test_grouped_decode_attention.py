@@ -13,7 +13,8 @@ import onnxruntime as ort
 import pytest
 
 from builders import StaticCacheForm, assert_same_up_to_near_ties, grown_logits, hf_greedy, random_image, static_llm_feeds
-from conftest import ROOT, compile_to
+from conftest import PREFILL_RECIPE, ROOT, compile_to
+from cpp_harness import generate_cpp
 from mmtrt.errors import UserError
 from mmtrt.ir.graph import Component, ModelIR, graph_io
 from mmtrt.runtime import load
@@ -128,3 +129,32 @@ def test_a_bundle_decodes_transformers_tokens_with_speculation_and_in_a_batch(gr
     plain = [pipe.generate(image, p, 16).token_ids for image, p in zip(images, PROMPTS)]
     batch = pipe.generate_batch([Request(image, p, 16) for image, p in zip(images, PROMPTS)])
     assert [g.token_ids for g in batch] == plain
+
+
+@pytest.fixture(scope="module")
+def grouped_prefill_bundle(tmp_path_factory):
+    """tiny_prefill_bundle's recipe with grouped_decode_attention after int8_prefill, which copied the LLM."""
+    tail = ("  - int8_prefill: {min_tokens: 4, calibration: {samples: 2, text_windows: 1}}\n"
+            "  - grouped_decode_attention: {}\n")
+    recipe = PREFILL_RECIPE.format(tail=tail) + "partition: {llm: [onnxruntime]}\n"
+    return compile_to(tmp_path_factory.mktemp("grouped-prefill"), recipe, "grouped.bundle")
+
+
+def test_after_int8_prefill_both_runtimes_decode_the_gqa_bundles_tokens(grouped_prefill_bundle, tiny_prefill_bundle,
+                                                                        rng, tmp_path):
+    prompt_graph = onnx.load(grouped_prefill_bundle / "llm_prefill.onnx", load_external_data=False)
+    assert "GroupQueryAttention" in {n.op_type for n in prompt_graph.graph.node}
+    for index in range(2):
+        image = tmp_path / f"image{index}.png"
+        random_image(rng, int(rng.integers(24, 140)), int(rng.integers(24, 140))).save(image)
+        prompt = "What is in the picture?"
+        reference = load(tiny_prefill_bundle, threads=1).generate(image, prompt)
+        ours = load(grouped_prefill_bundle, threads=1).generate(image, prompt)
+        assert_same_up_to_near_ties(ours, reference)
+        assert generate_cpp(grouped_prefill_bundle, image, prompt)["token_ids"] == ours.token_ids
+
+
+def test_a_pass_after_it_on_the_llm_is_refused(tmp_path):
+    tail = "  - grouped_decode_attention: {}\n  - pack_qkv_rotary: {}\n"
+    with pytest.raises(UserError, match="after grouped_decode_attention, which must be the last pass"):
+        compile_to(tmp_path, PREFILL_RECIPE.format(tail=tail) + "partition: {llm: [onnxruntime]}\n")
