@@ -38,6 +38,7 @@ class GroupedDecodeAttention(Pass):
     components = ("llm",)
     requires = frozenset({"kv_layout"})
     seals = frozenset({"llm"})
+    same_math = True  # so it may follow int8_prefill, whose prompt graph keeps GroupQueryAttention
     reads_source_weights = True  # rewires attention; no weight is read
 
     def run(self, ir: ModelIR) -> dict:
