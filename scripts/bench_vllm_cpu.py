@@ -80,12 +80,6 @@ RECIPES = {  # passes after the model; every recipe's envelope is sized for the 
                  "  - fuse_projections: {}\n  - pack_qkv_rotary: {}\n"
                  "  - int8_prefill: {calibration: {text_windows: 0}, exclude: [llm.lm_head], "
                  "float_channels: {llm.layers.*.down_proj: 32}}\n",
-    # the same, decode steps attending with one MatMul per key head (lossless)
-    "best_grouped": "passes:\n  - awq_int4: {method: rtn, group_size: 32, symmetric: false, zero_point: float}\n"
-                    "  - int8_weights: {components: [vision], activations: dynamic}\n  - kv_layout: {layout: static}\n"
-                    "  - fuse_projections: {}\n  - pack_qkv_rotary: {}\n"
-                    "  - int8_prefill: {calibration: {text_windows: 0}, exclude: [llm.lm_head], "
-                    "float_channels: {llm.layers.*.down_proj: 32}}\n  - grouped_decode_attention: {}\n",
 }
 LABELS = {"bare": "mmtrt, bare recipe (lossless, hf KV layout)", "static": "mmtrt, kv_layout static (lossless)",
           "int4": "mmtrt, awq_int4 + kv_layout static",
@@ -93,8 +87,7 @@ LABELS = {"bare": "mmtrt, bare recipe (lossless, hf KV layout)", "static": "mmtr
           "best": "mmtrt, awq_int4 g32 + vision int8 dynamic + static",
           "best_rtn": "mmtrt, int4 g32 (RTN) + vision int8 dynamic + static + fused",
           "best_prefill": "mmtrt, the same + int8 prompt graph",
-          "best_down": "mmtrt, the same, down projections int8 with 32 float channels",
-          "best_grouped": "mmtrt, the same + grouped decode attention"}
+          "best_down": "mmtrt, the same, down projections int8 with 32 float channels"}
 
 
 def compiled(work: Path, source: Path, name: str, batch: int) -> tuple[Path, float]:

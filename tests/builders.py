@@ -430,29 +430,6 @@ class StaticCacheForm:
         return io.get_outputs()[0].numpy()
 
 
-def grown_logits(hf_model, embeds_per_step):
-    """The hf bundle's graph: past concatenated with the new keys, a fresh array every step."""
-    options = ort.SessionOptions()
-    options.intra_op_num_threads = 1
-    sess = ort.InferenceSession(hf_model.SerializeToString(), options, providers=["CPUExecutionProvider"])
-    past, out = None, []
-    for embeds in embeds_per_step:
-        batch, seq = embeds.shape[:2]
-        if past is None:
-            shape = [d.dim_value or 0 for d in next(i for i in hf_model.graph.input
-                                                      if i.name == "past.0.key").type.tensor_type.shape.dim]
-            past = {i.name: np.zeros((batch, shape[1], 0, shape[3]), np.float32)
-                    for i in sess.get_inputs() if i.name.startswith("past.")}
-        length = next(iter(past.values())).shape[2]
-        result = sess.run(None, {"inputs_embeds": embeds, "attention_mask": np.ones((batch, length + seq), np.int64),
-                                 "position_ids": np.tile(np.arange(length, length + seq), (batch, 1)),
-                                 "logits_from": np.zeros(1, np.int64), **past})
-        named = dict(zip([o.name for o in sess.get_outputs()], result))
-        past = {k.replace("present.", "past."): v for k, v in named.items() if k.startswith("present.")}
-        out.append(named["logits"])
-    return out
-
-
 def solo_generation(bundle, request):
     """`request` alone on a fresh load of `bundle`, with no cache that an earlier request could have filled."""
     from mmtrt.runtime import load

@@ -18,8 +18,6 @@ class Pass:
     provides: ClassVar[frozenset[str]] = frozenset()
     removes: ClassVar[frozenset[str]] = frozenset()
     seals: ClassVar[frozenset[str]] = frozenset()  # components no later pass may rewrite (this one copied them)
-    # True: the pass changes how its components compute, not what (a sealing pass's copy still computes the same)
-    same_math: ClassVar[bool] = False
     lossy: ClassVar[bool] = False
     # True: the pass reads its components' weights where they still refer to the source model
     # (mmtrt/ir/source_weights.py), or rewrites only the graph around them, so the runner does not take them into

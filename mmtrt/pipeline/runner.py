@@ -58,10 +58,10 @@ def plan_passes(recipe: Recipe, properties: set[str], components: set[str],
 
 
 def _check_unsealed(cls, sealed: dict[str, str], where: str) -> None:
-    touched = [] if cls.same_math else sorted(set(cls.components) & set(sealed))
+    touched = sorted(set(cls.components) & set(sealed))
     if touched:
-        raise UserError(f"{where} rewrites the {touched[0]} component after {sealed[touched[0]]}, which must be the "
-                        f"last pass on it; put {sealed[touched[0]]} after {cls.name}")
+        raise UserError(f"{where} rewrites the {touched[0]} component after {sealed[touched[0]]} copied it; put "
+                        f"{sealed[touched[0]]} after {cls.name}")
 
 
 def _facts_after(p: Pass, facts: dict[str, Any], where: str) -> dict[str, Any]:

@@ -7,17 +7,44 @@ import json
 
 import numpy as np
 import onnx
+import onnxruntime as ort
 import pytest
 
-from builders import StaticCacheForm, grown_logits
+from builders import StaticCacheForm
 from mmtrt.backends.tensorrt.kv_cache_form import tensorrt_form
 from mmtrt.bundle.inspect import describe_placement
+
+
+def session(model: onnx.ModelProto) -> ort.InferenceSession:
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = 1
+    return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
 
 
 @pytest.fixture(scope="module")
 def static(tiny_static_bundle):
     manifest = json.loads((tiny_static_bundle / "manifest.json").read_text())
     return onnx.load(tiny_static_bundle / "llm.onnx"), manifest
+
+
+def grown_logits(hf_model, embeds_per_step):
+    """The hf bundle's graph: past concatenated with the new keys, a fresh array every step."""
+    sess, past, out = session(hf_model), None, []
+    for embeds in embeds_per_step:
+        batch, seq = embeds.shape[:2]
+        if past is None:
+            shape = [d.dim_value or 0 for d in next(i for i in hf_model.graph.input
+                                                      if i.name == "past.0.key").type.tensor_type.shape.dim]
+            past = {i.name: np.zeros((batch, shape[1], 0, shape[3]), np.float32)
+                    for i in sess.get_inputs() if i.name.startswith("past.")}
+        length = next(iter(past.values())).shape[2]
+        result = sess.run(None, {"inputs_embeds": embeds, "attention_mask": np.ones((batch, length + seq), np.int64),
+                                 "position_ids": np.tile(np.arange(length, length + seq), (batch, 1)),
+                                 "logits_from": np.zeros(1, np.int64), **past})
+        named = dict(zip([o.name for o in sess.get_outputs()], result))
+        past = {k.replace("present.", "past."): v for k, v in named.items() if k.startswith("present.")}
+        out.append(named["logits"])
+    return out
 
 
 @pytest.mark.parametrize("batch, steps", [(1, [9, 1, 1, 4, 1, 1]), (3, [6, 1, 1, 1])])
