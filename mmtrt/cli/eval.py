@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import gc
 import json
+import tempfile
 from pathlib import Path
 
 from mmtrt.cli.arguments import examples, positive_int, tolerance
@@ -15,10 +17,13 @@ def _eval(args) -> int:
     from mmtrt.eval.source import source_model
     from mmtrt.runtime import load
 
-    pipe = load(args.bundle, threads=args.threads)
-    source = source_model(pipe.manifest, args.source_model) if args.suite in ("parity", "agreement") else None
-    options = cli_options(args.suite, args.data, args.scorer, args.tolerance, args.max_new_tokens, source)
-    out = run_suite(pipe, args.suite, args.limit, text_file=args.text, **options)
+    if args.suite == "parity":
+        out = _parity(args)
+    else:
+        pipe = load(args.bundle, threads=args.threads)
+        source = source_model(pipe.manifest, args.source_model) if args.suite == "agreement" else None
+        options = cli_options(args.suite, args.data, args.scorer, args.tolerance, args.max_new_tokens, source)
+        out = run_suite(pipe, args.suite, args.limit, text_file=args.text, **options)
     if args.json:
         print(json.dumps(out))
     else:
@@ -26,6 +31,26 @@ def _eval(args) -> int:
         samples = ", ".join(f"{k}={v}" for k, v in out["samples"].items())
         show(f"{out['suite']}: {metrics} ({samples}) bundle {out['bundle_sha256'][:16]}")
     return 0
+
+
+def _parity(args) -> dict:
+    """The PyTorch side first, its logits kept in files, then the bundle: the two models are never loaded together
+    (a 2B model's float32 twins do not fit 24 GB)."""
+    from mmtrt.bundle.manifest import read_manifest
+    from mmtrt.eval.parity import parity_references
+    from mmtrt.eval.source import source_model
+    from mmtrt.eval.suites import DEFAULT_LIMITS, run_suite
+    from mmtrt.ir.resident import give_back_freed_memory
+    from mmtrt.runtime import load
+
+    manifest = read_manifest(args.bundle)
+    side = manifest["components"]["preprocess"]["outputs"][0]["shape"][-1]
+    limit = DEFAULT_LIMITS["parity"] if args.limit is None else args.limit
+    with tempfile.TemporaryDirectory(prefix="mmtrt-parity-") as folder:
+        references = parity_references(source_model(manifest, args.source_model), side, limit, Path(folder))
+        gc.collect()
+        give_back_freed_memory()
+        return run_suite(load(args.bundle, threads=args.threads), "parity", limit, references=references)
 
 
 def add_command(sub) -> None:

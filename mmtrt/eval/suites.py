@@ -12,7 +12,8 @@ import numpy as np
 
 from mmtrt.errors import UserError
 from mmtrt.eval import digits
-from mmtrt.eval.agreement import agreement_suite, image_positions
+from mmtrt.eval.agreement import agreement_suite
+from mmtrt.eval.parity import parity_suite
 from mmtrt.eval.qa import qa_suite
 from mmtrt.progress import track
 from mmtrt.runtime.pipeline import Pipeline
@@ -79,66 +80,6 @@ def _read_text(path: Path) -> str:
         return Path(path).read_text(encoding="utf-8")
     except (OSError, UnicodeDecodeError) as exc:
         raise UserError(f"cannot read --text {path} ({exc}); pass a UTF-8 text file") from None
-
-
-def parity_suite(pipe: Pipeline, limit: int | None = None, source=None, **_) -> dict[str, Any]:
-    """Bundle against the PyTorch source on held-out digits: next-token agreement and KL over every prompt
-    position, max abs logit difference, and whether the greedy answers are identical."""
-    model, processor = source
-    data = digits.samples("heldout", limit, page=pipe.image_side)
-    agree = kl = positions = identical = 0
-    max_abs = 0.0
-    for img, _ in track(data, "parity images", total=len(data)):
-        ref_ids, ref_logits, ref_answer = _torch_reference(model, processor, img)
-        ids, features = pipe.encode_image(img, pipe.prompt_ids(digits.PROMPT))
-        if ids != ref_ids:
-            raise UserError("the bundle tokenizes the prompt differently from the source model's processor")
-        logits, _ = pipe.step(pipe.embed(np.array([ids], np.int64), features), pipe.empty_cache(),
-                              image_positions(pipe, img, ids))
-        same, divergence, largest = logit_metrics(logits[0], ref_logits)
-        agree, kl, max_abs = agree + same, kl + divergence, max(max_abs, largest)
-        positions += len(ids)
-        identical += pipe.generate(img, digits.PROMPT, max_new_tokens=len(ref_answer)).token_ids == ref_answer
-    metrics = {"top1_agreement_pct": round(100 * agree / positions, 3), "mean_kl": kl / positions,
-               "max_abs_logit_diff": max_abs, "greedy_identical_pct": round(100 * identical / len(data), 2)}
-    return result("parity", pipe, metrics, {"images": len(data), "positions": positions})
-
-
-# prompt positions compared at a time: a prompt's whole logits in float64, with their log-softmax and the
-# difference, took 11 GB at 3,000 positions of a 152k vocabulary
-LOGIT_ROWS = 128
-
-
-def logit_metrics(ours: np.ndarray, ref: np.ndarray) -> tuple[int, float, float]:
-    """Over the positions of two [positions, vocab] logits: how many share their argmax, the summed KL(ref || ours)
-    and the largest absolute difference, LOGIT_ROWS positions at a time."""
-    import torch
-
-    agree, kl, max_abs = 0, 0.0, 0.0
-    for start in range(0, len(ours), LOGIT_ROWS):
-        a = torch.from_numpy(ours[start:start + LOGIT_ROWS]).double()
-        b = torch.from_numpy(ref[start:start + LOGIT_ROWS]).double()
-        agree += int((a.argmax(-1) == b.argmax(-1)).sum())
-        kl += float(torch.nn.functional.kl_div(a.log_softmax(-1), b.log_softmax(-1), log_target=True,
-                                               reduction="sum"))
-        max_abs = max(max_abs, float((a - b).abs().max()))
-    return agree, kl, max_abs
-
-
-def _torch_reference(model, processor, image):
-    import torch
-
-    messages = [{"role": "user", "content": [{"type": "image"}, {"type": "text", "text": digits.PROMPT}]}]
-    text = processor.apply_chat_template(messages, add_generation_prompt=True)
-    # A template that writes the BOS token itself (Mistral's, Gemma's) must not get a second one from the
-    # tokenizer: transformers' own `apply_chat_template(tokenize=True)` makes the same test.
-    bos = processor.tokenizer.bos_token
-    inputs = processor(images=image, text=text, return_tensors="pt",
-                       add_special_tokens=not (bos and text.startswith(bos)))
-    with torch.no_grad():
-        logits = model(**inputs).logits[0].numpy()
-        out = model.generate(**inputs, max_new_tokens=4, do_sample=False)
-    return inputs["input_ids"][0].tolist(), logits, out[0, inputs["input_ids"].shape[1]:].tolist()
 
 
 RUNNERS: dict[str, Callable[..., dict[str, Any]]] = {
