@@ -1,8 +1,8 @@
 """The parity suite: a bundle against the PyTorch model it was compiled from, on held-out digits prompts.
 
 A whole prompt's logits are [positions, vocabulary]: 0.9 GB of float32 for 1,500 positions of Qwen2's 152k
-vocabulary, on each side. With the float32 PyTorch model and the bundle's sessions loaded together, the suite took
-12.6 GB at LLaVA-OneVision-0.5B's size, and a Qwen2-VL-2B's was killed at 24.7 GB. `parity_references` runs the
+vocabulary, on each side. With the float32 PyTorch model and the bundle's sessions loaded together the suite needs
+their sum: 12.6 GB at LLaVA-OneVision-0.5B's size, over 24 GB at Qwen2-VL-2B's. `parity_references` runs the
 PyTorch side alone first, each prompt's logits kept in a file that is mapped back for the comparison, so that
 `mmtrt eval` can drop the model before it loads the bundle: the two are never resident together.
 """
