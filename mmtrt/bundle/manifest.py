@@ -100,3 +100,8 @@ def verify_artifacts(bundle: Path, manifest: dict[str, Any]) -> list[str]:
     """Artifacts whose content no longer matches the manifest."""
     return [name for name, digest in manifest["artifacts"].items()
             if not (Path(bundle) / name).is_file() or sha256_file(Path(bundle) / name) != digest]
+
+
+def image_side(manifest: dict) -> int:
+    """The side of the square images the bundle's preprocessing makes (the digits suites draw their pages at it)."""
+    return manifest["components"]["preprocess"]["outputs"][0]["shape"][-1]

@@ -36,18 +36,18 @@ def _eval(args) -> int:
 def _parity(args) -> dict:
     """The PyTorch side first, its logits kept in files, then the bundle: the two models are never loaded together
     (a 2B model's float32 twins do not fit 24 GB)."""
-    from mmtrt.bundle.manifest import read_manifest
+    from mmtrt.bundle.manifest import image_side, read_manifest
     from mmtrt.eval.parity import parity_references
     from mmtrt.eval.source import source_model
-    from mmtrt.eval.suites import DEFAULT_LIMITS, run_suite
+    from mmtrt.eval.suites import run_suite, suite_limit
     from mmtrt.ir.resident import give_back_freed_memory
     from mmtrt.runtime import load
 
     manifest = read_manifest(args.bundle)
-    side = manifest["components"]["preprocess"]["outputs"][0]["shape"][-1]
-    limit = DEFAULT_LIMITS["parity"] if args.limit is None else args.limit
+    limit = suite_limit("parity", args.limit)
     with tempfile.TemporaryDirectory(prefix="mmtrt-parity-") as folder:
-        references = parity_references(source_model(manifest, args.source_model), side, limit, Path(folder))
+        references = parity_references(source_model(manifest, args.source_model), image_side(manifest), limit,
+                                       Path(folder))
         gc.collect()
         give_back_freed_memory()
         return run_suite(load(args.bundle, threads=args.threads), "parity", limit, references=references)

@@ -90,6 +90,11 @@ RUNNERS: dict[str, Callable[..., dict[str, Any]]] = {
 def run_suite(pipe: Pipeline, suite: str, limit: int | None = None, **kwargs) -> dict[str, Any]:
     if suite not in RUNNERS:
         raise UserError(f"unknown suite {suite!r}; available: {', '.join(SUITES)}")
+    return RUNNERS[suite](pipe, suite_limit(suite, limit), **kwargs)
+
+
+def suite_limit(suite: str, limit: int | None) -> int | None:
+    """`limit` checked, or the suite's default where it is None."""
     if limit is not None and (not isinstance(limit, int) or limit < 1):
         raise UserError(f"limit {limit!r} is not a positive integer; pass --limit 1 or more, or leave it out")
-    return RUNNERS[suite](pipe, DEFAULT_LIMITS[suite] if limit is None else limit, **kwargs)
+    return DEFAULT_LIMITS[suite] if limit is None else limit

@@ -13,7 +13,7 @@ import numpy as np
 
 from mmtrt.preprocess.anyres import NEWLINE_ASSET, build_tiler
 from mmtrt.preprocess.numpy_transform import build_transform, covers
-from mmtrt.bundle.manifest import read_manifest
+from mmtrt.bundle.manifest import image_side, read_manifest
 from mmtrt.bundle.schema import check_schema, check_token_ids
 from mmtrt.bundle.trust import Trust, check_trust
 from mmtrt.bundle.verify import verify_bundle
@@ -89,7 +89,7 @@ class Pipeline(RequestInputs):
         self.parse_special_tokens = parse_special_tokens
         self.model = self.manifest["model"]
         self.dims = self.manifest["dims"]
-        self.image_side = self.manifest["components"]["preprocess"]["outputs"][0]["shape"][-1]
+        self.image_side = image_side(self.manifest)
         self.specs = {name: [TensorSpec.from_json(s) for s in comp["inputs"]]
                       for name, comp in self.manifest["components"].items()}
         self.preprocess_spec = read_json(self.path / self.manifest["components"]["preprocess"]["artifact"])

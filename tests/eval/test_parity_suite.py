@@ -60,7 +60,6 @@ def test_the_cli_runs_the_source_first_and_gives_the_suites_numbers(bos_bundle, 
     for r, m in zip(held, mapped):
         assert isinstance(m.logits, np.memmap)
         np.testing.assert_array_equal(np.asarray(m.logits), r.logits)
-    out = tmp_path / "parity.json"
     done = subprocess.run([sys.executable, "-m", "mmtrt.cli", "eval", str(bundle), "--suite", "parity", "--limit", "2",
                            "--source-model", str(folder), "--json"], capture_output=True, text=True, check=False)
     assert done.returncode == 0, done.stderr
