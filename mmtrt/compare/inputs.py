@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from mmtrt.compare import qwen2_vl
+from mmtrt.compare import kv_layouts, qwen2_vl
 from mmtrt.errors import UserError
 from mmtrt.ir.graph import TensorSpec
 from mmtrt.ir.logits import LOGITS_FROM
@@ -32,17 +32,22 @@ def _iterations(component: str, dims: dict[str, dict[str, int]]) -> list[dict[st
 
 def generate(manifest: dict[str, Any], component: str, rng: np.random.Generator) -> list[dict[str, np.ndarray]]:
     """Feeds a model of this bundle accepts: token ids below the vocabulary size, an all-ones attention mask,
-    positions continuing the cache (M-RoPE's rows of a prompt with an image), normal values elsewhere; a Qwen2-VL
-    tower gets images of a drawn grid with their index inputs."""
+    positions continuing the cache (M-RoPE's rows of a prompt with an image), a kv_layout cache's lengths, table and
+    slots (mmtrt/compare/kv_layouts.py), normal values elsewhere; a Qwen2-VL tower gets images of a drawn grid with
+    their index inputs."""
     if component == "vision" and manifest["model"]["architecture"] in qwen2_vl.QWEN_FAMILIES:
         return qwen2_vl.generate_vision(manifest, rng)
     vocab = manifest["model"]["llm"]["vocab_size"]
     feeds = []
     for sizes in _iterations(component, manifest["dims"]):
+        if component == "llm" and kv_layouts.layout(manifest):
+            sizes = kv_layouts.sizes(manifest, sizes)
         feed = {}
         for spec in manifest["components"][component]["inputs"]:
             shape = [d if isinstance(d, int) else sizes[d] for d in spec["shape"]]
             feed[spec["name"]] = _values(spec["name"], spec["dtype"], shape, sizes, manifest["model"], rng)
+        if component == "llm" and kv_layouts.layout(manifest):
+            kv_layouts.fill(manifest, sizes, feed, rng)
         feeds.append(feed)
     return feeds
 

@@ -17,8 +17,9 @@ import numpy as np
 from mmtrt.bundle.manifest import bundle_hash, read_manifest
 from mmtrt.bundle.verify import verify_bundle
 from mmtrt.compare import inputs as compare_inputs
+from mmtrt.compare import kv_layouts
 from mmtrt.compare.diff import bundle_differences
-from mmtrt.compare.runners import TORCH_FAMILIES, bundle_runner, torch_runner
+from mmtrt.compare.runners import TORCH_FAMILIES, CacheRowsRunner, bundle_runner, torch_runner
 from mmtrt.errors import UserError
 from mmtrt.runtime.executors import engine_choices
 
@@ -41,7 +42,6 @@ def compare(a: Path, b: Path | None, *, reference: str | None = None, atol: floa
                         f"{ma['model']['architecture']}; check this bundle against transformers with "
                         "`mmtrt eval BUNDLE --suite parity --source-model FOLDER`")
     components = _components(components)
-    _check_layout(ma, components)
     seed = int(np.random.SeedSequence().entropy % (1 << 63)) if seed is None else seed
     feeds = (compare_inputs.load(inputs_file, ma, components) if inputs_file else
              {c: compare_inputs.generate(ma, c, np.random.default_rng([seed, i])) for i, c in enumerate(components)})
@@ -62,15 +62,6 @@ def compare(a: Path, b: Path | None, *, reference: str | None = None, atol: floa
     return report
 
 
-def _check_layout(manifest: dict[str, Any], components: list[str]) -> None:
-    """The LLM is compared on the inputs of the hf KV layout (past and present tensors that grow with the cache)."""
-    layout = (manifest["model"].get("kv_cache") or {}).get("layout")
-    if "llm" in components and layout is not None:
-        raise UserError(f"compare runs the LLM with the hf KV layout, and this bundle's LLM has the {layout} layout "
-                        "(kv_layout); compare `--partition vision --partition embed`, and the LLM's tokens with "
-                        "`mmtrt eval BUNDLE --suite parity --source-model FOLDER`")
-
-
 def _components(requested: list[str] | None) -> list[str]:
     components = list(requested or PARTITIONS)
     unknown = sorted(set(components) - set(PARTITIONS))
@@ -81,7 +72,12 @@ def _components(requested: list[str] | None) -> list[str]:
 
 def _bundle_side(bundle: Path, manifest: dict, label: str):
     choices = engine_choices(bundle, manifest)
-    return lambda comp: bundle_runner(bundle, manifest, comp, choices, f"{label}:{comp}")
+
+    def side(comp: str):
+        runner, what = bundle_runner(bundle, manifest, comp, choices, f"{label}:{comp}")
+        return (CacheRowsRunner(runner, manifest), what) if comp == "llm" and kv_layouts.layout(manifest) else (runner, what)
+
+    return side
 
 
 def _side_b(b: Path | None, mb, ma, source_model: Path | None):

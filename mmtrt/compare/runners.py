@@ -18,7 +18,7 @@ import numpy as np
 from polygraphy.backend.base import BaseRunner
 from polygraphy.common import TensorMetadata
 
-from mmtrt.compare import qwen2_vl
+from mmtrt.compare import kv_layouts, qwen2_vl
 from mmtrt.compare.inputs import NUMPY
 from mmtrt.ir.logits import LOGITS_FROM
 from mmtrt.runtime.executors import component_runner
@@ -75,6 +75,29 @@ def bundle_runner(bundle: Path, manifest: dict[str, Any], component: str, choice
     return FunctionRunner(chain, manifest["components"][component]["inputs"], name), f"segments ({backends})"
 
 
+class CacheRowsRunner(BaseRunner):
+    """A bundle's LLM on a kv_layout cache, its presents cut to the sequence's rows after each call."""
+
+    def __init__(self, inner: BaseRunner, manifest: dict[str, Any]):
+        super().__init__(name=inner.name)
+        self._inner = inner
+        self._manifest = manifest
+
+    def activate_impl(self):
+        self._inner.activate()
+
+    def get_input_metadata_impl(self):
+        return self._inner.get_input_metadata(use_numpy_dtypes=False)
+
+    def infer_impl(self, feed_dict):
+        outputs = self._inner.infer(feed_dict)
+        self.inference_time = self._inner.last_inference_time()
+        return kv_layouts.valid_presents(self._manifest, feed_dict, outputs)
+
+    def deactivate_impl(self):
+        self._inner.deactivate()
+
+
 def _session(path: Path):
     """The session the runtime would open (mmtrt's OrtRunner), without spinning threads: Polygraphy's
     SessionFromOnnx takes no session options, and a spinning pool starves the other runner on a small host."""
@@ -87,14 +110,17 @@ class TorchPartition:
     """One partition of the PyTorch source, wrapped exactly as the exporter wrapped it (the wrappers call
     transformers' modules; the LLM's builds transformers' DynamicCache from the past inputs)."""
 
-    def __init__(self, module, inputs: list[str], outputs: list[str]):
+    def __init__(self, module, inputs: list[str], outputs: list[str], cache: dict[str, Any] | None = None):
         self.module = module.eval()
         self.inputs = inputs
         self.outputs = outputs
+        self.cache = cache  # a kv_layout bundle's manifest: its feeds are read as the hf layout's
 
     def run(self, feeds: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         import torch
 
+        if self.cache is not None:
+            feeds = kv_layouts.hf_feed(self.cache, feeds)
         args = [torch.from_numpy(np.ascontiguousarray(feeds[name])) for name in self.inputs]
         past = [a for name, a in zip(self.inputs, args) if name.startswith("past.")]
         args = [a for name, a in zip(self.inputs, args) if not name.startswith("past.")] + ([past] if past else [])
@@ -159,6 +185,10 @@ def torch_runner(model, manifest: dict[str, Any], component: str, name: str) -> 
         }[component]()
         # the exporter's wrapper returns every position's logits, which is what compare's logits_from of 0 asks for
         inputs = [s["name"] for s in spec["inputs"] if s["name"] != LOGITS_FROM]
-        return TorchPartition(module, inputs, [s["name"] for s in spec["outputs"]])
+        outputs = [s["name"] for s in spec["outputs"]]
+        if component != "llm" or not kv_layouts.layout(manifest):
+            return TorchPartition(module, inputs, outputs)
+        past = [name for name in inputs if name.startswith("past.")]
+        return TorchPartition(module, ["inputs_embeds", "attention_mask", "position_ids", *past], outputs, manifest)
 
     return TorchRunner(make, modules, spec["inputs"], name), TORCH

@@ -76,3 +76,16 @@ def test_a_qwen_bundle_equals_itself_and_saved_indices_must_follow_a_grid(qwen_b
     code, _, err = run_compare(capsys, bundle, bundle, "--inputs", saved)
     assert code == 2 and len(err.strip().splitlines()) == 1 and "vision/0" in err
     assert "are not the indices of one image grid" in err, err
+
+
+@pytest.mark.parametrize("layout", ["static", "paged, block_tokens: 16"])
+def test_a_kv_layout_qwen_llm_matches_transformers_on_mrope_rows(qwen_compile, qwen_checkpoints, layout, tmp_path,
+                                                                   capsys):
+    """M-RoPE positions do not say where a token sits in the cache: seqlens_k (static) and cache_positions (paged)
+    do, and the PyTorch side reads the rows they name."""
+    bundle = qwen_compile("qwen2_vl", f"passes:\n  - kv_layout: {{layout: {layout}}}\n",
+                          f"qwen2_vl-{layout.split(',')[0]}.bundle")
+    code, out, report = compare_torch(capsys, bundle, qwen_checkpoints["qwen2_vl"], tmp_path / "r.json",
+                                      "--partition", "llm", "--atol", "1e-4", "--rtol", "1e-3")
+    assert code == 0 and out.strip().endswith("PASSED"), out
+    assert report["partitions"]["llm"]["iterations"] == 2
