@@ -26,9 +26,10 @@ import numpy as np
 import onnx
 from onnx import helper, numpy_helper
 
-from mmtrt.ir.graph import drop_dead
+from mmtrt.ir.graph import drop_dead, node_inputs
 from mmtrt.ir.logits import LOGITS_FROM
 from mmtrt.ir.rewrite import attr
+from mmtrt.ir.source_weights import copy_fields
 from mmtrt.quant.int8_weights import PER_TOKEN_CONSTANTS, per_token_input, per_token_matmul, quantize_columns
 from mmtrt.quant.int4 import num_groups
 from mmtrt.quant.session import run_with_outputs
@@ -105,11 +106,12 @@ def prefill_graph(model: onnx.ModelProto, select: Callable[[str], bool], x_max: 
     """A copy of `model` whose selected INT4 units are per-token int8 products (smoothed by `alpha` on the channel
     maxima `x_max` of each unit's input, unless it is None), each with its `float_channels(name)` input channels of
     the largest maxima kept out of the int8 product in a float32 one; and its report."""
-    out = onnx.ModelProto()
-    out.CopyFrom(model)
+    out = onnx.ModelProto()  # the weights of the units it replaces are never copied
+    copy_fields(model, out, skip="graph")
+    copy_fields(model.graph, out.graph, skip="initializer")
     graph = out.graph
-    inits = {t.name: t for t in graph.initializer}
-    chosen = [u for u in int4_units(out) if select(u.name)]
+    inits = {t.name: t for t in model.graph.initializer}
+    chosen = [u for u in int4_units(model) if select(u.name)]
     replaced, new, quantized_inputs, floats = {}, [], {}, {}
     for unit in chosen:
         w = effective_weight(unit, inits)
@@ -135,12 +137,14 @@ def prefill_graph(model: onnx.ModelProto, select: Callable[[str], bool], x_max: 
         replaced.setdefault(id(unit.node), []).extend((nodes if first else []) + matmul)
         for gone in unit.nodes[1:]:
             replaced[id(gone)] = []
-    rebuilt = [n for node in graph.node for n in replaced.get(id(node), [node])]
+    rebuilt = [n for node in model.graph.node for n in replaced.get(id(node), [node])]
     del graph.node[:]
     graph.node.extend(rebuilt)
+    drop_dead(graph)  # the group sums that only offsets read
+    read = {name for node in graph.node for name in node_inputs(node)}
+    graph.initializer.extend(t for t in model.graph.initializer if t.name in read)
     graph.initializer.extend(new + [numpy_helper.from_array(v, k) for k, v in PER_TOKEN_CONSTANTS.items()
                                     if k not in inits])
-    drop_dead(graph)  # the group sums that only offsets read
     return out, {"linears": [u.name for u in chosen], "smoothing": alpha,
                  "float_channels": {name: len(keep) for name, keep in floats.items()},
                  "added_bytes": int(sum(t.ByteSize() for t in new))}
