@@ -25,6 +25,7 @@ from mmtrt.runtime.chunked_prefill import PREFILL_CHUNK
 from mmtrt.runtime.encoder_cache import EncoderCache
 from mmtrt.runtime.executors import TRTLLM, component_runner, engine_choices, llm_engine_choice
 from mmtrt.runtime.hf_cache import HfLayout, grown
+from mmtrt.runtime.host_notes import log_host_notes
 from mmtrt.runtime.kv import StaticCache, cache_device, cache_providers
 from mmtrt.runtime.paged import PagedCache, PagedStepper
 from mmtrt.runtime.prefix import PrefixCache, keep_prefixes, stored_prefix
@@ -106,7 +107,7 @@ class Pipeline(RequestInputs):
                        for seg, c in choices.items()}
         self.choices = choices  # per TensorRT segment: its engine, or None and why not
         self.fallbacks = {seg: why for seg, (engine, why) in choices.items() if engine is None}
-        _log_fallbacks(self.fallbacks)
+        log_host_notes(self.fallbacks, self.manifest)
         self.threads, self.spin = threads, spin
         self.runners = {name: component_runner(self.path, self.manifest, name, choices, threads, spin)
                         for name in ("vision", *self.llm_components)}
@@ -267,17 +268,6 @@ class Pipeline(RequestInputs):
                           dict(self.fallbacks), seq.margins, reason,
                           seq.speculative.to_json() if seq.speculative is not None
                           else {"proposed": 0, "accepted": 0} if self.speculative else None)
-
-
-def _log_fallbacks(fallbacks: dict[str, str]) -> None:
-    """Once per load and reason. A host without TensorRT is expected (info); a TensorRT host without a matching
-    engine is worth a warning, since `mmtrt build-engines` fixes it."""
-    by_reason: dict[str, list[str]] = {}
-    for segment, why in fallbacks.items():
-        by_reason.setdefault(why, []).append(segment)
-    for why, segments in by_reason.items():
-        level = logging.INFO if why.startswith("tensorrt is not importable") else logging.WARNING
-        log.log(level, "TensorRT segments %s run on ONNX Runtime: %s", ", ".join(segments), why)
 
 
 def read_json(path: Path) -> Any:
