@@ -9,6 +9,7 @@ import onnxruntime as ort
 import pytest
 from onnx import numpy_helper
 
+from int8_gemm_reference import host_integer_product
 from mmtrt.backends.onnxruntime_backend import session_options
 from mmtrt.ir.frontend import lower
 from mmtrt.pipeline.registry import get_pass
@@ -60,24 +61,32 @@ def test_int8_vision_matches_numpy_dequantized_weights(tiny, rng):
     assert not np.allclose(got, _run(float_vision, pixels), rtol=1e-4, atol=1e-5)
 
 
-def _weight_codes(w: np.ndarray) -> np.ndarray:
-    """numpy's int8 codes of w times their per-column scales."""
+def _weight_codes(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """numpy's int8 codes of w, and their per-column scales."""
     w_scales = np.abs(w).max(axis=0).astype(np.float32).astype(np.float64) / 127
-    return np.clip(np.rint(w / w_scales), -127, 127) * w_scales
+    return np.clip(np.rint(w / w_scales), -127, 127).astype(np.int8), w_scales
 
 
-def _per_tensor(x: np.ndarray) -> np.ndarray:
-    """ONNX's DynamicQuantizeLinear on x (uint8, one scale for the tensor, the range widened to hold 0), dequantized."""
+def _per_tensor(x: np.ndarray) -> tuple[np.ndarray, int, np.ndarray]:
+    """ONNX's DynamicQuantizeLinear on x (uint8, one scale for the tensor, the range widened to hold 0): the codes,
+    their zero point and the scale."""
     x = x.astype(np.float64)
     scale = (max(x.max(), 0) - min(x.min(), 0)) / 255
-    zero = np.clip(np.rint(-min(x.min(), 0) / scale), 0, 255)
-    return (np.clip(np.rint(x / scale) + zero, 0, 255) - zero) * scale
+    zero = int(np.clip(np.rint(-min(x.min(), 0) / scale), 0, 255))
+    return np.clip(np.rint(x / scale) + zero, 0, 255).astype(np.uint8), zero, np.float64(scale)
 
 
-def _per_token(x: np.ndarray) -> np.ndarray:
-    """Each row on its own symmetric grid of 255 steps (max|row| / 127), dequantized."""
+def _per_token(x: np.ndarray) -> tuple[np.ndarray, int, np.ndarray]:
+    """Each row on its own symmetric grid of 255 steps (max|row| / 127), held as uint8 around 128."""
     scale = np.abs(x).max(axis=-1, keepdims=True) / np.float32(127)
-    return np.clip(np.rint(x / scale), -127, 127).astype(np.float64) * scale
+    return (np.clip(np.rint(x / scale), -127, 127) + 128).astype(np.uint8), 128, scale.astype(np.float64)
+
+
+def _int8_linear(x: np.ndarray, quantized, w: np.ndarray) -> np.ndarray:
+    """x [rows, K] quantized at run time times w's int8 codes, the integer sum as this host's GEMM adds it."""
+    codes, zero, x_scale = quantized(x)
+    q, w_scales = _weight_codes(w)
+    return host_integer_product(codes, q, zero) * x_scale * w_scales
 
 
 @pytest.mark.parametrize("activations, quantized, ops", [
@@ -102,7 +111,7 @@ def test_quantized_activations_give_the_integer_product_of_the_quantized_input(r
     x = rng.normal(size=(2, 5, 48)).astype(np.float32) + 0.5
     x[1, 2] *= 30  # one token far larger than the others
     got = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
-    hidden = np.maximum(quantized(x) @ _weight_codes(w1), 0).astype(np.float32)
-    want = quantized(hidden) @ _weight_codes(w2)
+    hidden = np.maximum(_int8_linear(x.reshape(-1, 48), quantized, w1), 0).astype(np.float32)
+    want = _int8_linear(hidden, quantized, w2).reshape(got.shape)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
     assert not np.allclose(got, np.maximum(x @ w1, 0) @ w2, rtol=1e-4, atol=1e-4 * np.abs(want).max())
