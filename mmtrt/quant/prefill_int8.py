@@ -143,11 +143,14 @@ def prefill_graph(model: onnx.ModelProto, select: Callable[[str], bool], x_max: 
     drop_dead(graph)  # the group sums that only offsets read
     read = {name for node in graph.node for name in node_inputs(node)}
     graph.initializer.extend(t for t in model.graph.initializer if t.name in read)
-    graph.initializer.extend(new + [numpy_helper.from_array(v, k) for k, v in PER_TOKEN_CONSTANTS.items()
-                                    if k not in inits])
-    return out, {"linears": [u.name for u in chosen], "smoothing": alpha,
-                 "float_channels": {name: len(keep) for name, keep in floats.items()},
-                 "added_bytes": int(sum(t.ByteSize() for t in new))}
+    report = {"linears": [u.name for u in chosen], "smoothing": alpha,
+              "float_channels": {name: len(keep) for name, keep in floats.items()},
+              "added_bytes": int(sum(t.ByteSize() for t in new))}
+    new += [numpy_helper.from_array(v, k) for k, v in PER_TOKEN_CONSTANTS.items() if k not in inits]
+    new.reverse()
+    while new:  # each copied into the graph and dropped, never all of them twice
+        graph.initializer.add().CopyFrom(new.pop())
+    return out, report
 
 
 def outlier_channels(x_max: dict[str, np.ndarray] | None, x: str, count: int) -> np.ndarray:
