@@ -5,7 +5,10 @@ reads the table's bytes through a Transpose, which ONNX Runtime and TensorRT fol
 or engine is built.
 
 Equality is checked on the bytes themselves (a digest finds the candidate, the saved bytes are read back and
-compared), never assumed from names or configs: a table a pass changed (quantized, pruned) is saved again."""
+compared), never assumed from names or configs: a table a pass changed (quantized, pruned) is saved again. A table's
+transpose is found by its dtype and dims, then compared block by block: a digest of the transpose would read the
+whole table strided once more (0.7 GB above the writer's own memory for a 152k vocabulary) for bundles that mostly
+have no tensor of those dims."""
 
 from __future__ import annotations
 
@@ -47,13 +50,6 @@ def _itemsize(data_type: int) -> int:
     return helper.tensor_dtype_to_np_dtype(data_type).itemsize
 
 
-def _transposed_blocks(columns, data_type: int, dims):
-    """The bytes of a table transposed, in order, a block of its columns at a time."""
-    step = max(1, source_weights.BLOCK // max(1, dims[0] * _itemsize(data_type)))
-    for c in range(0, dims[1], step):
-        yield columns(c, c + step).T.tobytes()
-
-
 class StoredTensors:
     """The external tensors saved so far into one folder: digest -> where their bytes lie."""
 
@@ -63,27 +59,25 @@ class StoredTensors:
         self.tables: dict[tuple, tuple[list[onnx.StringStringEntryProto], list[int]]] = {}
 
     def add(self, tensor: onnx.TensorProto, raw, sha: bytes, table: bool) -> None:
-        """Record `tensor`, just saved with its bytes `raw` of `digest` sha; a `table` (the token embedding) is also
-        found by its transpose."""
+        """Record `tensor`, just saved with its bytes `raw` of `digest` sha; a 2-D `table` (the token embedding) is
+        also found by its transpose."""
         entries = list(tensor.external_data)
         self.saved.setdefault((tensor.data_type, tuple(tensor.dims), sha), entries)
-        columns = _columns(raw, tensor.data_type, tensor.dims) if table else None
-        if columns is not None:
-            flipped = _digest(_transposed_blocks(columns, tensor.data_type, tensor.dims))
-            self.tables.setdefault((tensor.data_type, tuple(tensor.dims[::-1]), flipped), (entries, list(tensor.dims)))
+        if table and _columns(raw, tensor.data_type, tensor.dims) is not None:
+            self.tables.setdefault((tensor.data_type, tuple(tensor.dims[::-1])), (entries, list(tensor.dims)))
 
     def same(self, tensor: onnx.TensorProto, raw, sha: bytes) -> list[onnx.StringStringEntryProto] | None:
         """The external data entries of a saved tensor with `tensor`'s dtype, dims and bytes, or None."""
         entries = self.saved.get((tensor.data_type, tuple(tensor.dims), sha))
         return entries if entries is not None and self._equal(entries, raw) else None
 
-    def transposed(self, tensor: onnx.TensorProto, raw, sha: bytes):
+    def transposed(self, tensor: onnx.TensorProto, raw):
         """(entries, dims) of a saved table whose transpose is `tensor`, or None."""
-        found = self.tables.get((tensor.data_type, tuple(tensor.dims), sha))
-        if found is None:
+        found = self.tables.get((tensor.data_type, tuple(tensor.dims)))
+        columns = _columns(raw, tensor.data_type, tensor.dims) if found is not None else None
+        if columns is None:
             return None
         entries, dims = found
-        columns = _columns(raw, tensor.data_type, tensor.dims)
         itemsize = _itemsize(tensor.data_type)
         rows = max(1, source_weights.BLOCK // max(1, itemsize * dims[1]))
         for r, block in enumerate(self._blocks(entries, rows * itemsize * dims[1])):

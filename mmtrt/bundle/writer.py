@@ -168,7 +168,7 @@ def save_onnx(model: onnx.ModelProto, path: Path, threshold: int, stored: Stored
             kept.data_location = onnx.TensorProto.EXTERNAL
             sha = digest(raw) if stored else None
             entries = stored.same(tensor, raw, sha) if stored else None
-            flipped = stored.transposed(tensor, raw, sha) if stored and entries is None and tensor.name not in inputs \
+            flipped = stored.transposed(tensor, raw) if stored and entries is None and tensor.name not in inputs \
                 else None
             if flipped is not None:
                 entries, dims = flipped

@@ -33,7 +33,7 @@ def tied(anyres_compile):
 def two_copies(anyres_compile):
     """The same recipe written as before sharing: the lm_head's own transposed copy of the table."""
     with pytest.MonkeyPatch.context() as patch:
-        patch.setattr(StoredTensors, "transposed", lambda self, tensor, raw, sha: None)
+        patch.setattr(StoredTensors, "transposed", lambda self, tensor, raw: None)
         return anyres_compile("llava_onevision", "", "two-copies.bundle")
 
 
