@@ -34,7 +34,8 @@ def sizes(manifest: dict[str, Any], base: dict[str, int]) -> dict[str, int]:
     return {**base, **extra}
 
 
-def fill(manifest: dict[str, Any], sizes: dict[str, int], feed: dict[str, np.ndarray], rng: np.random.Generator) -> None:
+def fill(manifest: dict[str, Any], sizes: dict[str, int], feed: dict[str, np.ndarray],
+         rng: np.random.Generator) -> None:
     """Overwrite the layout's index inputs of `feed` (its buffers keep their random values): lengths for static
     buffers; for a pool, a table of distinct blocks drawn at random and the slots of the new tokens in them."""
     batch, seq, past = sizes["batch"], sizes["seq"], sizes["past"]

@@ -75,7 +75,9 @@ def _bundle_side(bundle: Path, manifest: dict, label: str):
 
     def side(comp: str):
         runner, what = bundle_runner(bundle, manifest, comp, choices, f"{label}:{comp}")
-        return (CacheRowsRunner(runner, manifest), what) if comp == "llm" and kv_layouts.layout(manifest) else (runner, what)
+        if comp == "llm" and kv_layouts.layout(manifest):
+            runner = CacheRowsRunner(runner, manifest)
+        return runner, what
 
     return side
 

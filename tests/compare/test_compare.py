@@ -93,7 +93,8 @@ def test_an_architecture_without_a_torch_reference_is_one_line(tiny_bundle, tmp_
 
 @pytest.fixture(scope="module")
 def static_bundle(tmp_path_factory):
-    return compile_recipe(ROOT / "recipes" / "tiny-llava-static.yaml", tmp_path_factory.mktemp("static") / "static.bundle")
+    folder = tmp_path_factory.mktemp("static")
+    return compile_recipe(ROOT / "recipes" / "tiny-llava-static.yaml", folder / "static.bundle")
 
 
 @pytest.mark.parametrize("layout", ["static", "paged"])
