@@ -38,10 +38,17 @@ def saturates() -> bool:
 
 
 def integer_linears(manifest: dict[str, Any]) -> list[str]:
-    """The passes of a bundle that left uint8 x int8 GEMMs in its graphs."""
-    return [p["pass"] for p in manifest.get("passes", [])
-            if p["pass"] == "int8_prefill"
-            or (p["pass"] == "int8_weights" and p.get("config", {}).get("activations", "float") != "float")]
+    """The passes of a bundle that left uint8 x int8 GEMMs in its graphs, by the manifest's record of its passes
+    (informational: a record in another form names none)."""
+    records = manifest.get("passes")
+    found = []
+    for record in records if isinstance(records, list) else []:
+        config = record.get("config") if isinstance(record, dict) else None
+        name = record.get("pass") if isinstance(record, dict) else None
+        if name == "int8_prefill" or (name == "int8_weights" and isinstance(config, dict)
+                                      and config.get("activations", "float") != "float"):
+            found.append(name)
+    return found
 
 
 def saturation_note(manifest: dict[str, Any]) -> str | None:

@@ -54,3 +54,11 @@ def test_a_bundle_with_int8_linears_warns_where_they_saturate(tiny_prefill_bundl
             logging.getLogger("mmtrt.runtime").removeHandler(kept)
         notes = [m for m in kept.messages if "VNNI" in m]
         assert len(notes) == warned and all("int8_prefill linears" in n and "compile a recipe" in n for n in notes)
+
+
+def test_a_passes_record_in_another_form_names_no_integer_linears():
+    """The manifest's record of its passes is informational: an edited one must not fail a load."""
+    good = {"pass": "int8_weights", "config": {"activations": "dynamic"}}
+    for passes in (None, 3, "x", [{}], [7], [{"pass": "int8_weights", "config": 3}], [{"config": {}}]):
+        assert integer_linears({"passes": passes}) == []
+    assert integer_linears({"passes": [{}, good, {"pass": "int8_prefill"}]}) == ["int8_weights", "int8_prefill"]
