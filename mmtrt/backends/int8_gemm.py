@@ -18,14 +18,11 @@ import numpy as np
 PROBE_K = 64
 
 
-@functools.cache
-def saturates() -> bool:
-    """Whether this host's uint8 x int8 GEMM saturates pairs of products (probed on a product that does)."""
+def integer_product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """sum((a - 128) * b) of uint8 `a` [M, K] and int8 `b` [K, N] as this host's ONNX Runtime computes it (int32)."""
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
-    a = np.full((4, PROBE_K), 255, np.uint8)
-    b = np.full((PROBE_K, 16), 127, np.int8)
     graph = helper.make_graph(
         [helper.make_node("MatMulInteger", ["a", "b", "zero"], ["y"])], "int8_gemm_probe",
         [helper.make_tensor_value_info("a", TensorProto.UINT8, list(a.shape))],
@@ -33,7 +30,13 @@ def saturates() -> bool:
         [numpy_helper.from_array(b, "b"), numpy_helper.from_array(np.array(128, np.uint8), "zero")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
     session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
-    y = session.run(None, {"a": a})[0]
+    return session.run(None, {"a": a})[0]
+
+
+@functools.cache
+def saturates() -> bool:
+    """Whether this host's uint8 x int8 GEMM saturates pairs of products (probed on a product that does)."""
+    y = integer_product(np.full((4, PROBE_K), 255, np.uint8), np.full((PROBE_K, 16), 127, np.int8))
     return not np.array_equal(y, np.full_like(y, 127 * 127 * PROBE_K))
 
 
