@@ -38,15 +38,15 @@ def generate(manifest: dict[str, Any], component: str, rng: np.random.Generator)
     if component == "vision" and manifest["model"]["architecture"] in qwen2_vl.QWEN_FAMILIES:
         return qwen2_vl.generate_vision(manifest, rng)
     vocab = manifest["model"]["llm"]["vocab_size"]
-    feeds = []
+    feeds, cache = [], kv_layouts.rewritten(manifest, component)
     for sizes in _iterations(component, manifest["dims"]):
-        if component == "llm" and kv_layouts.layout(manifest):
+        if cache:
             sizes = kv_layouts.sizes(manifest, sizes)
         feed = {}
         for spec in manifest["components"][component]["inputs"]:
             shape = [d if isinstance(d, int) else sizes[d] for d in spec["shape"]]
             feed[spec["name"]] = _values(spec["name"], spec["dtype"], shape, sizes, manifest["model"], rng)
-        if component == "llm" and kv_layouts.layout(manifest):
+        if cache:
             kv_layouts.fill(manifest, sizes, feed, rng)
         feeds.append(feed)
     return feeds

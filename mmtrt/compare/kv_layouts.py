@@ -24,6 +24,11 @@ def layout(manifest: dict[str, Any]) -> dict[str, Any] | None:
     return manifest["model"].get("kv_cache")
 
 
+def rewritten(manifest: dict[str, Any], component: str) -> bool:
+    """Whether `component` is an LLM whose cache kv_layout rewrote."""
+    return component == "llm" and layout(manifest) is not None
+
+
 def sizes(manifest: dict[str, Any], base: dict[str, int]) -> dict[str, int]:
     """The iteration's sizes with the layout's own dimensions: the buffers' capacity, the pool's slots, the blocks
     a sequence of `total` tokens takes and the tokens written in the call."""
@@ -48,7 +53,7 @@ def fill(manifest: dict[str, Any], sizes: dict[str, int], feed: dict[str, np.nda
     table = rng.permutation(pool)[:batch * sizes["max_blocks"]].reshape(batch, -1).astype(np.int64)
     positions = np.arange(past, past + seq)
     feed[TABLE] = table
-    feed[SLOTS] = (table[:, positions // block] * block + positions % block).reshape(-1, 1)
+    feed[SLOTS] = _slots(table, positions, block).reshape(-1, 1)
     if CACHE_POSITIONS in feed:
         feed[CACHE_POSITIONS] = np.broadcast_to(positions, (batch, seq)).astype(np.int64)
 
@@ -71,10 +76,13 @@ def _rows(manifest: dict[str, Any], feed: dict[str, np.ndarray], buffer: np.ndar
     """The sequence's first `tokens` rows of a cache buffer, as the hf layout's `[batch, H_kv, tokens, D]`."""
     if SEQLENS in feed:
         return np.ascontiguousarray(buffer[:, :, :tokens])
-    block = layout(manifest)["block_tokens"]
-    positions = np.arange(tokens)
-    slots = feed[TABLE][:, positions // block] * block + positions % block  # [batch, tokens]
+    slots = _slots(feed[TABLE], np.arange(tokens), layout(manifest)["block_tokens"])
     return np.ascontiguousarray(buffer[slots].transpose(0, 2, 1, 3))
+
+
+def _slots(table: np.ndarray, positions: np.ndarray, block: int) -> np.ndarray:
+    """The pool slots [batch, len(positions)] of each sequence's tokens at `positions`, through its block table."""
+    return table[:, positions // block] * block + positions % block
 
 
 def hf_feed(manifest: dict[str, Any], feed: dict[str, np.ndarray]) -> dict[str, np.ndarray]:

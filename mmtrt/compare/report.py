@@ -75,7 +75,7 @@ def _bundle_side(bundle: Path, manifest: dict, label: str):
 
     def side(comp: str):
         runner, what = bundle_runner(bundle, manifest, comp, choices, f"{label}:{comp}")
-        if comp == "llm" and kv_layouts.layout(manifest):
+        if kv_layouts.rewritten(manifest, comp):
             runner = CacheRowsRunner(runner, manifest)
         return runner, what
 

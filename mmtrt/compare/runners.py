@@ -186,7 +186,7 @@ def torch_runner(model, manifest: dict[str, Any], component: str, name: str) -> 
         # the exporter's wrapper returns every position's logits, which is what compare's logits_from of 0 asks for
         inputs = [s["name"] for s in spec["inputs"] if s["name"] != LOGITS_FROM]
         outputs = [s["name"] for s in spec["outputs"]]
-        if component != "llm" or not kv_layouts.layout(manifest):
+        if not kv_layouts.rewritten(manifest, component):
             return TorchPartition(module, inputs, outputs)
         past = [name for name in inputs if name.startswith("past.")]
         return TorchPartition(module, ["inputs_embeds", "attention_mask", "position_ids", *past], outputs, manifest)
