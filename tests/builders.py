@@ -13,6 +13,7 @@ import torch
 from onnx import TensorProto, helper, numpy_helper
 from PIL import Image
 
+from mmtrt.backends.int8_gemm import exact_products, graph_ops
 from mmtrt.backends.onnxruntime_backend import session_options
 from mmtrt.ir.rewrite import attr
 from mmtrt.zoo import tiny_anyres
@@ -398,11 +399,13 @@ def static_llm_feeds(rng, llm: dict, lengths, seq: int, capacity: int) -> dict[s
 class StaticCacheForm:
     """One static-cache form of an LLM graph with its own buffers, bound in place as past and present and fed as
     mmtrt.runtime.batch.StaticStepper feeds them (one ONNX Runtime thread). `model`: a graph, or a file that ONNX
-    Runtime opens itself (its external data resolved as the runtimes resolve it)."""
+    Runtime opens itself (its external data resolved as the runtimes resolve it). Its int8 GEMMs are exact, as the
+    runtimes' are (mmtrt.backends.int8_gemm)."""
 
     def __init__(self, model: onnx.ModelProto | Path, llm: dict, capacity: int, batch: int = 1):
         options = ort.SessionOptions()
         options.intra_op_num_threads = 1
+        exact_products(options, graph_ops(model) if isinstance(model, Path) else {n.op_type for n in model.graph.node})
         source = str(model) if isinstance(model, Path) else model.SerializeToString()
         self.session = ort.InferenceSession(source, options, providers=["CPUExecutionProvider"])
         self.inputs, self.lengths = {i.name for i in self.session.get_inputs()}, np.zeros(batch, np.int64)

@@ -1,25 +1,34 @@
-"""Whether ONNX Runtime's integer GEMMs are exact on this host.
+"""Exact integer GEMMs from ONNX Runtime on every x86 host.
 
 Its CPU GEMM of uint8 activations and int8 weights (MatMulInteger, MatMulIntegerToFloat, DynamicQuantizeMatMul)
 runs on VNNI's vpdpbusd where the processor has it, and sums every product exactly. Without VNNI (AVX2, and
 AVX-512 without VNNI) it runs on vpmaddubsw, which adds each two neighbouring products in 16 bits and saturates
 there: two activations near the top of their range against two weights near theirs make 2 x 255 x 127 > 32,767,
-and the output is wrong by up to that much (ONNX Runtime's quantization guide: "reduce_range" or U8U8 on such
-hosts). A bundle's int8 linears are compiled once and run wherever it is deployed, so the runtime probes the host
-once and says so where its products would saturate."""
+and the output is wrong by up to that much. ONNX Runtime's session entry `session.x64quantprecision` turns the
+int8 weights into uint8 ones when the session is made, so the GEMM runs as uint8 x uint8 (16-bit operands,
+32-bit sums: exact) at some cost in speed; on a VNNI host it would only cost speed. So every session mmtrt makes
+on a graph with such a GEMM sets it where a probe of this host's GEMM finds the saturation, and a bundle's int8
+linears compute the same products wherever it is deployed. Only on such graphs: the entry also rewrites int8
+weights that a per-channel DequantizeLinear reads without a zero point (`int8_weights` with float activations)
+into uint8 with a scalar zero point 128, which that DequantizeLinear refuses at run time (ONNX Runtime 1.31)."""
 
 from __future__ import annotations
 
 import functools
+from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 import numpy as np
 
+EXACT_PRODUCTS = "session.x64quantprecision"
+INTEGER_GEMMS = frozenset({"MatMulInteger", "MatMulIntegerToFloat", "DynamicQuantizeMatMul", "QLinearMatMul", "QGemm"})
 PROBE_K = 64
 
 
-def integer_product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """sum((a - 128) * b) of uint8 `a` [M, K] and int8 `b` [K, N] as this host's ONNX Runtime computes it (int32)."""
+def integer_product(a: np.ndarray, b: np.ndarray, exact: bool = False) -> np.ndarray:
+    """sum((a - 128) * b) of uint8 `a` [M, K] and int8 `b` [K, N] as this host's ONNX Runtime computes it (int32),
+    in a session with the exact products entry set where this host needs it (`exact`) or not."""
     import onnxruntime as ort
     from onnx import TensorProto, helper, numpy_helper
 
@@ -29,7 +38,10 @@ def integer_product(a: np.ndarray, b: np.ndarray) -> np.ndarray:
         [helper.make_tensor_value_info("y", TensorProto.INT32, [a.shape[0], b.shape[1]])],
         [numpy_helper.from_array(b, "b"), numpy_helper.from_array(np.array(128, np.uint8), "zero")])
     model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
-    session = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    options = ort.SessionOptions()
+    if exact:
+        exact_products(options, ["MatMulInteger"])
+    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     return session.run(None, {"a": a})[0]
 
 
@@ -38,6 +50,20 @@ def saturates() -> bool:
     """Whether this host's uint8 x int8 GEMM saturates pairs of products (probed on a product that does)."""
     y = integer_product(np.full((4, PROBE_K), 255, np.uint8), np.full((PROBE_K, 16), 127, np.int8))
     return not np.array_equal(y, np.full_like(y, 127 * 127 * PROBE_K))
+
+
+def exact_products(options, ops: Iterable[str]) -> None:
+    """Set ONNX Runtime's uint8 x uint8 GEMM on `options` (an `ort.SessionOptions`) for a graph of `ops` (its nodes'
+    op types) with a uint8 x int8 GEMM, where this host's saturates."""
+    if INTEGER_GEMMS.intersection(ops) and saturates():
+        options.add_session_config_entry(EXACT_PRODUCTS, "1")
+
+
+def graph_ops(path: Path) -> set[str]:
+    """The op types of the nodes of the ONNX graph at `path` (its external data left unread)."""
+    import onnx
+
+    return {n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node}
 
 
 def integer_linears(manifest: dict[str, Any]) -> list[str]:
@@ -54,11 +80,11 @@ def integer_linears(manifest: dict[str, Any]) -> list[str]:
     return found
 
 
-def saturation_note(manifest: dict[str, Any]) -> str | None:
-    """One line for a bundle whose int8 linears lose accuracy on this host, else None."""
+def uint8_note(manifest: dict[str, Any]) -> str | None:
+    """One line for a bundle whose int8 linears run as uint8 x uint8 GEMMs on this host, else None."""
     passes = integer_linears(manifest)
     if not passes or not saturates():
         return None
-    return (f"this CPU has no VNNI, so ONNX Runtime's int8 GEMMs saturate sums of two products in 16 bits: the "
-            f"bundle's {' and '.join(sorted(set(passes)))} linears are less accurate here than where they were "
-            "measured; run it on a CPU with AVX-512 VNNI or AVX-VNNI, or compile a recipe without those passes")
+    return (f"this CPU has no VNNI: the bundle's {' and '.join(sorted(set(passes)))} linears run on ONNX Runtime's "
+            "uint8 x uint8 GEMM, exact but slower than on a CPU with AVX-512 VNNI or AVX-VNNI "
+            "(docs/results/ort-cpu-kernels.md)")

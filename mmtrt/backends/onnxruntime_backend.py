@@ -8,9 +8,11 @@ import numpy as np
 import onnxruntime as ort
 
 from mmtrt.backends import _has_cuda_gpu
+from mmtrt.backends.int8_gemm import exact_products, graph_ops
 
 
-def session_options(threads: int | None, spin: bool, exact_int4: bool = False) -> ort.SessionOptions:
+def session_options(threads: int | None, spin: bool, exact_int4: bool = False, ops=()) -> ort.SessionOptions:
+    """`ops`: the op types of the session's graph, whose uint8 x int8 GEMMs are made exact on this host."""
     opts = ort.SessionOptions()
     opts.log_severity_level = 3
     if threads:
@@ -20,6 +22,7 @@ def session_options(threads: int | None, spin: bool, exact_int4: bool = False) -
     opts.add_session_config_entry("session.inter_op.allow_spinning", "1" if spin else "0")
     if exact_int4:
         opts.add_session_config_entry("session.qdq_matmulnbits_accuracy_level", "0")
+    exact_products(opts, ops)
     return opts
 
 
@@ -30,7 +33,8 @@ class OrtRunner:
         wanted = ["CPUExecutionProvider"]
         if _has_cuda_gpu() and "CUDAExecutionProvider" in ort.get_available_providers():
             wanted.insert(0, "CUDAExecutionProvider")
-        self.session = ort.InferenceSession(str(path), sess_options=session_options(threads, spin), providers=wanted)
+        options = session_options(threads, spin, ops=graph_ops(path))
+        self.session = ort.InferenceSession(str(path), sess_options=options, providers=wanted)
         self.providers = self.session.get_providers()
         self.output_names = [o.name for o in self.session.get_outputs()]
 

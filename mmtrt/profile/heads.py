@@ -43,7 +43,8 @@ class ProbeSession:
         model = onnx.load(str(bundle / artifact))
         self.layers = _expose_attention(model.graph)
         self.projector_input = _expose_projector_input(model.graph) if artifact.startswith("vision") else None
-        self.session = ort.InferenceSession(model.SerializeToString(), sess_options=session_options(threads, False),
+        options = session_options(threads, False, ops={n.op_type for n in model.graph.node})
+        self.session = ort.InferenceSession(model.SerializeToString(), sess_options=options,
                                             providers=["CPUExecutionProvider"])
         self.names = [o.name for o in self.session.get_outputs()]
 

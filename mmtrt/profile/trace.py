@@ -21,6 +21,7 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 
+from mmtrt.backends.int8_gemm import graph_ops
 from mmtrt.backends.onnxruntime_backend import OrtRunner, session_options
 from mmtrt.profile.layers import layer_buckets
 from mmtrt.progress import track
@@ -32,7 +33,7 @@ class ProfiledRunner:
     """An ONNX Runtime session on one component with the profiler on; `events()` ends the profile."""
 
     def __init__(self, path: Path, threads: int | None, spin: bool, folder: Path, optimization=None):
-        opts = session_options(threads, spin)
+        opts = session_options(threads, spin, ops=graph_ops(path))
         opts.enable_profiling = True
         opts.profile_file_prefix = str(folder / path.stem)
         if optimization is not None:

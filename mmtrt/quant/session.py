@@ -45,7 +45,7 @@ def session(model: onnx.ModelProto) -> ort.InferenceSession:
 
     cuda = device().type == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers()
     providers = ["CUDAExecutionProvider"] * cuda + ["CPUExecutionProvider"]
-    options = session_options(None, spin=False)
+    options = session_options(None, spin=False, ops={n.op_type for n in model.graph.node})
     options.enable_cpu_mem_arena = False
     if serialized_bytes(model) < IN_MEMORY_BYTES and not any(map(source_weights.is_reference, model.graph.initializer)):
         return ort.InferenceSession(model.SerializeToString(), options, providers=providers)
