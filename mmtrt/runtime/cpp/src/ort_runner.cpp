@@ -1,11 +1,28 @@
 #include "runner.hpp"
 
+#include <set>
+
+#include "graph_ops.hpp"
 #include "mmtrt/bundle.hpp"
 
 namespace mmtrt {
 namespace {
 
-Ort::SessionOptions session_options(const SessionSettings& settings) {
+// ONNX Runtime's uint8 x int8 GEMM adds neighbouring products in saturating 16 bits on x86 CPUs without VNNI; its
+// `session.x64quantprecision` runs such weights as uint8 x uint8 instead, exact. Only on graphs with such a GEMM:
+// it also breaks a per-channel int8 DequantizeLinear without a zero point (mmtrt/backends/int8_gemm.py).
+bool needs_exact_products(const std::string& path) {
+#if defined(__x86_64__) || defined(__i386__)
+  if (__builtin_cpu_supports("avx512vnni") || __builtin_cpu_supports("avxvnni")) return false;
+  static const std::set<std::string> gemms = {"MatMulInteger", "MatMulIntegerToFloat", "DynamicQuantizeMatMul",
+                                              "QLinearMatMul", "QGemm"};
+  for (const auto& op : graph_op_types(path))
+    if (gemms.count(op)) return true;
+#endif
+  return false;
+}
+
+Ort::SessionOptions session_options(const std::string& path, const SessionSettings& settings) {
   Ort::SessionOptions options;
   options.SetLogSeverityLevel(3);
   if (settings.threads > 0) {  // as mmtrt.backends.onnxruntime_backend.session_options
@@ -14,12 +31,13 @@ Ort::SessionOptions session_options(const SessionSettings& settings) {
   }
   options.AddConfigEntry("session.intra_op.allow_spinning", settings.spin ? "1" : "0");
   options.AddConfigEntry("session.inter_op.allow_spinning", settings.spin ? "1" : "0");
+  if (needs_exact_products(path)) options.AddConfigEntry("session.x64quantprecision", "1");
   return options;
 }
 
 Ort::Session open_session(const std::string& path, const SessionSettings& settings) {
   try {
-    return Ort::Session(ort_env(), path.c_str(), session_options(settings));
+    return Ort::Session(ort_env(), path.c_str(), session_options(path, settings));
   } catch (const Ort::Exception& exc) {
     throw Error(ErrorKind::BadBundle, "ONNX Runtime cannot load " + path + " (" + exc.what() + "); recompile the recipe");
   }
