@@ -10,6 +10,10 @@ of `--runs` calls against float32's (the casts included; the `cast only` row is 
 are the dynamic quantization forms `onnxruntime.quantization.quantize_dynamic` writes (DynamicQuantizeLinear +
 MatMulInteger), the fused DynamicQuantizeMatMul, and MatMulNBits (int4 and int8 weights, int8 activations at
 accuracy level 4). The CPU's flags (avx512_bf16, amx, avx512_vnni) are printed: a bf16 kernel without them converts.
+On a CPU whose uint8 x int8 GEMM saturates (no VNNI; mmtrt/backends/int8_gemm.py) the integer forms are also timed
+with ONNX Runtime's exact uint8 x uint8 GEMM, as mmtrt's runtimes run them there, with the error of the saturating
+GEMM's output against it (the largest, relative to the largest output); the weights are int8 codes of normal values
+per output column, as `int8_weights` writes them.
 """
 
 from __future__ import annotations
@@ -22,6 +26,8 @@ import numpy as np
 import onnx
 import onnxruntime as ort
 from onnx import TensorProto, helper, numpy_helper
+
+from mmtrt.backends.int8_gemm import INTEGER_GEMMS, exact_products, saturates
 
 BF16, FP16, FP32 = TensorProto.BFLOAT16, TensorProto.FLOAT16, TensorProto.FLOAT
 NAMES = {BF16: "bf16", FP16: "fp16", FP32: "fp32"}
@@ -71,7 +77,8 @@ def float_case(op: str, dtype: int, m: int, k: int, n: int, rng) -> onnx.ModelPr
 
 
 def int8_case(form: str, m: int, k: int, n: int, rng) -> onnx.ModelProto:
-    w = rng.integers(-127, 128, (k, n), dtype=np.int8)
+    normal = rng.standard_normal((k, n))
+    w = np.rint(normal / np.abs(normal).max(axis=0) * 127).astype(np.int8)
     scale = numpy_helper.from_array(np.array(0.01, np.float32), "s")
     init = [numpy_helper.from_array(w, "w"), scale, numpy_helper.from_array(np.array(0, np.int8), "zp")]
     if form == "DynamicQuantizeLinear + MatMulInteger":
@@ -96,24 +103,44 @@ def int8_case(form: str, m: int, k: int, n: int, rng) -> onnx.ModelProto:
                              ir_version=10)
 
 
-def timed(model: onnx.ModelProto, runs: int, threads: int, rng) -> float | str:
-    """Median ms per call, or why the session refused the graph."""
+def session(model: onnx.ModelProto, threads: int, exact: bool = False) -> ort.InferenceSession | str:
+    """A session on `model` (with the exact integer GEMM where `exact`), or why ONNX Runtime refused the graph."""
     options = ort.SessionOptions()
     options.intra_op_num_threads = threads
     options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    if exact:
+        exact_products(options, [n.op_type for n in model.graph.node])
     try:
-        session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+        return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # the refusal is the result
         return "no CPU kernel" if "NOT_IMPLEMENTED" in str(exc) else f"refused: {str(exc).splitlines()[0][:90]}"
+
+
+def feed(model: onnx.ModelProto, rng) -> dict[str, np.ndarray]:
     shape = [d.dim_value for d in model.graph.input[0].type.tensor_type.shape.dim]
-    feed = {"x": rng.standard_normal(shape).astype(np.float32)}
-    session.run(None, feed)
+    return {"x": rng.standard_normal(shape).astype(np.float32)}
+
+
+def timed(model: onnx.ModelProto, runs: int, threads: int, rng, exact: bool = False) -> float | str:
+    """Median ms per call, or why the session refused the graph."""
+    made = session(model, threads, exact)
+    if isinstance(made, str):
+        return made
+    x = feed(model, rng)
+    made.run(None, x)
     times = []
     for _ in range(runs):
         t0 = time.perf_counter()
-        session.run(None, feed)
+        made.run(None, x)
         times.append(1e3 * (time.perf_counter() - t0))
     return statistics.median(times)
+
+
+def saturation_error(model: onnx.ModelProto, threads: int, rng) -> float:
+    """The largest difference of the saturating GEMM's output from the exact one's, relative to the largest output."""
+    x = feed(model, rng)
+    plain, exact = (session(model, threads, flag).run(None, x)[0] for flag in (False, True))
+    return float(np.abs(plain - exact).max() / np.abs(exact).max())
 
 
 def main() -> None:
@@ -136,12 +163,21 @@ def main() -> None:
             cells.append(t if isinstance(t, str) else f"{t:.3f} ms ({t / base:.2f}x)")
         print(f"| {op} | {base:.3f} | " + " | ".join(cells) + " |")
     base = timed(float_case("MatMul", FP32, args.m, args.k, args.n, rng), args.runs, args.threads, rng)
-    print(f"\n| int8 form (MatMul {args.m}x{args.k}x{args.n}) | ms | against fp32 MatMul ({base:.3f} ms) |")
-    print("| --- | ---: | ---: |")
+    exact = saturates()
+    print(f"\n| int8 form (MatMul {args.m}x{args.k}x{args.n}) | ms | against fp32 MatMul ({base:.3f} ms) |"
+          + (" exact GEMM ms | against fp32 | saturating GEMM's error |" if exact else ""))
+    print("| --- | ---: | ---: |" + (" ---: | ---: | ---: |" if exact else ""))
     for form in ("DynamicQuantizeLinear + MatMulInteger", "DynamicQuantizeMatMul", "MatMulNBits 8-bit",
                  "MatMulNBits 4-bit"):
-        t = timed(int8_case(form, args.m, args.k, args.n, rng), args.runs, args.threads, rng)
-        print(f"| {form} | " + (f"{t:.3f} | {t / base:.2f}x |" if not isinstance(t, str) else f"{t} | |"))
+        model = int8_case(form, args.m, args.k, args.n, rng)
+        t = timed(model, args.runs, args.threads, rng)
+        row = f"| {form} | " + (f"{t:.3f} | {t / base:.2f}x |" if not isinstance(t, str) else f"{t} | |")
+        if exact and INTEGER_GEMMS.intersection(n.op_type for n in model.graph.node):
+            u = timed(model, args.runs, args.threads, rng, exact=True)
+            row += f" {u:.3f} | {u / base:.2f}x | {saturation_error(model, args.threads, rng):.2%} |"
+        elif exact:
+            row += " | | |"
+        print(row)
 
 
 if __name__ == "__main__":
