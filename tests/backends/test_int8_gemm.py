@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from mmtrt.backends.int8_gemm import integer_linears, integer_product, saturates
+from mmtrt.backends.int8_gemm import graph_ops, integer_linears, integer_product, saturates
 from mmtrt.backends.onnxruntime_backend import OrtRunner
 from mmtrt.runtime.pipeline import load
 
@@ -65,6 +65,13 @@ def test_the_runner_makes_integer_gemms_exact_and_leaves_other_int8_graphs_alone
     got = OrtRunner(weight_only, threads=1).run({"x": x})["y"]
     want = b[:24].astype(np.float32) * scales
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6 * np.abs(want).max())
+
+
+def test_graph_ops_reads_the_op_types_onnx_reads(tiny_prefill_bundle, tmp_path):
+    for path in sorted(tiny_prefill_bundle.glob("*.onnx")):
+        assert graph_ops(path) == {n.op_type for n in onnx.load(str(path), load_external_data=False).graph.node}
+    (tmp_path / "text.onnx").write_text("not a model\n" * 3)
+    assert graph_ops(tmp_path / "text.onnx") == set()
 
 
 class _Kept(logging.Handler):
