@@ -12,13 +12,14 @@ from builders import StaticCacheForm, random_image, tiny_llm_feeds
 from conftest import PREFILL_RECIPE, compile_to
 from cpp_harness import generate_cpp, needs_build
 from mmtrt.errors import UserError
+from mmtrt.ir.graph import Component
 from mmtrt.ir.rewrite import attr
 from mmtrt.quant.channel_maxima import channel_maxima, layer_chunks, maxima_nodes
 from mmtrt.quant.int4 import Grid
 from mmtrt.quant.prefill_int8 import SEARCH_ALPHAS, effective_weight, int4_units, prefill_graph
 from mmtrt.quant.quantize import Settings, quantize_component
 from mmtrt.quant.session import run_with_outputs
-from passes.quant.int8_prefill import search_smoothing
+from passes.quant.int8_prefill import search_smoothing, static_feeds
 
 GRIDS = [(Grid(32), "symmetric"), (Grid(32, False), "int4-zero-points"), (Grid(64, False, True), "float-zero-points")]
 
@@ -168,6 +169,25 @@ def test_channel_maxima_run_a_decoder_layer_at_a_time(tiny_bundle, rng):
     owners = [{layer.get(name, "lm_head") for name, m in reduced.items() if m in chunk} for chunk in chunks]
     assert all(len(o) == 1 for o in owners), owners
     assert len(chunks) >= len({*layer.values()}) + 1 and sorted(m for c in chunks for m in c) == sorted(reduced.values())
+
+
+def test_calibration_prompts_share_one_empty_cache_that_no_stage_writes(tiny_prefill_bundle, rng):
+    """The static graph's feeds hold one read-only zero buffer per shape, whatever the layers and prompts; the
+    maxima through them are those through a writable buffer per input, and the buffers stay zeros."""
+    llm = Component("llm", [], [])
+    llm.set_graph(onnx.load(tiny_prefill_bundle / "llm.onnx"))
+    units = int4_units(llm.onnx)
+    inputs = sorted({u.input for u in units})
+    batches = [{"inputs_embeds": rng.normal(size=(1, n, 128)).astype(np.float32),
+                "position_ids": np.arange(n, dtype=np.int64)[None]} for n in (9, 13, 9)]
+    empty = {}
+    shared = [static_feeds(llm, b, empty) for b in batches]
+    own = [{k: v.copy() for k, v in f.items()} for f in shared]
+    pasts = [v for f in shared for k, v in f.items() if k.startswith("past.")]
+    assert len(pasts) == 3 * 8 and len({id(v) for v in pasts}) == len(empty) == 2
+    got, want = channel_maxima(llm.onnx, inputs, shared), channel_maxima(llm.onnx, inputs, own)
+    assert sorted(got) == inputs and all(np.array_equal(got[n], want[n]) for n in inputs)
+    assert all(not v.flags.writeable and not v.any() for v in empty.values())
 
 
 def test_outlier_channels_kept_in_float_cut_the_error_on_held_out_prompts(tiny_bundle, rng):
