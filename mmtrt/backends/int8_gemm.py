@@ -30,19 +30,49 @@ def integer_product(a: np.ndarray, b: np.ndarray, exact: bool = False) -> np.nda
     """sum((a - 128) * b) of uint8 `a` [M, K] and int8 `b` [K, N] as this host's ONNX Runtime computes it (int32),
     in a session with the exact products entry set where this host needs it (`exact`) or not."""
     import onnxruntime as ort
-    from onnx import TensorProto, helper, numpy_helper
 
-    graph = helper.make_graph(
-        [helper.make_node("MatMulInteger", ["a", "b", "zero"], ["y"])], "int8_gemm_probe",
-        [helper.make_tensor_value_info("a", TensorProto.UINT8, list(a.shape))],
-        [helper.make_tensor_value_info("y", TensorProto.INT32, [a.shape[0], b.shape[1]])],
-        [numpy_helper.from_array(b, "b"), numpy_helper.from_array(np.array(128, np.uint8), "zero")])
-    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
     options = ort.SessionOptions()
     if exact:
         exact_products(options, ["MatMulInteger"])
-    session = ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"])
+    session = ort.InferenceSession(probe_model(a.shape, b), options, providers=["CPUExecutionProvider"])
     return session.run(None, {"a": a})[0]
+
+
+def probe_model(a_shape: tuple[int, int], b: np.ndarray) -> bytes:
+    """The serialized ONNX model y = MatMulInteger(a, b, 128) (opset 17) of a uint8 input `a` of `a_shape` and the
+    int8 initializer `b`, written in the protobuf wire format: the light runtime probes its host without `onnx`."""
+    def tensor(name: str, elem: int, dims: tuple[int, ...], raw: bytes) -> bytes:
+        return b"".join(_number(1, d) for d in dims) + _number(2, elem) + _bytes(8, name) + _bytes(9, raw)
+
+    def value(name: str, elem: int, dims: tuple[int, ...]) -> bytes:
+        shape = b"".join(_bytes(1, _number(1, d)) for d in dims)
+        return _bytes(1, name) + _bytes(2, _bytes(1, _number(1, elem) + _bytes(2, shape)))
+
+    uint8, int8, int32 = 2, 3, 6  # TensorProto.DataType
+    node = b"".join(_bytes(1, n) for n in ("a", "b", "zero")) + _bytes(2, "y") + _bytes(4, "MatMulInteger")
+    graph = (_bytes(1, node) + _bytes(2, "int8_gemm_probe")
+             + _bytes(5, tensor("b", int8, b.shape, np.ascontiguousarray(b, np.int8).tobytes()))
+             + _bytes(5, tensor("zero", uint8, (), bytes([128])))
+             + _bytes(11, value("a", uint8, tuple(a_shape))) + _bytes(12, value("y", int32, (a_shape[0], b.shape[1]))))
+    return _number(1, 9) + _bytes(7, graph) + _bytes(8, _bytes(1, "") + _number(2, 17))
+
+
+def _bytes(field: int, payload: bytes | str) -> bytes:
+    payload = payload.encode() if isinstance(payload, str) else payload
+    return _encode_varint(field << 3 | 2) + _encode_varint(len(payload)) + payload
+
+
+def _number(field: int, value: int) -> bytes:
+    return _encode_varint(field << 3) + _encode_varint(value)
+
+
+def _encode_varint(value: int) -> bytes:
+    out = bytearray()
+    while value >= 0x80:
+        out.append(value & 0x7F | 0x80)
+        value >>= 7
+    out.append(value)
+    return bytes(out)
 
 
 @functools.cache

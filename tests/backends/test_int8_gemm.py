@@ -10,7 +10,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from mmtrt.backends.int8_gemm import graph_ops, integer_linears, integer_product, saturates
+from mmtrt.backends.int8_gemm import graph_ops, integer_linears, integer_product, probe_model, saturates
 from mmtrt.backends.onnxruntime_backend import OrtRunner
 from mmtrt.runtime.pipeline import load
 
@@ -38,6 +38,20 @@ def test_the_probe_says_how_this_hosts_gemm_adds(rng):
 def test_the_exact_products_entry_sums_exactly_on_every_host(rng):
     a, b, exact = _operands(rng)
     assert np.array_equal(integer_product(a, b, exact=True), exact)
+
+
+def test_the_probe_model_is_the_bytes_onnx_writes(rng):
+    """The probe is written without `onnx` (the light runtime does not import it); onnx serializes the same model
+    to the same bytes."""
+    for m, k, n in [(4, 64, 16), (1, 300, 1), (24, 320, 48)]:
+        b = rng.integers(-128, 128, size=(k, n)).astype(np.int8)
+        graph = helper.make_graph(
+            [helper.make_node("MatMulInteger", ["a", "b", "zero"], ["y"])], "int8_gemm_probe",
+            [helper.make_tensor_value_info("a", TensorProto.UINT8, [m, k])],
+            [helper.make_tensor_value_info("y", TensorProto.INT32, [m, n])],
+            [numpy_helper.from_array(b, "b"), numpy_helper.from_array(np.array(128, np.uint8), "zero")])
+        model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)], ir_version=9)
+        assert probe_model((m, k), b) == model.SerializeToString()
 
 
 def _saved(tmp_path, name, nodes, weights, x_type, y_type):

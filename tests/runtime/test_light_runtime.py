@@ -41,7 +41,7 @@ def conversations(rng):
     ]
 
 
-@pytest.fixture(scope="module", params=["tiny", "siglip"])
+@pytest.fixture(scope="module", params=["tiny", "siglip", "tiny_prefill"])
 def bundle(request):
     return request.getfixturevalue(f"{request.param}_bundle")
 
