@@ -26,6 +26,7 @@ from mmtrt.partition.engine_plan import engine_sections
 from mmtrt.partition.placement import annotate
 from mmtrt.partition.shapes import plan_dims, plan_profiles
 from mmtrt.pipeline.instruments import Dump, Timer, Verify, verify_ir
+from mmtrt.pipeline.pass_base import TIMES
 from mmtrt.pipeline.runner import PassPlan, plan_passes, run_passes
 from mmtrt.progress import facts_digest, quiet_libraries, stage
 from mmtrt.quant.calibration import RecipeData, check_recipe_data, load_recipe_data, recipe_data
@@ -79,8 +80,7 @@ def stage_bundle(plan: Plan, ir: ModelIR, reports: list[dict], folder: Path) -> 
     dims = plan_dims(ir.config, plan.recipe.envelope)
     stored = StoredTensors(folder)  # the components' tensors, which their segments' files read too
     files = writer.write_artifacts(ir, folder, plan.recipe.output.external_data_threshold, stored)
-    manifest = _manifest(plan, ir, [{k: v for k, v in r.items() if k != "time_ms"} for r in reports], dims,
-                         plan_profiles(ir, dims), files)
+    manifest = _manifest(plan, ir, [_without_times(r) for r in reports], dims, plan_profiles(ir, dims), files)
     manifest.update(engine_sections(ir, plan.recipe, dims, folder, files, stored))
     writer.write_manifest(folder, manifest)
     return manifest
@@ -121,8 +121,25 @@ def compile_recipe(recipe_path: str | Path, out: str | Path, force: bool = False
             "compile_seconds": round(time.perf_counter() - started, 2),
             "host": platform.node(),
             "pass_times_ms": {f"{i}:{r['pass']}": r.get("time_ms") for i, r in enumerate(reports)},
+            "pass_phase_times_s": {f"{i}:{r['pass']}": times for i, r in enumerate(reports) if (times := _times(r))},
         })
     return Path(out)
+
+
+def _times(report: dict) -> dict[str, dict]:
+    """The wall times a pass's report gives per component (its phases')."""
+    changes = report.get("changes")
+    return {c: r[TIMES] for c, r in changes.items() if isinstance(r, dict) and TIMES in r} \
+        if isinstance(changes, dict) else {}
+
+
+def _without_times(report: dict) -> dict:
+    """A pass's report as the manifest holds it: without its wall times, which differ from run to run."""
+    out = {k: v for k, v in report.items() if k != "time_ms"}
+    if isinstance(out.get("changes"), dict):
+        out["changes"] = {c: {k: v for k, v in r.items() if k != TIMES} if isinstance(r, dict) else r
+                          for c, r in out["changes"].items()}
+    return out
 
 
 def _kept_source(plan: Plan, model):

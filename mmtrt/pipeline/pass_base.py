@@ -8,6 +8,11 @@ from mmtrt.ir.graph import ModelIR
 from mmtrt.pipeline.pass_config import PassConfig
 
 
+# a component's report (what `run` returns for it) may give wall times of the pass's phases under this key: the
+# compiler moves them to build_report.json, since the manifest is the bundle's identity and must not vary by run
+TIMES = "times_s"
+
+
 class Pass:
     """A graph pass. `run` changes the IR in place and returns what it changed, for the pass report."""
 

@@ -19,6 +19,7 @@ import numpy as np
 import onnx
 
 from mmtrt.ir import resident, source_weights
+from mmtrt.pipeline.pass_base import TIMES
 from mmtrt.quant.awq import GroupStats, ModuleLoss, OwnLoss, ScaleResult, scaled_blocks, search_clip, search_scale
 from mmtrt.quant.layer_rewrite import GroupPlan, LayerRewrite
 from mmtrt.quant.layerwise import captured
@@ -56,8 +57,8 @@ def quantize_component(model: onnx.ModelProto, component: str, batches: list[dic
         searching += time.perf_counter() - searched
     calibrated = time.perf_counter() - searching  # the search ran between the layers' calibrations
     quantized, lowered = rewrite.finish()
-    return quantized, {"calibration_s": round(calibrated - started, 2),
-                       "search_and_rewrite_s": round(time.perf_counter() - calibrated, 2), "groups": reports, **lowered}
+    times = {"calibration": round(calibrated - started, 2), "search_and_rewrite": round(time.perf_counter() - calibrated, 2)}
+    return quantized, {TIMES: times, "groups": reports, **lowered}
 
 
 def _selected(groups: list[Group], select: Callable[[str], bool]) -> list[Group]:

@@ -11,6 +11,7 @@ import pytest
 from builders import StaticCacheForm, random_image, tiny_llm_feeds
 from conftest import PREFILL_RECIPE, compile_to
 from cpp_harness import generate_cpp, needs_build
+from mmtrt.bundle.trust import manifest_digest
 from mmtrt.errors import UserError
 from mmtrt.ir.graph import Component
 from mmtrt.ir.rewrite import attr
@@ -233,6 +234,15 @@ def test_long_calls_run_the_prompt_graph_and_short_ones_the_int4_graph(tiny_pref
         for name, form in forms.items():  # both references follow the cache the bundle's step wrote
             for past, buffer in form.cache.items():
                 buffer[...] = forms[graph].cache[past]
+
+
+def test_a_second_compile_of_a_calibrated_recipe_writes_the_same_bundle(tiny_prefill_bundle, tmp_path):
+    """The manifest is the bundle's identity: the calibrated passes' wall times go to the build report instead."""
+    again = compile_to(tmp_path, PREFILL_RECIPE.format(
+        tail="  - int8_prefill: {min_tokens: 4, calibration: {samples: 2, text_windows: 1}}\n"), "again.bundle")
+    assert manifest_digest(again) == manifest_digest(tiny_prefill_bundle)
+    phases = json.loads((again / "build_report.json").read_text())["pass_phase_times_s"]
+    assert set(phases) == {"0:awq_int4"} and set(phases["0:awq_int4"]["llm"]) == {"calibration", "search_and_rewrite"}
 
 
 @needs_build
