@@ -18,7 +18,7 @@ from mmtrt.eval.budget import Evaluate, check_budgets
 from mmtrt.eval.options import load_suite_data, suite_options
 from mmtrt.eval.userdata import Sample
 from mmtrt.pipeline.source import source_model
-from mmtrt.ir import export, source_weights
+from mmtrt.ir import export, source_weights, spill
 from mmtrt.ir.frontend import COMPONENTS, FRONTEND_PROPERTIES, describe_source, fit_envelope, load_source, lower
 from mmtrt.ir.graph import ModelIR
 from mmtrt.partition.assign import assign_backends
@@ -93,7 +93,7 @@ def compile_recipe(recipe_path: str | Path, out: str | Path, force: bool = False
     started = time.perf_counter()
     plan = make_plan(recipe_path)
     with writer.staging_folder(Path(out), force) as folder, export.on_device(export.resolve_device(device)), \
-            source_weights.kept():
+            source_weights.kept(), spill.scratch(folder):
         with stage("loading the model", key=f"load {facts_digest(plan.facts)}"):
             model, processor = load_source(plan.recipe.model, plan.recipe_dir, own_dtype=True)
         ir = lower(model, processor)

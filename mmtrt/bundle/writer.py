@@ -23,6 +23,7 @@ from mmtrt.bundle.staging import (OWNER, claim, raise_if_terminated, signals_def
 from mmtrt.bundle.stored import StoredTensors, digest, fresh_name, transpose_node
 from mmtrt.errors import UserError
 from mmtrt.ir import source_weights
+from mmtrt.ir.proto import copy_fields
 from mmtrt.ir.graph import ModelIR
 from mmtrt.progress import track
 
@@ -163,7 +164,7 @@ def save_onnx(model: onnx.ModelProto, path: Path, threshold: int, stored: Stored
                 if raw is not None and source_weights.is_reference(tensor):
                     source_weights.materialize_one(kept, source_weights.tensor_bytes(tensor))
                 continue
-            source_weights.copy_fields(tensor, kept, skip="raw_data")
+            copy_fields(tensor, kept, skip="raw_data")
             del kept.external_data[:]
             kept.data_location = onnx.TensorProto.EXTERNAL
             sha = digest(raw) if stored else None
@@ -204,8 +205,8 @@ _BYTES_OVERHEAD = sys.getsizeof(b"")
 
 def _without_initializers(model: onnx.ModelProto) -> onnx.ModelProto:
     shell = onnx.ModelProto()
-    source_weights.copy_fields(model, shell, skip="graph")
-    source_weights.copy_fields(model.graph, shell.graph, skip="initializer")
+    copy_fields(model, shell, skip="graph")
+    copy_fields(model.graph, shell.graph, skip="initializer")
     return shell
 
 

@@ -18,6 +18,7 @@ import contextlib
 import itertools
 from contextvars import ContextVar
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 import onnx
@@ -40,6 +41,10 @@ class _View:
     shape: tuple[int, ...]
     strides: tuple[int, ...]  # in elements, into the source laid out contiguously
     offset: int
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape)) * 4
 
     def array(self, *, rows: slice | None = None, columns: slice | None = None) -> np.ndarray:
         """The view's float32 values (of its first axis's `rows`, a 2-D view's `columns`, alone), in one new array
@@ -64,6 +69,10 @@ class _Joined:
     def shape(self) -> tuple[int, int]:
         return self.parts[0].shape[0], sum(p.shape[1] for p in self.parts)
 
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape)) * 4
+
     def array(self, *, rows: slice | None = None, columns: slice | None = None) -> np.ndarray:
         start, stop, _ = (columns or slice(None)).indices(self.shape[1])
         pieces, at = [], 0
@@ -78,12 +87,12 @@ class _Joined:
 
 @dataclass(frozen=True)
 class Widening:
-    """A reference's float32 bytes, widened from its source a block at a time: no one holds a large weight's
-    float32 copy whole while saving, hashing or comparing it."""
-    view: _View | _Joined
+    """A reference's bytes, widened from its source (or read from the compile's scratch file, mmtrt/ir/spill.py) a
+    block at a time: no one holds a large weight's float32 copy whole while saving, hashing or comparing it."""
+    view: Any  # _View, _Joined, or any view with shape, nbytes and array(rows=, columns=)
 
     def __len__(self) -> int:
-        return int(np.prod(self.view.shape)) * 4
+        return self.view.nbytes
 
     def blocks(self, size: int):
         """The bytes in order, whole rows of the first axis at a time, about `size` bytes each."""
@@ -177,6 +186,24 @@ def refer(model: ir.Model) -> None:
     registry.placeholders.clear()  # the views hold their sources; the placeholders' memory goes back
 
 
+def refer_to(tensor: onnx.TensorProto, view) -> None:
+    """Make `tensor` a reference to `view` (of its dtype and dims: shape, nbytes and array(rows=, columns=)), its
+    own bytes dropped."""
+    registry = _registry.get()
+    key = f"{LOCATION}/{next(registry.keys)}"
+    registry.views[key] = view
+    tensor.ClearField("raw_data")
+    tensor.data_location = onnx.TensorProto.EXTERNAL
+    for entry, value in (("location", key), ("offset", 0), ("length", view.nbytes)):
+        tensor.external_data.add(key=entry, value=str(value))
+
+
+def reference_bytes(tensor: onnx.TensorProto) -> int:
+    """The bytes a reference stands for (0 for a tensor that is none)."""
+    key = _key(tensor)
+    return _registry.get().views[key].nbytes if key else 0
+
+
 def _key(tensor: onnx.TensorProto) -> str | None:
     if tensor.data_location != onnx.TensorProto.EXTERNAL:
         return None
@@ -225,26 +252,23 @@ def held(tensor: onnx.TensorProto) -> onnx.TensorProto:
 
 def materialize_one(tensor: onnx.TensorProto, raw) -> None:
     del tensor.external_data[:]
-    tensor.data_location = onnx.TensorProto.DEFAULT
+    tensor.ClearField("data_location")  # as a tensor that always held its bytes: its serialization the same
     tensor.raw_data = bytes(raw)
 
 
 def transposed(tensor: onnx.TensorProto) -> onnx.TensorProto:
     """A 2-D initializer transposed, a reference staying a reference."""
     key = _key(tensor)
-    if key is None:
-        return onnx.numpy_helper.from_array(onnx.numpy_helper.to_array(tensor).T.copy(), tensor.name)
     registry = _registry.get()
-    view = registry.views[key]
+    view = registry.views[key] if key else None
+    if not isinstance(view, _View):
+        return onnx.numpy_helper.from_array(array(tensor).T.copy(), tensor.name)
     flipped = _View(view.source, view.shape[::-1], view.strides[::-1], view.offset)
-    new_key = f"{LOCATION}/{next(registry.keys)}"
-    registry.views[new_key] = flipped
     out = onnx.TensorProto()
     out.CopyFrom(tensor)
     out.dims[:] = flipped.shape
-    for entry in out.external_data:
-        if entry.key == "location":
-            entry.value = new_key
+    del out.external_data[:]
+    refer_to(out, flipped)
     return out
 
 
@@ -253,46 +277,13 @@ def joined(tensors: list[onnx.TensorProto], name: str) -> onnx.TensorProto:
     is one (nothing is widened until the bundle is written), else an initializer holding the values."""
     keys = [_key(t) for t in tensors]
     registry = _registry.get()
-    if registry is None or None in keys:
+    parts = [registry.views[k] for k in keys] if registry is not None and None not in keys else [None]
+    if not all(isinstance(p, (_View, _Joined)) for p in parts):
         return onnx.numpy_helper.from_array(np.concatenate([array(t) for t in tensors], axis=1), name)
-    parts = [registry.views[k] for k in keys]
     join = _Joined(tuple(v for part in parts for v in (part.parts if isinstance(part, _Joined) else (part,))))
-    key = f"{LOCATION}/{next(registry.keys)}"
-    registry.views[key] = join
-    out = onnx.TensorProto(name=name, data_type=onnx.TensorProto.FLOAT, dims=join.shape,
-                           data_location=onnx.TensorProto.EXTERNAL)
-    for entry, value in (("location", key), ("offset", 0), ("length", int(np.prod(join.shape)) * 4)):
-        out.external_data.add(key=entry, value=str(value))
+    out = onnx.TensorProto(name=name, data_type=onnx.TensorProto.FLOAT, dims=join.shape)
+    refer_to(out, join)
     return out
-
-
-def checkable(model: onnx.ModelProto) -> onnx.ModelProto:
-    """`model` for the ONNX checker, which reads every initializer's bytes and serializes the model (2 GB at most):
-    its referenced and large weights (as the export would have referred to) declared as graph inputs of the same
-    type and shape instead, in a copy that holds none of them."""
-    large = {t.name for t in model.graph.initializer if is_reference(t) or int(np.prod(t.dims)) > SMALL}
-    if not large:
-        return model
-    copy = onnx.ModelProto()
-    copy_fields(model, copy, skip="graph")
-    copy_fields(model.graph, copy.graph, skip="initializer")
-    copy.graph.initializer.extend(t for t in model.graph.initializer if t.name not in large)
-    copy.graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, t.dims)
-                            for t in model.graph.initializer if t.name in large)
-    return copy
-
-
-def copy_fields(src, dst, skip: str) -> None:
-    """Every field of message `src` set on `dst` except `skip`."""
-    for field, value in src.ListFields():
-        if field.name == skip:
-            continue
-        if field.is_repeated:
-            getattr(dst, field.name).extend(value)
-        elif field.type == field.TYPE_MESSAGE:
-            getattr(dst, field.name).CopyFrom(value)
-        else:
-            setattr(dst, field.name, value)
 
 
 def array(tensor: onnx.TensorProto, columns: slice | None = None) -> np.ndarray:

@@ -5,12 +5,14 @@ from __future__ import annotations
 import time
 from pathlib import Path
 
+import numpy as np
 import onnx
 
 from mmtrt.bundle.writer import save_onnx
 from mmtrt.errors import UserError
 from mmtrt.ir import source_weights
 from mmtrt.ir.graph import ModelIR, graph_io
+from mmtrt.ir.proto import copy_fields
 from mmtrt.pipeline.pass_base import Pass
 
 
@@ -33,7 +35,7 @@ def verify_ir(ir: ModelIR) -> None:
     """ONNX checker with shape inference on every graph, and every graph's I/O equal to its component contract."""
     for comp in ir.onnx_components():
         try:
-            onnx.checker.check_model(source_weights.checkable(comp.onnx), full_check=True)
+            onnx.checker.check_model(_checkable(comp.onnx), full_check=True)
         except (onnx.checker.ValidationError, onnx.shape_inference.InferenceError) as exc:
             raise VerificationError(f"component {comp.name}: {exc}") from exc
         for which, declared in (("inputs", comp.inputs), ("outputs", comp.outputs)):
@@ -42,6 +44,23 @@ def verify_ir(ir: ModelIR) -> None:
                 raise VerificationError(f"component {comp.name}: graph {which} {actual} differ from the contract {declared}")
     _check_links(ir)
 
+
+
+def _checkable(model: onnx.ModelProto) -> onnx.ModelProto:
+    """`model` for the ONNX checker, which reads every initializer's bytes and serializes the model (2 GB at most):
+    its referenced and large weights (as the export would have referred to) declared as graph inputs of the same
+    type and shape instead, in a copy that holds none of them."""
+    large = {t.name for t in model.graph.initializer
+             if source_weights.is_reference(t) or int(np.prod(t.dims)) > source_weights.SMALL}
+    if not large:
+        return model
+    copy = onnx.ModelProto()
+    copy_fields(model, copy, skip="graph")
+    copy_fields(model.graph, copy.graph, skip="initializer")
+    copy.graph.initializer.extend(t for t in model.graph.initializer if t.name not in large)
+    copy.graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, t.dims)
+                            for t in model.graph.initializer if t.name in large)
+    return copy
 
 def _check_links(ir: ModelIR) -> None:
     """The tensors that flow between components must agree in dtype and in every fixed dimension."""

@@ -10,6 +10,7 @@ from pydantic import ValidationError
 from mmtrt.errors import UserError
 from mmtrt.ir import resident, source_weights
 from mmtrt.ir.graph import ModelIR
+from mmtrt.ir.spill import spill
 from mmtrt.pipeline.instruments import Instrument
 from mmtrt.pipeline.pass_base import Pass
 from mmtrt.pipeline.registry import get_pass
@@ -77,7 +78,8 @@ def component_stats(ir: ModelIR, names) -> dict[str, dict[str, int]]:
 
 def run_passes(passes: list[Pass], ir: ModelIR, instruments: list[Instrument]) -> list[dict]:
     """Run each pass with every instrument around it, its components' weights in memory (unless the pass reads
-    them from the source model itself); returns one report per pass."""
+    them from the source model itself); a component no later pass lists has its weights spilled out of memory
+    (mmtrt/ir/spill.py) once its last pass is done. Returns one report per pass."""
     reports = []
     for i, p in enumerate(passes):
         for name in () if p.reads_source_weights else p.components:
@@ -102,5 +104,13 @@ def run_passes(passes: list[Pass], ir: ModelIR, instruments: list[Instrument]) -
         for inst in reversed(instruments):
             inst.after(p, ir, report)
         reports.append(report)
+        for comp in done_with(ir, passes[i + 1:]):
+            spill(comp.onnx)
         resident.give_back_freed_memory()  # what the pass freed, before the next pass or the writer allocates
     return reports
+
+
+def done_with(ir: ModelIR, later: list[Pass]) -> list:
+    """The components with a graph that none of the `later` passes lists."""
+    listed = {name for p in later for name in p.components}
+    return [c for name, c in ir.components.items() if c.onnx is not None and name not in listed]

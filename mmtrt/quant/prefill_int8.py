@@ -29,7 +29,7 @@ from onnx import helper, numpy_helper
 from mmtrt.ir.graph import drop_dead, node_inputs
 from mmtrt.ir.logits import LOGITS_FROM
 from mmtrt.ir.rewrite import attr
-from mmtrt.ir.source_weights import copy_fields
+from mmtrt.ir.proto import copy_fields
 from mmtrt.quant.int8_weights import PER_TOKEN_CONSTANTS, per_token_input, per_token_matmul, quantize_columns
 from mmtrt.quant.int4 import num_groups
 from mmtrt.quant.session import run_with_outputs

@@ -55,8 +55,7 @@ def session(model: onnx.ModelProto) -> ort.InferenceSession:
 
 def serialized_bytes(model: onnx.ModelProto) -> int:
     """The bytes of `model` serialized with its referenced weights taken in."""
-    refs = [t for t in model.graph.initializer if source_weights.is_reference(t)]
-    return model.ByteSize() + sum(int(np.prod(t.dims)) * 4 for t in refs)
+    return model.ByteSize() + sum(map(source_weights.reference_bytes, model.graph.initializer))
 
 
 def save_external(model: onnx.ModelProto, folder: Path) -> Path:

@@ -13,7 +13,9 @@ from conftest import PREFILL_RECIPE, compile_to
 from cpp_harness import generate_cpp, needs_build
 from mmtrt.bundle.trust import manifest_digest
 from mmtrt.errors import UserError
+from mmtrt.ir import spill
 from mmtrt.ir.graph import Component
+from mmtrt.pipeline import runner
 from mmtrt.ir.rewrite import attr
 from mmtrt.quant.channel_maxima import channel_maxima, layer_chunks, maxima_nodes
 from mmtrt.quant.int4 import Grid
@@ -236,11 +238,18 @@ def test_long_calls_run_the_prompt_graph_and_short_ones_the_int4_graph(tiny_pref
                 buffer[...] = forms[graph].cache[past]
 
 
-def test_a_second_compile_of_a_calibrated_recipe_writes_the_same_bundle(tiny_prefill_bundle, tmp_path):
-    """The manifest is the bundle's identity: the calibrated passes' wall times go to the build report instead."""
+def test_a_second_compile_spilling_every_weight_writes_the_same_bundle(tiny_prefill_bundle, tmp_path, monkeypatch):
+    """Recompiled with every weight, however small, moved to the scratch file once no later pass lists its
+    component (the vision tower's after awq_int4, read back by int8_prefill's calibration sessions; both LLM graphs'
+    by the writer), the bundle is the same: the manifest is the bundle's identity, and the calibrated passes' wall
+    times go to the build report instead."""
+    moved = []
+    monkeypatch.setattr(spill, "MIN_BYTES", 1)
+    monkeypatch.setattr(runner, "spill", lambda model: moved.append(spill.spill(model)))
     again = compile_to(tmp_path, PREFILL_RECIPE.format(
         tail="  - int8_prefill: {min_tokens: 4, calibration: {samples: 2, text_windows: 1}}\n"), "again.bundle")
     assert manifest_digest(again) == manifest_digest(tiny_prefill_bundle)
+    assert moved[0] > 0 and moved[-1] > 0 and set(tmp_path.iterdir()) == {tmp_path / "recipe.yaml", again}
     phases = json.loads((again / "build_report.json").read_text())["pass_phase_times_s"]
     assert set(phases) == {"0:awq_int4"} and set(phases["0:awq_int4"]["llm"]) == {"calibration", "search_and_rewrite"}
 

@@ -1,0 +1,112 @@
+"""Weights a compile has made and no later pass edits, moved out of memory until the bundle is written.
+
+The passes that round weights (`awq_int4`, `int8_weights`, `int8_prefill`) make new tensors, held in the IR until
+the bundle is written: with the CPU int4 recipe on LLaVA-OneVision-0.5B the int8 vision tower (0.41 GB), the INT4
+LLM (0.38 GB) and its int8 prompt graph (0.36 GB) were all resident through `int8_prefill`'s calibration and the
+writing, on top of what each step needs. Once the last pass that lists a component is done, its large initializers
+go to a scratch file and become references (mmtrt/ir/source_weights.py), read back a block at a time by whoever
+reads them: a calibration session's file, the bundle writer. The file has no name (O_TMPFILE where the system has
+it, else unlinked once open) and lives beside the staging bundle, on the disk the user chose for it: it holds at
+most the bundle's own bytes, and goes with the process however the compile ends.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import tempfile
+from contextvars import ContextVar
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import onnx
+from onnx import helper
+
+from mmtrt.ir import resident, source_weights
+
+MIN_BYTES = 1 << 20  # initializers smaller than this stay in memory (norms, biases, scales of a small layer)
+
+_scratch: ContextVar[_Scratch | None] = ContextVar("spill_scratch", default=None)
+
+
+@dataclass(frozen=True)
+class _Spilled:
+    """A tensor's bytes in the scratch file, read back whole or by rows of its first axis (and columns of a 2-D
+    one) into new, writable arrays."""
+
+    fd: int
+    offset: int
+    dtype: np.dtype
+    shape: tuple[int, ...]
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64)) * self.dtype.itemsize
+
+    def array(self, *, rows: slice | None = None, columns: slice | None = None) -> np.ndarray:
+        shape = list(self.shape)
+        start = 0
+        if rows is not None and shape:
+            first, stop, _ = rows.indices(shape[0])
+            row_bytes = self.nbytes // shape[0] if shape[0] else 0
+            start, shape[0] = first * row_bytes, max(0, stop - first)
+        buffer = bytearray(int(np.prod(shape, dtype=np.int64)) * self.dtype.itemsize)
+        if buffer and os.preadv(self.fd, [buffer], self.offset + start) != len(buffer):
+            raise OSError(f"the compile's scratch file ended before {len(buffer)} bytes at {self.offset + start}")
+        out = np.frombuffer(buffer, self.dtype).reshape(shape)
+        return out if columns is None else np.ascontiguousarray(out[:, columns])
+
+
+class _Scratch:
+    def __init__(self, folder: Path):
+        self.file = tempfile.TemporaryFile(dir=folder)
+
+    def write(self, raw: bytes) -> int:
+        offset = self.file.seek(0, os.SEEK_END)
+        self.file.write(raw)
+        self.file.flush()
+        return offset
+
+
+@contextlib.contextmanager
+def scratch(folder: Path):
+    """For the duration, `spill` moves weights into a scratch file in `folder`."""
+    held = _Scratch(Path(folder))
+    token = _scratch.set(held)
+    try:
+        yield
+    finally:
+        _scratch.reset(token)
+        held.file.close()
+
+
+def spill(model: onnx.ModelProto) -> int:
+    """Move `model`'s initializers of at least MIN_BYTES that hold their bytes in memory to the scratch file, as
+    references to it; the bytes moved (none outside `scratch()` or `source_weights.kept()`)."""
+    held = _scratch.get()
+    if held is None or not source_weights.active():
+        return 0
+    moved = 0
+    for tensor in model.graph.initializer:
+        dtype = _dtype(tensor)
+        if dtype is None or len(tensor.raw_data) < MIN_BYTES:
+            continue
+        if len(tensor.raw_data) != int(np.prod(tensor.dims, dtype=np.int64)) * dtype.itemsize:
+            continue  # packed sub-byte types: their bytes are not one element each
+        offset = held.write(tensor.raw_data)
+        moved += len(tensor.raw_data)
+        source_weights.refer_to(tensor, _Spilled(held.file.fileno(), offset, dtype, tuple(tensor.dims)))
+    if moved:
+        resident.give_back_freed_memory()
+    return moved
+
+
+def _dtype(tensor: onnx.TensorProto) -> np.dtype | None:
+    if tensor.data_location == onnx.TensorProto.EXTERNAL or not tensor.HasField("raw_data"):
+        return None
+    try:
+        dtype = np.dtype(helper.tensor_dtype_to_np_dtype(tensor.data_type))
+    except (KeyError, TypeError, ValueError):
+        return None
+    return dtype if dtype.kind == "f" or dtype.itemsize == 1 else None  # weights, not shapes or indices

@@ -1,0 +1,56 @@
+"""Weights moved to the compile's scratch file read back as the arrays they were (whole, by rows, by columns; in
+their own dtypes), go back into a graph as the same bytes, join and transpose as numpy does, and leave no file
+behind; int64 tensors (shapes, indices) and small ones stay in memory."""
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper
+
+from mmtrt.ir import source_weights, spill
+
+
+def _model(rng):
+    weights = [numpy_helper.from_array(rng.normal(size=(96, 40)).astype(np.float32), "w"),
+               numpy_helper.from_array(rng.normal(size=(96, 24)).astype(np.float16), "half"),
+               numpy_helper.from_array(rng.integers(-128, 128, (96, 56)).astype(np.int8), "codes"),
+               numpy_helper.from_array(rng.integers(0, 256, (7, 3, 5)).astype(np.uint8), "cube"),
+               numpy_helper.from_array(rng.integers(0, 99, (300,)).astype(np.int64), "index"),
+               numpy_helper.from_array(rng.normal(size=(2,)).astype(np.float32), "small")]
+    graph = helper.make_graph([helper.make_node("Identity", ["x"], ["y"])], "g",
+                              [helper.make_tensor_value_info("x", onnx.TensorProto.FLOAT, [1])],
+                              [helper.make_tensor_value_info("y", onnx.TensorProto.FLOAT, [1])], weights)
+    return helper.make_model(graph)
+
+
+def test_spilled_weights_read_back_as_they_were(tmp_path, rng, monkeypatch):
+    monkeypatch.setattr(spill, "MIN_BYTES", 100)
+    model = _model(rng)
+    before = {t.name: t.SerializeToString() for t in model.graph.initializer}
+    arrays = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    with source_weights.kept(), spill.scratch(tmp_path):
+        assert spill.spill(model) == sum(arrays[n].nbytes for n in ("w", "half", "codes", "cube"))
+        inits = {t.name: t for t in model.graph.initializer}
+        assert sorted(n for n, t in inits.items() if source_weights.is_reference(t)) == ["codes", "cube", "half", "w"]
+        assert not any(t.raw_data for n, t in inits.items() if source_weights.is_reference(t))
+        for name in ("w", "half", "codes", "cube"):
+            got = source_weights.array(inits[name])
+            assert got.dtype == arrays[name].dtype and np.array_equal(got, arrays[name])
+            got[...] = 0  # a new, writable array: the scratch file keeps its bytes
+            assert np.array_equal(source_weights.array(inits[name], slice(1, 4)), arrays[name][:, 1:4])
+            data = source_weights.tensor_data(inits[name])
+            assert len(data) == arrays[name].nbytes
+            assert b"".join(bytes(p) for p in data.blocks(1000)) == arrays[name].tobytes()
+        joined = source_weights.joined([inits["w"], inits["w"]], "both")
+        assert np.array_equal(numpy_helper.to_array(joined), np.concatenate([arrays["w"]] * 2, axis=1))
+        assert np.array_equal(numpy_helper.to_array(source_weights.transposed(inits["codes"])), arrays["codes"].T)
+        assert spill.spill(model) == 0  # references stay as they are
+        source_weights.materialize(model)
+        assert {t.name: t.SerializeToString() for t in model.graph.initializer} == before
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_outside_a_compile_nothing_moves(rng):
+    model = _model(rng)
+    with source_weights.kept():
+        assert spill.spill(model) == 0
+    assert not any(source_weights.is_reference(t) for t in model.graph.initializer)
