@@ -81,13 +81,15 @@ def scratch(folder: Path):
         held.file.close()
 
 
-def spill(model: onnx.ModelProto) -> int:
-    """Move `model`'s initializers of at least MIN_BYTES that hold their bytes in memory to the scratch file, as
-    references to it; the bytes moved (none outside `scratch()` or `source_weights.kept()`)."""
+def spill(component) -> int:
+    """Move the initializers of at least MIN_BYTES of `component`'s graph that hold their bytes in memory to the
+    scratch file, as references to it; the bytes moved (none outside `scratch()` or `source_weights.kept()`). The
+    component gets a fresh copy of its graph: protobuf's upb runtime keeps a cleared field's bytes in the message's
+    arena until the whole message is gone, so clearing alone freed nothing."""
     held = _scratch.get()
     if held is None or not source_weights.active():
         return 0
-    moved = 0
+    model, moved = component.onnx, 0
     for tensor in model.graph.initializer:
         dtype = _dtype(tensor)
         if dtype is None or len(tensor.raw_data) < MIN_BYTES:
@@ -98,6 +100,9 @@ def spill(model: onnx.ModelProto) -> int:
         moved += len(tensor.raw_data)
         source_weights.refer_to(tensor, _Spilled(held.file.fileno(), offset, dtype, tuple(tensor.dims)))
     if moved:
+        component.onnx = onnx.ModelProto()
+        component.onnx.CopyFrom(model)
+        del model, tensor
         resident.give_back_freed_memory()
     return moved
 

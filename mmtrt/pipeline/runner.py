@@ -105,7 +105,7 @@ def run_passes(passes: list[Pass], ir: ModelIR, instruments: list[Instrument]) -
             inst.after(p, ir, report)
         reports.append(report)
         for comp in done_with(ir, passes[i + 1:]):
-            spill(comp.onnx)
+            spill(comp)
         resident.give_back_freed_memory()  # what the pass freed, before the next pass or the writer allocates
     return reports
 

@@ -7,6 +7,7 @@ import onnx
 from onnx import helper, numpy_helper
 
 from mmtrt.ir import source_weights, spill
+from mmtrt.ir.graph import Component
 
 
 def _model(rng):
@@ -24,11 +25,14 @@ def _model(rng):
 
 def test_spilled_weights_read_back_as_they_were(tmp_path, rng, monkeypatch):
     monkeypatch.setattr(spill, "MIN_BYTES", 100)
-    model = _model(rng)
-    before = {t.name: t.SerializeToString() for t in model.graph.initializer}
-    arrays = {t.name: numpy_helper.to_array(t) for t in model.graph.initializer}
+    comp = Component("c", [], [], onnx=_model(rng))
+    old = comp.onnx
+    before = {t.name: t.SerializeToString() for t in old.graph.initializer}
+    arrays = {t.name: numpy_helper.to_array(t) for t in old.graph.initializer}
     with source_weights.kept(), spill.scratch(tmp_path):
-        assert spill.spill(model) == sum(arrays[n].nbytes for n in ("w", "half", "codes", "cube"))
+        assert spill.spill(comp) == sum(arrays[n].nbytes for n in ("w", "half", "codes", "cube"))
+        model = comp.onnx
+        assert model is not old and model.graph.node == old.graph.node  # a fresh message: the old one's arena goes
         inits = {t.name: t for t in model.graph.initializer}
         assert sorted(n for n, t in inits.items() if source_weights.is_reference(t)) == ["codes", "cube", "half", "w"]
         assert not any(t.raw_data for n, t in inits.items() if source_weights.is_reference(t))
@@ -43,14 +47,31 @@ def test_spilled_weights_read_back_as_they_were(tmp_path, rng, monkeypatch):
         joined = source_weights.joined([inits["w"], inits["w"]], "both")
         assert np.array_equal(numpy_helper.to_array(joined), np.concatenate([arrays["w"]] * 2, axis=1))
         assert np.array_equal(numpy_helper.to_array(source_weights.transposed(inits["codes"])), arrays["codes"].T)
-        assert spill.spill(model) == 0  # references stay as they are
+        assert spill.spill(comp) == 0 and comp.onnx is model  # references stay as they are
         source_weights.materialize(model)
         assert {t.name: t.SerializeToString() for t in model.graph.initializer} == before
     assert list(tmp_path.iterdir()) == []
 
 
 def test_outside_a_compile_nothing_moves(rng):
-    model = _model(rng)
+    comp = Component("c", [], [], onnx=_model(rng))
     with source_weights.kept():
-        assert spill.spill(model) == 0
-    assert not any(source_weights.is_reference(t) for t in model.graph.initializer)
+        assert spill.spill(comp) == 0
+    assert not any(source_weights.is_reference(t) for t in comp.onnx.graph.initializer)
+
+
+def _anon_bytes() -> int:
+    return next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("RssAnon"))
+
+
+def test_spilling_gives_the_weights_memory_back(tmp_path, rng):
+    """upb keeps a cleared field's bytes in the message's arena: only a fresh message frees them."""
+    comp = Component("c", [], [], onnx=onnx.ModelProto())
+    for i in range(64):
+        tensor = comp.onnx.graph.initializer.add(name=f"w{i}", data_type=onnx.TensorProto.INT8, dims=[4 << 20])
+        tensor.raw_data = rng.integers(-128, 128, 4 << 20, dtype=np.int8).tobytes()
+    del tensor
+    before = _anon_bytes()
+    with source_weights.kept(), spill.scratch(tmp_path):
+        assert spill.spill(comp) == 64 << 22
+        assert before - _anon_bytes() > 200e6, (before, _anon_bytes())

@@ -245,7 +245,7 @@ def test_a_second_compile_spilling_every_weight_writes_the_same_bundle(tiny_pref
     times go to the build report instead."""
     moved = []
     monkeypatch.setattr(spill, "MIN_BYTES", 1)
-    monkeypatch.setattr(runner, "spill", lambda model: moved.append(spill.spill(model)))
+    monkeypatch.setattr(runner, "spill", lambda comp: moved.append(spill.spill(comp)))
     again = compile_to(tmp_path, PREFILL_RECIPE.format(
         tail="  - int8_prefill: {min_tokens: 4, calibration: {samples: 2, text_windows: 1}}\n"), "again.bundle")
     assert manifest_digest(again) == manifest_digest(tiny_prefill_bundle)
