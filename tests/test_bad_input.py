@@ -105,6 +105,14 @@ def test_manifest_without_the_sections_the_runtime_reads(bundle, image, capsys):
     one_line_error(capsys, ["run", bundle, "--image", image, "--prompt", "hi"], "dims")
 
 
+@pytest.mark.parametrize("cut", [1, 3])
+def test_a_chat_template_that_does_not_parse(bundle, image, capsys, cut):
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    manifest["model"]["chat_template"] = manifest["model"]["chat_template"][:-cut]
+    (bundle / "manifest.json").write_text(json.dumps(manifest))
+    one_line_error(capsys, ["run", bundle, "--image", image, "--prompt", "hi"], "chat template", "recompile")
+
+
 @pytest.mark.parametrize("limit", ["0", "-1", "two"])
 def test_eval_limit_must_be_positive(tiny_bundle, capsys, limit):
     with pytest.raises(SystemExit) as exc:

@@ -10,6 +10,8 @@ with `parse_special_tokens=True` (transformers' and vLLM's default for text they
 
 from __future__ import annotations
 
+import jinja2
+
 from mmtrt.errors import UserError
 
 
@@ -19,8 +21,13 @@ def format_prompt(tokenizer, chat_template: str, prompt: str, raw: bool, images:
     if raw:
         return prompt
     messages = [{"role": "user", "content": [{"type": "image"}] * images + [{"type": "text", "text": prompt}]}]
-    return tokenizer.apply_chat_template(messages, chat_template=chat_template, add_generation_prompt=True,
-                                         tokenize=False)
+    try:
+        return tokenizer.apply_chat_template(messages, chat_template=chat_template, add_generation_prompt=True,
+                                             tokenize=False)
+    except jinja2.TemplateError as exc:
+        problem = (str(exc).splitlines() or [type(exc).__name__])[0]
+        raise UserError(f"the bundle's chat template does not render ({problem}); restore the bundle from its "
+                        "source or recompile it") from None
 
 
 def tokenize(tokenizer, text: str, image_token: str, tokens_per_image: int, images: int = 1) -> list[int]:
