@@ -23,8 +23,8 @@ from mmtrt.bundle.staging import (OWNER, claim, raise_if_terminated, signals_def
 from mmtrt.bundle.stored import StoredTensors, digest, fresh_name, transpose_node
 from mmtrt.errors import UserError
 from mmtrt.ir import source_weights
-from mmtrt.ir.proto import copy_fields
 from mmtrt.ir.graph import ModelIR
+from mmtrt.ir.proto import copy_fields
 from mmtrt.progress import track
 
 

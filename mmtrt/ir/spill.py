@@ -92,17 +92,18 @@ def spill(component) -> int:
     model, moved = component.onnx, 0
     for tensor in model.graph.initializer:
         dtype = _dtype(tensor)
-        if dtype is None or len(tensor.raw_data) < MIN_BYTES:
+        if dtype is None:
             continue
-        if len(tensor.raw_data) != int(np.prod(tensor.dims, dtype=np.int64)) * dtype.itemsize:
-            continue  # packed sub-byte types: their bytes are not one element each
-        offset = held.write(tensor.raw_data)
-        moved += len(tensor.raw_data)
+        raw = tensor.raw_data  # each read of the field is a copy of its bytes
+        if len(raw) < MIN_BYTES or len(raw) != int(np.prod(tensor.dims, dtype=np.int64)) * dtype.itemsize:
+            continue  # small, or packed sub-byte types whose bytes are not one element each
+        offset = held.write(raw)
+        moved += len(raw)
         source_weights.refer_to(tensor, _Spilled(held.file.fileno(), offset, dtype, tuple(tensor.dims)))
     if moved:
         component.onnx = onnx.ModelProto()
         component.onnx.CopyFrom(model)
-        del model, tensor
+        del model, tensor, raw
         resident.give_back_freed_memory()
     return moved
 

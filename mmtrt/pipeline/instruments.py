@@ -45,7 +45,6 @@ def verify_ir(ir: ModelIR) -> None:
     _check_links(ir)
 
 
-
 def _checkable(model: onnx.ModelProto) -> onnx.ModelProto:
     """`model` for the ONNX checker, which reads every initializer's bytes and serializes the model (2 GB at most):
     its referenced and large weights (as the export would have referred to) declared as graph inputs of the same
@@ -61,6 +60,7 @@ def _checkable(model: onnx.ModelProto) -> onnx.ModelProto:
     copy.graph.input.extend(onnx.helper.make_tensor_value_info(t.name, t.data_type, t.dims)
                             for t in model.graph.initializer if t.name in large)
     return copy
+
 
 def _check_links(ir: ModelIR) -> None:
     """The tensors that flow between components must agree in dtype and in every fixed dimension."""

@@ -57,7 +57,8 @@ def quantize_component(model: onnx.ModelProto, component: str, batches: list[dic
         searching += time.perf_counter() - searched
     calibrated = time.perf_counter() - searching  # the search ran between the layers' calibrations
     quantized, lowered = rewrite.finish()
-    times = {"calibration": round(calibrated - started, 2), "search_and_rewrite": round(time.perf_counter() - calibrated, 2)}
+    times = {"calibration": round(calibrated - started, 2),
+             "search_and_rewrite": round(time.perf_counter() - calibrated, 2)}
     return quantized, {TIMES: times, "groups": reports, **lowered}
 
 
