@@ -75,12 +75,14 @@ def test_one_verification_call_per_step_on_paged_with_eos_limits_and_rejection_i
     drafts are all rejected, and one with no draft at all in some steps, each gives its solo tokens."""
     pipe = load(tiny_paged_bundle, prefix_cache_mib=0)
     prompts, limits = PROMPTS + PROMPTS[:1], [24, 7, 24, 13]
-    for _ in range(10):  # images whose EOS (request 2's 10th token) ends no other request early
-        images = [random_image(rng, 64, 64) for _ in range(4)]
+    for _ in range(40):  # images the model's own EOS ends no answer for, whose new EOS (request 2's 10th token)
+        images = [random_image(rng, 64, 64) for _ in range(4)]  # ends no other request early
         answers = [pipe.generate(i, p, 24).token_ids for i, p in zip(images, prompts)]
-        stop = answers[2][9]
-        if stop not in answers[2][:9] + answers[0] + answers[1][:7] + answers[3][:13]:
+        stop = answers[2][9] if all(len(a) == 24 for a in answers) else None
+        if stop is not None and stop not in answers[2][:9] + answers[0] + answers[1][:7] + answers[3][:13]:
             break
+    else:
+        pytest.fail("no random images in 40 gave answers of 24 tokens with a usable 10th token")
     eos, pipe.model["eos_token_ids"] = pipe.model["eos_token_ids"], [stop]
     try:
         solo = [pipe.generate(i, p, n).token_ids for i, p, n in zip(images, prompts, limits)]
