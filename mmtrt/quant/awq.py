@@ -84,15 +84,15 @@ class OwnLoss:
     """Mean squared error of the group's own outputs, sum over tokens of ||x (W_eff - W)^T||^2 = tr(D G D^T); it
     takes the Gram matrix out of the stats (the caller takes what else it needs of it first). The sum runs over
     blocks of output channels (`row_blocks`), so a wide linear (a 151,936-row lm_head) is never held scaled,
-    rounded or subtracted whole."""
+    rounded or subtracted whole; each weight is `[N, K]`, an array or anything that gives its rows by slice."""
 
-    def __init__(self, weights: list[np.ndarray], stats: GroupStats):
+    def __init__(self, weights: list, stats: GroupStats):
         self.weights, self.quadratic = weights, Quadratic(stats.take_gram().astype(np.float32))
         self.count = stats.tokens * sum(w.shape[0] for w in weights)
         self.energy = sum(self.quadratic(w[rows]) for w in weights for rows in row_blocks(*w.shape)) / self.count
 
     def __call__(self, effective: list[np.ndarray]) -> float:
-        return sum(self.quadratic(e - w) for e, w in zip(effective, self.weights)) / self.count
+        return sum(self.quadratic(e - w[:]) for e, w in zip(effective, self.weights)) / self.count
 
     def at(self, s: np.ndarray, grid: Grid, clips=None) -> float:
         """The error of the weights scaled by `s` and rounded (with each linear's clip ratios [N, G])."""

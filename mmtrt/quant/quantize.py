@@ -48,8 +48,7 @@ def quantize_component(model: onnx.ModelProto, component: str, batches: list[dic
         searched = time.perf_counter()
         for group in chunk:
             resident.give_back_freed_memory()  # what the layer's calibration session or the last search freed
-            ws = [np.asarray(source_weights.array(index.initializers[lin.weight]).T, np.float32)
-                  for lin in group.linears]
+            ws = [_weight(index.initializers[lin.weight], lazy=not group.region) for lin in group.linears]
             plan, report = _search(model, index, group, ws, stats.pop(group.input), settings)
             del ws
             fold = rewrite.add(position[id(group)], plan)
@@ -60,6 +59,26 @@ def quantize_component(model: onnx.ModelProto, component: str, batches: list[dic
     times = {"calibration": round(calibrated - started, 2),
              "search_and_rewrite": round(time.perf_counter() - calibrated, 2)}
     return quantized, {TIMES: times, "groups": reports, **lowered}
+
+
+class _Rows:
+    """A linear's weight `[N, K]` in float32, widened from the initializer it refers to a block of output channels
+    at a time, as `OwnLoss` and the clip search read it: the lm_head (151,936 x 896, 0.54 GB in float32) is never
+    held whole while its scale is searched."""
+
+    def __init__(self, tensor: onnx.TensorProto):
+        self.tensor, self.shape = tensor, tuple(reversed(tensor.dims))
+
+    def __getitem__(self, rows: slice) -> np.ndarray:
+        return np.asarray(source_weights.array(self.tensor, rows).T, np.float32)
+
+
+def _weight(tensor: onnx.TensorProto, lazy: bool) -> np.ndarray | _Rows:
+    """`[N, K]` in float32: by blocks of rows for a loss that reads it so (`lazy`) when it refers to its source or
+    the scratch file, else whole."""
+    if lazy and source_weights.is_reference(tensor):
+        return _Rows(tensor)
+    return np.asarray(source_weights.array(tensor).T, np.float32)
 
 
 def _selected(groups: list[Group], select: Callable[[str], bool]) -> list[Group]:

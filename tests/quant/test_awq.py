@@ -1,13 +1,19 @@
 """AWQ's searches on synthetic data: a salient input channel is what the scale search protects, alpha 0 is RTN,
 every clip ratio chosen is at least as good as no clipping for its own weight group, and a wide linear searched a
-block of output channels at a time gets what it gets whole."""
+block of output channels at a time (and widened so from where the compile keeps it) gets what it gets whole."""
 
 import numpy as np
+import onnx
 
-from mmtrt.quant import int4
+from builders import tiny_llm_feeds
+from mmtrt.ir import source_weights, spill
+from mmtrt.ir.graph import Component
+from mmtrt.quant import int4, quantize
 from mmtrt.quant.awq import (CLIP_RATIOS, GroupStats, OwnLoss, Quadratic, effective_weight, scaled_blocks, search_clip,
                             search_scale)
 from mmtrt.quant.int4 import Grid
+from mmtrt.quant.linears import find_linears
+from mmtrt.quant.lowering import Settings
 
 
 def _stats(x, group, full=True):
@@ -97,3 +103,38 @@ def test_blocks_of_output_channels_search_as_the_whole_weight(rng, monkeypatch):
     direct = sum(np.square(x.astype(np.float64) @ (effective_weight(v, s, grid, c) - v).T.astype(np.float64)).sum()
                  for v, c in zip(w, whole[2])) / (300 * 53)
     np.testing.assert_allclose(parts[1], direct, rtol=1e-4)
+
+
+def test_a_linear_searched_at_its_own_outputs_is_widened_a_block_of_rows_at_a_time(tiny_bundle, rng, tmp_path,
+                                                                                    monkeypatch):
+    """awq_int4 reads the weights it searches at their own outputs (the lm_head, the down projections) from where
+    the compile keeps them (the checkpoint, or here the scratch file) a block of output channels at a time, and
+    writes the same graph as from the whole weights."""
+    feeds = tiny_llm_feeds(rng)
+    settings = Settings("awq", Grid(32), True, "matmulnbits", 0, 64, lambda name: True)
+    monkeypatch.setattr(int4, "ROW_BLOCK_ELEMENTS", 16 * 128)
+    monkeypatch.setattr(spill, "MIN_BYTES", 1024)
+    widest, read = {}, source_weights.array
+
+    def recorded(tensor, columns=None):
+        out = read(tensor, columns)
+        widest[tensor.name] = max(widest.get(tensor.name, 0), out.shape[-1])
+        return out
+    monkeypatch.setattr(source_weights, "array", recorded)
+
+    def quantized(weight):
+        monkeypatch.setattr(quantize, "_weight", weight)
+        comp = Component("llm", [], [], onnx=onnx.load(tiny_bundle / "llm.onnx"))
+        with source_weights.kept(), spill.scratch(tmp_path):
+            spill.spill(comp)
+            widest.clear()
+            quantize.quantize_component(comp.onnx, "llm", [feeds], settings)
+            source_weights.materialize(comp.onnx)
+        return comp.onnx.SerializeToString(), dict(widest)
+
+    weight = quantize._weight
+    by_rows, widths = quantized(weight)
+    whole, _ = quantized(lambda tensor, lazy: weight(tensor, False))
+    assert by_rows == whole
+    head = next(lin for lin in find_linears(onnx.load(tiny_bundle / "llm.onnx"), "llm")[1] if lin.role == "lm_head")
+    assert head.n > 100 and widths[head.weight] == 16
