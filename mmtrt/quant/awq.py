@@ -22,6 +22,7 @@ import numpy as np
 import onnx
 from onnx import helper
 
+from mmtrt.quant.cholesky import lower_factor
 from mmtrt.quant.session import session
 from mmtrt.quant.int4 import Grid, num_groups, row_blocks
 from mmtrt.quant.linears import GraphIndex, Group, region_inputs
@@ -87,7 +88,7 @@ class OwnLoss:
     rounded or subtracted whole; each weight is `[N, K]`, an array or anything that gives its rows by slice."""
 
     def __init__(self, weights: list, stats: GroupStats):
-        self.weights, self.quadratic = weights, Quadratic(stats.take_gram().astype(np.float32))
+        self.weights, self.quadratic = weights, Quadratic(stats.take_gram())
         self.count = stats.tokens * sum(w.shape[0] for w in weights)
         self.energy = sum(self.quadratic(w[rows]) for w in weights for rows in row_blocks(*w.shape)) / self.count
 
@@ -106,18 +107,16 @@ class Quadratic:
     G's Cholesky factor, computed once: G = L L^T, so the sum is ||D L||^2, and L's column blocks skip its zero
     upper triangle (for D [N, K], about 0.56 N K^2 multiply-adds instead of D G's N K^2). A channel that never
     fires has a zero row and column in G and adds nothing, so it is left out; where G is still not positive
-    definite in float32 (fewer tokens than channels), G itself is used."""
+    definite in float32 (fewer tokens than channels), G itself is used. It takes over a float64 `gram`
+    (mmtrt/quant/cholesky.py factors it in place)."""
 
     BLOCKS = 8
 
     def __init__(self, gram: np.ndarray):
         live = np.diag(gram) > 0
         self.live = None if live.all() else np.flatnonzero(live)
-        g = (gram if self.live is None else gram[np.ix_(self.live, self.live)]).astype(np.float32, copy=False)
-        try:
-            self.lower, self.gram = np.linalg.cholesky(g), None
-        except np.linalg.LinAlgError:
-            self.lower, self.gram = None, g
+        g = gram if self.live is None else gram[np.ix_(self.live, self.live)]
+        self.lower, self.gram = lower_factor(np.asarray(g, np.float64))
         k = g.shape[0]
         self.edges = np.linspace(0, k, min(self.BLOCKS, k) + 1).astype(int)
 

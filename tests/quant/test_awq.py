@@ -8,7 +8,7 @@ import onnx
 from builders import tiny_llm_feeds
 from mmtrt.ir import source_weights, spill
 from mmtrt.ir.graph import Component
-from mmtrt.quant import int4, quantize
+from mmtrt.quant import cholesky, int4, quantize
 from mmtrt.quant.awq import (CLIP_RATIOS, GroupStats, OwnLoss, Quadratic, effective_weight, scaled_blocks, search_clip,
                             search_scale)
 from mmtrt.quant.int4 import Grid
@@ -138,3 +138,21 @@ def test_a_linear_searched_at_its_own_outputs_is_widened_a_block_of_rows_at_a_ti
     assert by_rows == whole
     head = next(lin for lin in find_linears(onnx.load(tiny_bundle / "llm.onnx"), "llm")[1] if lin.role == "lm_head")
     assert head.n > 100 and widths[head.weight] == 16
+
+
+def test_the_gram_factor_is_numpys_and_a_matrix_not_positive_definite_comes_back_whole(rng, monkeypatch):
+    """The factor computed in the Gram matrix's own memory equals numpy's Cholesky of the float32 matrix; a Gram
+    matrix of fewer tokens than channels (not positive definite once rounded) is handed back as it was."""
+    k = 300
+    x = rng.normal(size=(k + 40, k)).astype(np.float32) * rng.uniform(0.1, 3, size=k).astype(np.float32)
+    gram = x.T.astype(np.float64) @ x
+    want = np.linalg.cholesky(gram.astype(np.float32))
+    monkeypatch.setattr(cholesky, "BAND", 7 * k)  # bands of 7 rows: rounding, copying and mirroring in pieces
+    lower, none = cholesky.lower_factor(gram.copy())
+    np.testing.assert_allclose(lower, want, rtol=0, atol=1e-6 * np.abs(want).max())
+    assert none is None and np.array_equal(np.triu(lower, 1), np.zeros_like(lower))
+    few = rng.normal(size=(50, k)).astype(np.float32)
+    singular = few.T.astype(np.float64) @ few
+    singular[np.diag_indices(k)] += 1e-9  # positive on the diagonal, rank 50
+    none, whole = cholesky.lower_factor(singular.copy())
+    assert none is None and np.array_equal(whole, singular.astype(np.float32))
