@@ -9,6 +9,7 @@ from __future__ import annotations
 import contextlib
 import gc
 import io
+import sys
 import warnings
 from contextvars import ContextVar
 
@@ -118,13 +119,33 @@ def _export(module, args, dynamic_shapes, input_names, output_names) -> onnx.Mod
     args = torch.utils._pytree.tree_map(lambda t: t.to(trace_device()) if isinstance(t, torch.Tensor) else t, args)
     with warnings.catch_warnings(), contextlib.redirect_stdout(io.StringIO()):
         warnings.simplefilter("ignore")
-        program = torch.onnx.export(module, args, dynamo=True, opset_version=OPSET, dynamic_shapes=dynamic_shapes,
-                                    input_names=input_names, output_names=output_names, verbose=False)
+        program = torch.onnx.export(_captured(module, args, dynamic_shapes), args, dynamo=True, opset_version=OPSET,
+                                    dynamic_shapes=dynamic_shapes, input_names=input_names,
+                                    output_names=output_names, verbose=False)
     source_weights.refer(program.model)
     model = program.model_proto
     del program
     _forget_matched_graphs()
     return strip_provenance(model)
+
+
+def _captured(module, args, dynamic_shapes):
+    """The module as torch.export's non-strict capture gives it, which torch.onnx.export tries first. Where that
+    fails, torch.onnx.export falls back to dynamo's strict capture, which clones every parameter it reads: the
+    weights the compile keeps in the checkpoint (mmtrt/ir/source_weights.py) become float32 copies, twice a 0.5B
+    model's compile memory. So a failed capture is tried again once, and then the fallback is said on stderr with
+    its cause (the module itself is returned for torch.onnx.export's own strategies)."""
+    from torch.onnx._internal.exporter._capture_strategies import TorchExportNonStrictStrategy
+
+    for _ in range(2):
+        result = TorchExportNonStrictStrategy(verbose=False)(module, args, None, dynamic_shapes)
+        if result.success:
+            return result.exported_program
+    cause = " ".join(str(result.exception).split())[:300]
+    print(f"warning: torch.export could not capture {type(module).__name__} without dynamo "
+          f"({type(result.exception).__name__}: {cause}); its strict capture copies every weight in float32",
+          file=sys.stderr)
+    return module
 
 
 def _forget_matched_graphs() -> None:
