@@ -14,7 +14,7 @@ from scipy.linalg import lapack
 BAND = 1 << 22  # elements of a band of rows rounded, mirrored or copied at a time (32 MB of float64)
 
 
-def lower_factor(gram: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
+def lower_factor(gram: np.ndarray) -> tuple[np.ndarray | None, np.ndarray | None]:
     """(L, G) for the symmetric float64 `gram`, which this takes over: L float32 lower triangular with G = L L^T,
     and G the matrix in float32 only where it is not positive definite (L None); the other is None."""
     for rows in _bands(gram):
@@ -22,13 +22,14 @@ def lower_factor(gram: np.ndarray) -> tuple[np.ndarray | None, np.ndarray]:
     diagonal = np.diag(gram).copy()
     # gram.T is Fortran-ordered, and its upper triangle is gram's lower one: dpotrf overwrites it with L^T in place
     # and leaves gram's strict upper triangle as it was
-    _, info = lapack.dpotrf(gram.T, lower=0, clean=0, overwrite_a=1)
+    factor, info = lapack.dpotrf(gram.T, lower=0, clean=0, overwrite_a=1)
     if info != 0:
         _mirror_upper(gram, diagonal)
         return None, gram.astype(np.float32)
+    factor = factor.T  # gram itself, unless LAPACK was handed a copy
     lower = np.empty(gram.shape, np.float32)
-    for rows in _bands(gram):
-        lower[rows] = np.tril(gram[rows], k=rows.start)
+    for rows in _bands(factor):
+        lower[rows] = np.tril(factor[rows], k=rows.start)
     return lower, None
 
 
