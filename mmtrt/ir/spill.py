@@ -28,6 +28,7 @@ from mmtrt.ir import resident, source_weights
 MIN_BYTES = 1 << 20  # initializers smaller than this stay in memory (norms, biases, scales of a small layer)
 
 _scratch: ContextVar[_Scratch | None] = ContextVar("spill_scratch", default=None)
+_as_made: ContextVar[tuple[onnx.ModelProto, ...]] = ContextVar("spill_as_made", default=())
 
 
 @dataclass(frozen=True)
@@ -81,6 +82,26 @@ def scratch(folder: Path):
         held.file.close()
 
 
+@contextlib.contextmanager
+def as_made(models: list[onnx.ModelProto]):
+    """For the duration (a pass after which no pass lists these graphs' components), `made` moves the weights made
+    for these graphs to the scratch file before they join them: a 7B LLM's INT4 weights (3.5 GB) otherwise stay
+    resident from the layer that rounds them to the end of the pass."""
+    token = _as_made.set(tuple(models))
+    try:
+        yield
+    finally:
+        _as_made.reset(token)
+
+
+def made(model: onnx.ModelProto, tensor: onnx.TensorProto) -> None:
+    """Move `tensor`, a new weight about to join `model`'s graph, to the scratch file if `model` is under
+    `as_made` and the tensor is large: it joins as a reference, and its bytes never enter the graph's arena."""
+    held = _scratch.get()
+    if held is not None and source_weights.active() and any(model is m for m in _as_made.get()):
+        _move(held, tensor)
+
+
 def spill(component) -> int:
     """Move the initializers of at least MIN_BYTES of `component`'s graph that hold their bytes in memory to the
     scratch file, as references to it; the bytes moved (none outside `scratch()` or `source_weights.kept()`). The
@@ -89,23 +110,27 @@ def spill(component) -> int:
     held = _scratch.get()
     if held is None or not source_weights.active():
         return 0
-    model, moved = component.onnx, 0
-    for tensor in model.graph.initializer:
-        dtype = _dtype(tensor)
-        if dtype is None:
-            continue
-        raw = tensor.raw_data  # each read of the field is a copy of its bytes
-        if len(raw) < MIN_BYTES or len(raw) != int(np.prod(tensor.dims, dtype=np.int64)) * dtype.itemsize:
-            continue  # small, or packed sub-byte types whose bytes are not one element each
-        offset = held.write(raw)
-        moved += len(raw)
-        source_weights.refer_to(tensor, _Spilled(held.file.fileno(), offset, dtype, tuple(tensor.dims)))
+    model = component.onnx
+    moved = sum(_move(held, tensor) for tensor in model.graph.initializer)
     if moved:
         component.onnx = onnx.ModelProto()
         component.onnx.CopyFrom(model)
-        del model, tensor, raw
+        del model
         resident.give_back_freed_memory()
     return moved
+
+
+def _move(held: _Scratch, tensor: onnx.TensorProto) -> int:
+    """The tensor's bytes written to the scratch file and the tensor made a reference to them; the bytes moved."""
+    dtype = _dtype(tensor)
+    if dtype is None:
+        return 0
+    raw = tensor.raw_data  # each read of the field is a copy of its bytes
+    if len(raw) < MIN_BYTES or len(raw) != int(np.prod(tensor.dims, dtype=np.int64)) * dtype.itemsize:
+        return 0  # small, or packed sub-byte types whose bytes are not one element each
+    offset = held.write(raw)
+    source_weights.refer_to(tensor, _Spilled(held.file.fileno(), offset, dtype, tuple(tensor.dims)))
+    return len(raw)
 
 
 def _dtype(tensor: onnx.TensorProto) -> np.dtype | None:

@@ -10,7 +10,7 @@ from pydantic import ValidationError
 from mmtrt.errors import UserError
 from mmtrt.ir import resident, source_weights
 from mmtrt.ir.graph import ModelIR
-from mmtrt.ir.spill import spill
+from mmtrt.ir.spill import as_made, spill
 from mmtrt.pipeline.instruments import Instrument
 from mmtrt.pipeline.pass_base import Pass
 from mmtrt.pipeline.registry import get_pass
@@ -78,8 +78,8 @@ def component_stats(ir: ModelIR, names) -> dict[str, dict[str, int]]:
 
 def run_passes(passes: list[Pass], ir: ModelIR, instruments: list[Instrument]) -> list[dict]:
     """Run each pass with every instrument around it, its components' weights in memory (unless the pass reads
-    them from the source model itself); a component no later pass lists has its weights spilled out of memory
-    (mmtrt/ir/spill.py) once its last pass is done. Returns one report per pass."""
+    them from the source model itself); a component no later pass lists has the weights its last pass makes, and
+    then all its weights, spilled out of memory (mmtrt/ir/spill.py). Returns one report per pass."""
     reports = []
     for i, p in enumerate(passes):
         for name in () if p.reads_source_weights else p.components:
@@ -89,7 +89,8 @@ def run_passes(passes: list[Pass], ir: ModelIR, instruments: list[Instrument]) -
         for inst in instruments:
             inst.before(p, ir)
         key = f"pass {p.name} {p.config.model_dump_json()} {facts_digest(ir.config)}"
-        with stage(f"pass {i + 1}/{len(passes)}: {p.name}", key=key):
+        with stage(f"pass {i + 1}/{len(passes)}: {p.name}", key=key), \
+                as_made([c.onnx for c in done_with(ir, passes[i + 1:])]):
             changes = p.run(ir)
         ir.properties = (ir.properties - p.removes) | p.provides
         after = component_stats(ir, p.components)

@@ -18,6 +18,7 @@ import numpy as np
 import onnx
 from onnx import numpy_helper
 
+from mmtrt.ir import spill
 from mmtrt.ir.rewrite import import_domain
 from mmtrt.quant.fold import Folds, awq_weight_name
 from mmtrt.quant.linears import GraphIndex, Group, Linear
@@ -126,12 +127,13 @@ class LayerRewrite:
         linears share, once)."""
         stored = [t for t in c.initializers if t.name not in self.names]
         self.replaced[c.linear.output] = c.nodes
-        self._append(stored)
         self.quantized.append(c.quantized(stored, self.settings.keep_arrays))
+        self._append(stored)
         self.written += 1
 
     def _append(self, tensors: list[onnx.TensorProto]) -> None:
         for t in tensors:
+            spill.made(self.model, t)
             self.model.graph.initializer.append(t)
             self.names.add(t.name)
         self.tail += len(tensors)

@@ -2,10 +2,12 @@
 
 import copy
 
+import numpy as np
 import onnx
 import pytest
 
 from mmtrt.errors import UserError
+from mmtrt.ir import source_weights, spill
 from mmtrt.ir.frontend import COMPONENTS, FRONTEND_PROPERTIES, lower
 from mmtrt.pipeline.instruments import Timer, Verify, VerificationError, verify_ir
 from mmtrt.pipeline.pass_base import Pass, PassConfig
@@ -80,3 +82,40 @@ def test_reports_count_nodes_and_params_and_time(tiny_ir):
     assert vision["nodes_after"] < vision["nodes_before"] and vision["params_after"] < vision["params_before"]
     assert reports[0]["time_ms"] >= 0 and reports[0]["lossy"] is False
     assert isinstance(onnx.checker.check_model(ir.components["vision"].onnx), type(None))
+
+
+class MakesAWeight(Pass):
+    """Makes a vision weight as a rounding pass does, through `spill.made`; records whether it joined as a reference."""
+
+    name = "makes_a_weight"
+    components = ("vision",)
+    joined: list[bool] = []
+
+    def run(self, ir):
+        model = ir.components["vision"].onnx
+        tensor = onnx.numpy_helper.from_array(np.arange(1 << 18, dtype=np.float32), "made_weight")
+        spill.made(model, tensor)
+        model.graph.initializer.append(tensor)
+        MakesAWeight.joined.append(source_weights.is_reference(tensor))
+        return {}
+
+
+class ListsVision(Pass):
+    name = "lists_vision"
+    components = ("vision",)
+
+    def run(self, ir):
+        return {}
+
+
+def test_a_weight_made_by_the_last_pass_on_its_component_joins_the_graph_in_the_scratch_file(tiny_ir, tmp_path):
+    """The runner lets a pass move the weights it makes to the scratch file only where no later pass lists their
+    component (a later pass may edit them in place); either way the graph holds the same values."""
+    MakesAWeight.joined.clear()
+    for later in ([ListsVision(PassConfig())], []):
+        ir = copy.deepcopy(tiny_ir)
+        with source_weights.kept(), spill.scratch(tmp_path):
+            run_passes([MakesAWeight(PassConfig()), *later], ir, [])
+            made = next(t for t in ir.components["vision"].onnx.graph.initializer if t.name == "made_weight")
+            assert np.array_equal(source_weights.array(made), np.arange(1 << 18, dtype=np.float32))
+    assert MakesAWeight.joined == [False, True]

@@ -12,6 +12,7 @@ from mmtrt.quant import cholesky, int4, quantize
 from mmtrt.quant.awq import (CLIP_RATIOS, GroupStats, OwnLoss, Quadratic, effective_weight, scaled_blocks, search_clip,
                             search_scale)
 from mmtrt.quant.int4 import Grid
+from mmtrt.quant.layer_rewrite import LayerRewrite
 from mmtrt.quant.linears import find_linears
 from mmtrt.quant.lowering import Settings
 
@@ -156,3 +157,30 @@ def test_the_gram_factor_is_numpys_and_a_matrix_not_positive_definite_comes_back
     singular[np.diag_indices(k)] += 1e-9  # positive on the diagonal, rank 50
     none, whole = cholesky.lower_factor(singular.copy())
     assert none is None and np.array_equal(whole, singular.astype(np.float32))
+
+
+def test_int4_weights_go_to_the_scratch_file_as_their_layer_is_rounded_under_as_made(tiny_bundle, rng, tmp_path,
+                                                                                     monkeypatch):
+    """Where no later pass lists the component (`spill.as_made`), each linear's packed INT4 weight joins the graph as
+    a reference to the scratch file when its layer is rounded, so a 7B LLM's INT4 weights are not held to the end of
+    the pass; the graph is the same bytes."""
+    feeds = tiny_llm_feeds(rng)
+    settings = Settings("rtn", Grid(32), True, "matmulnbits", 0, 64, lambda name: True)
+    monkeypatch.setattr(spill, "MIN_BYTES", 1024)
+    packed_at_finish, finish = [], LayerRewrite.finish
+
+    def recorded(self):
+        packed = [t for t in self.model.graph.initializer if t.name.endswith(".B") and np.prod(t.dims) >= 1024]
+        packed_at_finish.append(sorted({source_weights.is_reference(t) for t in packed}))
+        return finish(self)
+    monkeypatch.setattr(LayerRewrite, "finish", recorded)
+
+    def quantized(as_made: bool):
+        comp = Component("llm", [], [], onnx=onnx.load(tiny_bundle / "llm.onnx"))
+        with source_weights.kept(), spill.scratch(tmp_path), spill.as_made([comp.onnx] if as_made else []):
+            quantize.quantize_component(comp.onnx, "llm", [feeds], settings)
+            source_weights.materialize(comp.onnx)
+        return comp.onnx.SerializeToString()
+
+    assert quantized(True) == quantized(False)
+    assert packed_at_finish == [[True], [False]]
