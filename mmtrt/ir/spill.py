@@ -5,7 +5,8 @@ the bundle is written: with the CPU int4 recipe on LLaVA-OneVision-0.5B the int8
 LLM (0.38 GB) and its int8 prompt graph (0.36 GB) were all resident through `int8_prefill`'s calibration and the
 writing, on top of what each step needs. Once the last pass that lists a component is done, its large initializers
 go to a scratch file and become references (mmtrt/ir/source_weights.py), read back a block at a time by whoever
-reads them: a calibration session's file, the bundle writer. The file has no name (O_TMPFILE where the system has
+reads them: a calibration session's file, the bundle writer. During that last pass, the weights it makes go there
+as they are made (`as_made`, `made`). The file has no name (O_TMPFILE where the system has
 it, else unlinked once open) and lives beside the staging bundle, on the disk the user chose for it: it holds at
 most the bundle's own bytes, and goes with the process however the compile ends.
 """
