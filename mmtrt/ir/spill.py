@@ -86,8 +86,9 @@ def scratch(folder: Path):
 @contextlib.contextmanager
 def as_made(models: list[onnx.ModelProto]):
     """For the duration (a pass after which no pass lists these graphs' components), `made` moves the weights made
-    for these graphs to the scratch file before they join them: a 7B LLM's INT4 weights (3.5 GB) otherwise stay
-    resident from the layer that rounds them to the end of the pass."""
+    for these graphs to the scratch file before they join them: awq_int4's MatMulNBits weights (0.1 GB a 7B layer)
+    otherwise stay resident from the layer that rounds them to the end of the pass. Packed int4 tensors (its
+    DequantizeLinear lowering, where the partition offers TensorRT) stay in memory, here as in `spill`."""
     token = _as_made.set(tuple(models))
     try:
         yield
