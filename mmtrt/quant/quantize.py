@@ -144,7 +144,9 @@ def _chunk_stats(chunk: list[Group], needs: dict[str, list[str]], runs, settings
 def _search(model, index, group: Group, ws: list[np.ndarray], stats: GroupStats,
             settings: Settings) -> tuple[GroupPlan, dict]:
     blocks = stats.blocks() if settings.method == "awq" and settings.clip else None
-    gram = None if not settings.needs_hessian else stats.gram if group.region else stats.gram.copy()  # OwnLoss takes it
+    gram = stats.gram if settings.needs_hessian else None
+    if gram is not None and not group.region:
+        gram = gram.copy()  # OwnLoss takes the stats' Gram matrix and factors it in place
     loss = ModuleLoss(model, index, group, ws, stats.feeds) if group.region else OwnLoss(ws, stats)
     grid = settings.grid
     if settings.method in SCALED:
