@@ -187,8 +187,8 @@ def refer(model: ir.Model) -> None:
 
 
 def refer_to(tensor: onnx.TensorProto, view) -> None:
-    """Make `tensor` a reference to `view` (of its dtype and dims: shape, nbytes and array(rows=, columns=)), its
-    own bytes dropped."""
+    """Make `tensor` a reference to `view` (shape, nbytes and array(rows=, columns=)), its own bytes dropped: a
+    view of its dtype and dims, or of a packed tensor's bytes as one axis of uint8."""
     registry = _registry.get()
     key = f"{LOCATION}/{next(registry.keys)}"
     registry.views[key] = view
@@ -290,7 +290,8 @@ def array(tensor: onnx.TensorProto, columns: slice | None = None) -> np.ndarray:
     """`numpy_helper.to_array` (of a 2-D initializer's `columns` alone), for an initializer that may refer to its
     source: a reference widens only those columns."""
     registry = _registry.get()
-    if is_reference(tensor) and registry:
-        return registry.views[_key(tensor)].array(columns=columns)
-    whole = onnx.numpy_helper.to_array(tensor)
+    view = registry.views[_key(tensor)] if is_reference(tensor) and registry else None
+    if view is not None and tuple(view.shape) == tuple(tensor.dims):
+        return view.array(columns=columns)
+    whole = onnx.numpy_helper.to_array(held(tensor))  # a packed tensor's view holds its bytes, not its values
     return whole if columns is None else whole[:, columns]

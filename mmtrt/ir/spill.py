@@ -6,7 +6,8 @@ LLM (0.38 GB) and its int8 prompt graph (0.36 GB) were all resident through `int
 writing, on top of what each step needs. Once the last pass that lists a component is done, its large initializers
 go to a scratch file and become references (mmtrt/ir/source_weights.py), read back a block at a time by whoever
 reads them: a calibration session's file, the bundle writer. During that last pass, the weights it makes go there
-as they are made (`as_made`, `made`). The file has no name (O_TMPFILE where the system has
+as they are made (`as_made`, `made`). Packed sub-byte tensors (INT4 DequantizeLinear weights) go as their bytes,
+read back through `source_weights.held` for their values. The file has no name (O_TMPFILE where the system has
 it, else unlinked once open) and lives beside the staging bundle, on the disk the user chose for it: it holds at
 most the bundle's own bytes, and goes with the process however the compile ends.
 """
@@ -27,6 +28,8 @@ from onnx import helper
 from mmtrt.ir import resident, source_weights
 
 MIN_BYTES = 1 << 20  # initializers smaller than this stay in memory (norms, biases, scales of a small layer)
+PACKED_BITS = {onnx.TensorProto.INT4: 4, onnx.TensorProto.UINT4: 4, onnx.TensorProto.FLOAT4E2M1: 4,
+               onnx.TensorProto.INT2: 2, onnx.TensorProto.UINT2: 2}
 
 _scratch: ContextVar[_Scratch | None] = ContextVar("spill_scratch", default=None)
 _as_made: ContextVar[tuple[onnx.ModelProto, ...]] = ContextVar("spill_as_made", default=())
@@ -86,9 +89,9 @@ def scratch(folder: Path):
 @contextlib.contextmanager
 def as_made(models: list[onnx.ModelProto]):
     """For the duration (a pass after which no pass lists these graphs' components), `made` moves the weights made
-    for these graphs to the scratch file before they join them: awq_int4's MatMulNBits weights (0.1 GB a 7B layer)
-    otherwise stay resident from the layer that rounds them to the end of the pass. Packed int4 tensors (its
-    DequantizeLinear lowering, where the partition offers TensorRT) stay in memory, here as in `spill`."""
+    for these graphs to the scratch file before they join them: awq_int4's INT4 weights (0.1 GB a 7B layer, as
+    MatMulNBits or as DequantizeLinear's packed int4) otherwise stay resident from the layer that rounds them to the
+    end of the pass."""
     token = _as_made.set(tuple(models))
     try:
         yield
@@ -128,10 +131,17 @@ def _move(held: _Scratch, tensor: onnx.TensorProto) -> int:
     if dtype is None:
         return 0
     raw = tensor.raw_data  # each read of the field is a copy of its bytes
-    if len(raw) < MIN_BYTES or len(raw) != int(np.prod(tensor.dims, dtype=np.int64)) * dtype.itemsize:
-        return 0  # small, or packed sub-byte types whose bytes are not one element each
+    count = int(np.prod(tensor.dims, dtype=np.int64))
+    if len(raw) < MIN_BYTES:
+        return 0
+    if len(raw) == count * dtype.itemsize:
+        shape = tuple(tensor.dims)
+    elif len(raw) == -(-count * PACKED_BITS.get(tensor.data_type, 8) // 8):
+        dtype, shape = np.dtype(np.uint8), (len(raw),)  # several values a byte: kept as the tensor's bytes
+    else:
+        return 0
     offset = held.write(raw)
-    source_weights.refer_to(tensor, _Spilled(held.file.fileno(), offset, dtype, tuple(tensor.dims)))
+    source_weights.refer_to(tensor, _Spilled(held.file.fileno(), offset, dtype, shape))
     return len(raw)
 
 

@@ -4,6 +4,7 @@ block of output channels at a time (and widened so from where the compile keeps 
 
 import numpy as np
 import onnx
+import pytest
 
 from builders import tiny_llm_feeds
 from mmtrt.ir import source_weights, spill
@@ -159,18 +160,20 @@ def test_the_gram_factor_is_numpys_and_a_matrix_not_positive_definite_comes_back
     assert none is None and np.array_equal(whole, singular.astype(np.float32))
 
 
+@pytest.mark.parametrize("lowering, suffix", [("matmulnbits", ".B"), ("dequantize_linear", ".weight")])
 def test_int4_weights_go_to_the_scratch_file_as_their_layer_is_rounded_under_as_made(tiny_bundle, rng, tmp_path,
-                                                                                     monkeypatch):
-    """Where no later pass lists the component (`spill.as_made`), each linear's packed INT4 weight joins the graph as
-    a reference to the scratch file when its layer is rounded, so a 7B LLM's INT4 weights are not held to the end of
-    the pass; the graph is the same bytes."""
+                                                                                     monkeypatch, lowering, suffix):
+    """Where no later pass lists the component (`spill.as_made`), each linear's packed INT4 weight (MatMulNBits' or
+    DequantizeLinear's int4) joins the graph as a reference to the scratch file when its layer is rounded, so a 7B
+    LLM's INT4 weights are not held to the end of the pass; the graph is the same bytes."""
     feeds = tiny_llm_feeds(rng)
-    settings = Settings("rtn", Grid(32), True, "matmulnbits", 0, 64, lambda name: True)
+    settings = Settings("rtn", Grid(32), True, lowering, 0, 64, lambda name: True)
     monkeypatch.setattr(spill, "MIN_BYTES", 1024)
     packed_at_finish, finish = [], LayerRewrite.finish
 
     def recorded(self):
-        packed = [t for t in self.model.graph.initializer if t.name.endswith(".B") and np.prod(t.dims) >= 1024]
+        packed = [t for t in self.model.graph.initializer if t.name.endswith(suffix)
+                  and (source_weights.reference_bytes(t) or len(t.raw_data)) >= 1024]
         packed_at_finish.append(sorted({source_weights.is_reference(t) for t in packed}))
         return finish(self)
     monkeypatch.setattr(LayerRewrite, "finish", recorded)
