@@ -20,7 +20,7 @@ import onnx
 from onnx import TensorProto, helper, numpy_helper
 
 from mmtrt.errors import UserError
-from mmtrt.ir import source_weights
+from mmtrt.ir import source_weights, spill
 from mmtrt.ir.rewrite import import_domain
 from mmtrt.quant.linears import find_linears
 
@@ -54,6 +54,7 @@ def int8_weight_linears(model: onnx.ModelProto, component: str, select: Callable
         w = source_weights.array(tensor)
         q, scales = quantize_columns(w)
         weight = numpy_helper.from_array(q, f"{lin.name}.int8_weight")
+        spill.made(model, weight)
         scale = numpy_helper.from_array(scales.astype(w.dtype), f"{lin.name}.int8_scale")
         if activations == "per_token":
             first = lin.input not in rows

@@ -116,3 +116,29 @@ def test_quantized_activations_give_the_integer_product_of_the_quantized_input(r
     want = _int8_linear(hidden, quantized, w2).reshape(got.shape)
     np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max())
     assert not np.allclose(got, np.maximum(x @ w1, 0) @ w2, rtol=1e-4, atol=1e-4 * np.abs(want).max())
+
+
+def test_int8_weights_join_the_graph_in_the_scratch_file_under_as_made(rng, tmp_path, monkeypatch):
+    """Where no later pass lists the component (`spill.as_made`), each int8 weight joins the graph as a reference to
+    the scratch file as it is made, not at the end of the pass; the graph is the same bytes."""
+    from onnx import TensorProto, helper
+
+    from builders import make_model
+    from mmtrt.ir import source_weights, spill
+    from mmtrt.quant.int8_weights import int8_weight_linears
+
+    monkeypatch.setattr(spill, "MIN_BYTES", 1024)
+    weights = [("w1", rng.normal(size=(48, 64)).astype(np.float32)), ("w2", rng.normal(size=(64, 32)).astype(np.float32))]
+
+    def quantized(as_made: bool):
+        model = make_model([helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("MatMul", ["h", "w2"], ["y"])],
+                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 48])],
+                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], weights)
+        with source_weights.kept(), spill.scratch(tmp_path), spill.as_made([model] if as_made else []):
+            int8_weight_linears(model, "vision", lambda name: True, "dynamic")
+            moved = sorted(t.name for t in model.graph.initializer if source_weights.is_reference(t))
+            source_weights.materialize(model)
+        return moved, model.SerializeToString()
+
+    (moved, made), (kept, whole) = quantized(True), quantized(False)
+    assert moved == ["vision.linear.0.int8_weight", "vision.linear.1.int8_weight"] and kept == [] and made == whole
