@@ -56,6 +56,13 @@ def float_twin(folder: Path, out: Path, dense: dict[str, np.ndarray] | None = No
     return out
 
 
+def placeholder_ids(model) -> set[int]:
+    """Token ids that transformers reads as the image's wherever they stand: an answer holding one cannot be fed
+    after the prompt (a random-weight model may emit them)."""
+    names = ("image_token_id", "image_token_index", "video_token_id", "vision_start_token_id")
+    return {getattr(model.config, n) for n in names if getattr(model.config, n, None) is not None}
+
+
 def hf_answer_agreement(model, processor, image, prompt: str, answer: list[int]) -> tuple[int, int]:
     """(positions where transformers' argmax is `answer`'s token, positions), `answer` fed after the prompt."""
     inputs = hf_inputs(processor, image, prompt)
