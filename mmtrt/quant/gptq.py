@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from mmtrt.quant.cholesky import inverse_upper_factor
 from mmtrt.quant.int4 import Grid, quantize_columns
 
 DAMP = 0.01
@@ -40,7 +41,7 @@ def gptq_quantize(w: np.ndarray, hessian: np.ndarray, grid: Grid,
     if act_order:
         return _static_groups(w, h, grid)
     n, k = w.shape
-    u = np.linalg.cholesky(np.linalg.inv(h)).T  # H^-1 = U^T U
+    u = inverse_upper_factor(h)  # H^-1 = U^T U
     q = np.zeros((n, k), np.int8)
     scales, zero_points = [], []
     for start in range(0, k, grid.group):
@@ -64,7 +65,7 @@ def _static_groups(w: np.ndarray, h: np.ndarray, grid: Grid) -> tuple[np.ndarray
     scale, the error moved onto the columns after it in that order."""
     _, scales, zero_points = grid.quantize(w.astype(np.float32))
     order = np.argsort(-np.diag(h), kind="stable")
-    u = np.linalg.cholesky(np.linalg.inv(h[np.ix_(order, order)])).T
+    u = inverse_upper_factor(h[np.ix_(order, order)])
     w = w[:, order]
     q = np.zeros(w.shape, np.int8)
     for start in range(0, w.shape[1], grid.group):

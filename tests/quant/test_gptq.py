@@ -5,6 +5,7 @@ damps H, is as close to the float output as the already rounded columns allow), 
 import numpy as np
 import pytest
 
+from mmtrt.quant.cholesky import inverse_upper_factor
 from mmtrt.quant.gptq import DAMP, gptq_quantize, output_error
 from mmtrt.quant.int4 import Grid, dequantize_groups
 
@@ -104,3 +105,19 @@ def test_act_order_matches_the_least_squares_recurrence_with_static_groups(rng):
     assert zp is None
     natural = dequantize_groups(*gptq_quantize(w, x.T @ x, grid), grid.group)
     assert not np.array_equal(dequantize_groups(q, scales, zp, grid.group), natural)  # the order changed something
+
+
+def test_the_inverse_hessians_factor_is_numpys_computed_in_the_hessians_memory(rng):
+    """U with H^-1 = U^T U, written into the damped Hessian's own memory, equals numpy's cholesky(inv(H)).T; a
+    matrix that is not positive definite raises as numpy's did."""
+    k = 300
+    x = rng.normal(size=(k + 40, k)) * rng.uniform(0.1, 3, size=k)
+    h = x.T @ x
+    want = np.linalg.cholesky(np.linalg.inv(h)).T
+    held = h.copy()
+    u = inverse_upper_factor(held)
+    assert np.shares_memory(u, held) and np.array_equal(np.tril(u, -1), np.zeros_like(u))
+    np.testing.assert_allclose(u, want, rtol=0, atol=1e-12 * np.abs(want).max())
+    few = rng.normal(size=(50, k))
+    with pytest.raises(np.linalg.LinAlgError):
+        inverse_upper_factor(few.T @ few - np.eye(k))
