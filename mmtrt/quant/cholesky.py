@@ -3,8 +3,8 @@
 numpy's `cholesky` of a float32 matrix computes in float64 and holds two float64 copies besides its input: for a
 Llama-2-7B down projection's 11,008 input channels, 1.9 GB above the Gram matrix, the peak of an INT4 compile.
 Here the float64 Gram matrix is rounded to float32 values in place (what numpy would factor) and LAPACK's dpotrf
-factors it where it is, so the factor costs its float32 result alone. GPTQ's factor of the inverse Hessian is computed the same way, in the
-damped Hessian's memory.
+factors it where it is, so the factor costs its float32 result alone. GPTQ's factor of the inverse Hessian is
+computed in the damped Hessian's memory the same way.
 """
 
 from __future__ import annotations
@@ -51,8 +51,8 @@ def _mirror_upper(gram: np.ndarray, diagonal: np.ndarray) -> None:
 def inverse_upper_factor(h: np.ndarray) -> np.ndarray:
     """U upper triangular with H^-1 = U^T U, for the symmetric positive definite float64 `h`, which this takes over
     (U is written into it): H's Cholesky factor, the inverse from it (LAPACK dpotri) and that inverse's factor, as
-    GPTQ's reference implementation computes it, each in place. numpy's inv and then cholesky held four float64
-    copies of a 7B down projection's 11,008 x 11,008 matrix (0.97 GB each) at once."""
+    GPTQ's reference implementation computes it, each in place. numpy's inv and then cholesky held three float64
+    copies besides a 7B down projection's 11,008 x 11,008 matrix (2.95 GB above its 0.97 GB)."""
     a = h.T  # Fortran-ordered: LAPACK works on its lower triangle in place, and U = L^T is it read as C-ordered
     for step in (lambda m: lapack.dpotrf(m, lower=1, clean=0, overwrite_a=1),
                  lambda m: lapack.dpotri(m, lower=1, overwrite_c=1),

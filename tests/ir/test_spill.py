@@ -113,4 +113,5 @@ def test_a_compile_moving_its_int4_weights_writes_the_same_bundle(tmp_path, monk
     moved = compile_to(tmp_path, INT4_RECIPE, "moved.bundle")
     assert manifest_digest(moved) == manifest_digest(kept)
     assert sum(packed) > 0
-    assert any(n.op_type == "DequantizeLinear" for n in onnx.load(moved / "llm.onnx", load_external_data=False).graph.node)
+    graph = onnx.load(moved / "llm.onnx", load_external_data=False).graph
+    assert any(n.op_type == "DequantizeLinear" for n in graph.node)

@@ -128,11 +128,11 @@ def test_int8_weights_join_the_graph_in_the_scratch_file_under_as_made(rng, tmp_
     from mmtrt.quant.int8_weights import int8_weight_linears
 
     monkeypatch.setattr(spill, "MIN_BYTES", 1024)
-    weights = [("w1", rng.normal(size=(48, 64)).astype(np.float32)), ("w2", rng.normal(size=(64, 32)).astype(np.float32))]
+    weights = [(f"w{i}", rng.normal(size=shape).astype(np.float32)) for i, shape in ((1, (48, 64)), (2, (64, 32)))]
 
     def quantized(as_made: bool):
-        model = make_model([helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("MatMul", ["h", "w2"], ["y"])],
-                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 48])],
+        nodes = [helper.make_node("MatMul", ["x", "w1"], ["h"]), helper.make_node("MatMul", ["h", "w2"], ["y"])]
+        model = make_model(nodes, [helper.make_tensor_value_info("x", TensorProto.FLOAT, [None, 48])],
                            [helper.make_tensor_value_info("y", TensorProto.FLOAT, None)], weights)
         with source_weights.kept(), spill.scratch(tmp_path), spill.as_made([model] if as_made else []):
             int8_weight_linears(model, "vision", lambda name: True, "dynamic")
