@@ -14,7 +14,9 @@ import time
 
 import numpy as np
 
-FORMS = {"numpy inv + cholesky": "np.linalg.cholesky(np.linalg.inv(h)).T", "in place": "inverse_upper_factor(h)"}
+from mmtrt.quant.cholesky import inverse_upper_factor
+
+FORMS = {"numpy inv + cholesky": lambda h: np.linalg.cholesky(np.linalg.inv(h)).T, "in place": inverse_upper_factor}
 
 
 def _hessian(width: int, band: int = 256) -> np.ndarray:
@@ -32,11 +34,10 @@ def _hessian(width: int, band: int = 256) -> np.ndarray:
 
 def one(form: str, width: int) -> tuple[float, float]:
     """(peak resident GB above the damped Hessian's, seconds) of one factor in this interpreter."""
-    from mmtrt.quant.cholesky import inverse_upper_factor  # noqa: F401 (the form's expression names it)
     h = _hessian(width)
     base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
     start = time.perf_counter()
-    u = eval(FORMS[form])
+    u = FORMS[form](h)
     seconds = time.perf_counter() - start
     assert u.shape == (width, width)
     return (resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - base) / 1e9, seconds

@@ -136,7 +136,7 @@ def _move(held: _Scratch, tensor: onnx.TensorProto) -> int:
         return 0
     if len(raw) == count * dtype.itemsize:
         shape = tuple(tensor.dims)
-    elif len(raw) == -(-count * PACKED_BITS.get(tensor.data_type, 8) // 8):
+    elif tensor.data_type in PACKED_BITS and len(raw) == -(-count * PACKED_BITS[tensor.data_type] // 8):
         dtype, shape = np.dtype(np.uint8), (len(raw),)  # several values a byte: kept as the tensor's bytes
     else:
         return 0
