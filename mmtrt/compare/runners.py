@@ -2,12 +2,11 @@
 matching one, or the bundle's chain of segments) or of the PyTorch source the bundle was compiled from.
 
 The source model is held in its checkpoint's dtype, as the compiler holds it, and a partition's modules are
-widened to float32 only while its runner is active (exactly: every bfloat16 or float16 is a float32): a
-Qwen2-VL-2B reference then never holds more than its LLM in float32, instead of the whole model."""
+widened to float32 only while its runner is active, each decoder or encoder layer only while it runs (exactly:
+every bfloat16 or float16 is a float32): a 7B reference holds one layer in float32 beside its bfloat16 model."""
 
 from __future__ import annotations
 
-import itertools
 import time
 from collections import OrderedDict
 from functools import partial
@@ -20,6 +19,7 @@ from polygraphy.common import TensorMetadata
 
 from mmtrt.compare import kv_layouts, qwen2_vl
 from mmtrt.compare.inputs import NUMPY
+from mmtrt.compare.widening import LayerWidening
 from mmtrt.ir.logits import LOGITS_FROM
 from mmtrt.runtime.executors import component_runner
 
@@ -131,32 +131,19 @@ class TorchPartition:
 
 
 class TorchRunner(FunctionRunner):
-    """A partition of the source model, its `modules` widened to float32 while active, their own tensors back
-    after; the file pages under a widened checkpoint tensor are handed back meanwhile."""
+    """A partition of the source model in float32 while active, a layer at a time (compare/widening.py)."""
 
     def __init__(self, make: Callable[[], Any], modules: list, inputs: list[dict[str, Any]], name: str):
         super().__init__(make, inputs, name)
-        self._modules = modules
-        self._own: list[tuple[Any, Any]] = []
+        self._widening = LayerWidening(modules)
 
     def activate_impl(self):
-        import torch
-
-        from mmtrt.ir.resident import release
-
-        tensors = itertools.chain(*(itertools.chain(m.parameters(), m.buffers()) for m in self._modules))
-        for t in {id(t): t for t in tensors if t.is_floating_point() and t.dtype != torch.float32}.values():
-            own = t.data
-            t.data = own.float()
-            release(own)
-            self._own.append((t, own))
+        self._widening.widen()
         super().activate_impl()
 
     def deactivate_impl(self):
         super().deactivate_impl()
-        for t, data in self._own:
-            t.data = data
-        self._own.clear()
+        self._widening.narrow()
 
 
 TORCH = "pytorch (cpu, fp32)"
