@@ -35,8 +35,10 @@ def _eval(args) -> int:
 
 def _parity(args) -> dict:
     """The PyTorch side first, its logits kept in files, then the bundle: the two models are never loaded together
-    (a 2B model's float32 twins do not fit 24 GB)."""
+    (a 2B model's float32 twins do not fit 24 GB). The source is held in its checkpoint's dtype and computes in
+    float32, a layer at a time where the whole model in float32 would not fit (a 7B one on 24 GB)."""
     from mmtrt.bundle.manifest import image_side, read_manifest
+    from mmtrt.compare.widening import in_float32
     from mmtrt.eval.parity import parity_references
     from mmtrt.eval.source import source_model
     from mmtrt.eval.suites import run_suite, suite_limit
@@ -45,9 +47,11 @@ def _parity(args) -> dict:
 
     manifest = read_manifest(args.bundle)
     limit = suite_limit("parity", args.limit)
+    source = source_model(manifest, args.source_model, own_dtype=True)
     with tempfile.TemporaryDirectory(prefix="mmtrt-parity-") as folder:
-        references = parity_references(source_model(manifest, args.source_model), image_side(manifest), limit,
-                                       Path(folder))
+        with in_float32(source[0]):
+            references = parity_references(source, image_side(manifest), limit, Path(folder))
+        del source
         gc.collect()
         give_back_freed_memory()
         return run_suite(load(args.bundle, threads=args.threads), "parity", limit, references=references)

@@ -9,24 +9,46 @@ outputs are those of the model widened whole."""
 from __future__ import annotations
 
 import itertools
-from typing import Any, Iterable
+from contextlib import contextmanager
+from typing import Any, Iterable, Iterator
 
 import torch
 
 from mmtrt.ir.resident import release
 
 
-class LayerWidening:
-    """Widen `modules` for a runner's activation, their layers each only while it runs; `narrow()` undoes all."""
+@contextmanager
+def in_float32(model: torch.nn.Module, available: int | None = None) -> Iterator[None]:
+    """`model` in float32 for the block: whole where that takes at most half the memory this host has available
+    (a generating model widens each layer once, not once a token), else a layer at a time."""
+    import psutil
 
-    def __init__(self, modules: list[torch.nn.Module]):
+    available = psutil.virtual_memory().available if available is None else available
+    widening = LayerWidening([model], by_layer=2 * float32_bytes(model) > available)
+    widening.widen()
+    try:
+        yield
+    finally:
+        widening.narrow()
+
+
+def float32_bytes(model: torch.nn.Module) -> int:
+    return 4 * sum(t.numel() for t in _tensors([model]) if t.is_floating_point())
+
+
+class LayerWidening:
+    """Widen `modules` for a runner's activation, their layers each only while it runs (`by_layer`, the default,
+    else all at once); `narrow()` undoes all."""
+
+    def __init__(self, modules: list[torch.nn.Module], by_layer: bool = True):
         self._modules = modules
+        self._by_layer = by_layer
         self._whole: list[tuple[torch.Tensor, torch.Tensor]] = []
         self._running: dict[int, list[tuple[torch.Tensor, torch.Tensor]]] = {}
         self._hooks: list[Any] = []
 
     def widen(self) -> None:
-        layers = list(_layers(self._modules))
+        layers = list(_layers(self._modules)) if self._by_layer else []
         self._whole = _widen(_outside(self._modules, layers))
         for layer in layers:
             self._hooks.append(layer.register_forward_pre_hook(self._enter))
