@@ -101,18 +101,19 @@ def smoothing_scales(x_max: np.ndarray, w: np.ndarray, alpha: float) -> np.ndarr
 
 
 def prefill_graph(model: onnx.ModelProto, select: Callable[[str], bool], x_max: dict[str, np.ndarray] | None,
-                  alpha: float | None, float_channels: Callable[[str], int] = lambda name: 0
-                  ) -> tuple[onnx.ModelProto, dict]:
+                  alpha: float | None, float_channels: Callable[[str], int] = lambda name: 0,
+                  made: Callable[[onnx.TensorProto], None] = lambda tensor: None) -> tuple[onnx.ModelProto, dict]:
     """A copy of `model` whose selected INT4 units are per-token int8 products (smoothed by `alpha` on the channel
     maxima `x_max` of each unit's input, unless it is None), each with its `float_channels(name)` input channels of
-    the largest maxima kept out of the int8 product in a float32 one; and its report."""
+    the largest maxima kept out of the int8 product in a float32 one; and its report. Each int8 weight is handed
+    to `made` as it is made (`spill.made`: out of memory until the bundle is written)."""
     out = onnx.ModelProto()  # the weights of the units it replaces are never copied
     copy_fields(model, out, skip="graph")
     copy_fields(model.graph, out.graph, skip="initializer")
     graph = out.graph
     inits = {t.name: t for t in model.graph.initializer}
     chosen = [u for u in int4_units(model) if select(u.name)]
-    replaced, new, quantized_inputs, floats = {}, [], {}, {}
+    replaced, new, quantized_inputs, floats, moved = {}, [], {}, {}, 0
     for unit in chosen:
         w = effective_weight(unit, inits)
         keep = outlier_channels(x_max, unit.input, float_channels(unit.name))
@@ -130,6 +131,10 @@ def prefill_graph(model: onnx.ModelProto, select: Callable[[str], bool], x_max: 
         q, scales = quantize_columns(w)
         new += [numpy_helper.from_array(q, f"{unit.name}.prefill_int8"),
                 numpy_helper.from_array(scales, f"{unit.name}.prefill_scale")]
+        del q, w
+        size = new[-2].ByteSize()
+        made(new[-2])
+        moved += size - new[-2].ByteSize()
         target = replace(unit, output=f"{unit.name}.int8_part") if keep.size else unit
         matmul = per_token_matmul(target, f"{unit.name}.prefill_int8", f"{unit.name}.prefill_scale", codes, x_scale)
         if keep.size:
@@ -145,7 +150,7 @@ def prefill_graph(model: onnx.ModelProto, select: Callable[[str], bool], x_max: 
     graph.initializer.extend(t for t in model.graph.initializer if t.name in read)
     report = {"linears": [u.name for u in chosen], "smoothing": alpha,
               "float_channels": {name: len(keep) for name, keep in floats.items()},
-              "added_bytes": int(sum(t.ByteSize() for t in new))}
+              "added_bytes": int(sum(t.ByteSize() for t in new)) + moved}
     new += [numpy_helper.from_array(v, k) for k, v in PER_TOKEN_CONSTANTS.items() if k not in inits]
     new.reverse()
     while new:  # each copied into the graph and dropped, never all of them twice

@@ -12,12 +12,14 @@ rewrites the LLM, since it copies the graph they made.
 from __future__ import annotations
 
 import fnmatch
+from functools import partial
 from typing import Any, Callable
 
 import numpy as np
 import onnx
 
 from mmtrt.errors import UserError
+from mmtrt.ir import spill
 from mmtrt.ir.graph import Component, ModelIR
 from mmtrt.ir.logits import LOGITS_FROM
 from mmtrt.pipeline.pass_base import Pass
@@ -54,7 +56,8 @@ class Int8Prefill(Pass):
             raise UserError("int8_prefill found no INT4 linears to run in int8 (it reads awq_int4's MatMulNBits); put "
                             "awq_int4 before it, or check its exclude patterns")
         x_max, alpha, search = self._smoothing(ir, sorted({u.input for u in units}))
-        graph, report = prefill_graph(llm.onnx, self._selected, x_max, alpha, self._float_channels)
+        graph, report = prefill_graph(llm.onnx, self._selected, x_max, alpha, self._float_channels,
+                                      partial(spill.made, llm.onnx))
         if search:  # each a's squared error in the last hidden states, over the chosen a's
             report["smoothing_search"] = {str(a): round(e / min(search.values()), 4) for a, e in search.items()}
         prefill = Component(PREFILL, [], [], metadata={"placement": dict(ON_ONNXRUNTIME)})
