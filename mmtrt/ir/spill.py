@@ -91,7 +91,8 @@ def as_made(models: list[onnx.ModelProto]):
     """For the duration (a pass after which no pass lists these graphs' components), `made` moves the weights made
     for these graphs to the scratch file before they join them: awq_int4's INT4 weights (0.1 GB a 7B layer, as
     MatMulNBits or as DequantizeLinear's packed int4) otherwise stay resident from the layer that rounds them to the
-    end of the pass, and int8_weights' int8 ones from their linear's rounding."""
+    end of the pass, int8_weights' int8 ones from their linear's rounding, and int8_prefill's int8 copy of the LLM
+    until its whole prompt graph is made."""
     token = _as_made.set(tuple(models))
     try:
         yield
