@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 import tempfile
@@ -12,6 +13,7 @@ from mmtrt.terminal import show
 
 
 def _eval(args) -> int:
+    from mmtrt.compare.widening import in_float32
     from mmtrt.eval.options import cli_options
     from mmtrt.eval.suites import run_suite
     from mmtrt.eval.source import source_model
@@ -21,9 +23,11 @@ def _eval(args) -> int:
         out = _parity(args)
     else:
         pipe = load(args.bundle, threads=args.threads)
-        source = source_model(pipe.manifest, args.source_model) if args.suite == "agreement" else None
+        agreement = args.suite == "agreement"
+        source = source_model(pipe.manifest, args.source_model, own_dtype=True) if agreement else None
         options = cli_options(args.suite, args.data, args.scorer, args.tolerance, args.max_new_tokens, source)
-        out = run_suite(pipe, args.suite, args.limit, text_file=args.text, **options)
+        with in_float32(source[0]) if agreement else contextlib.nullcontext():
+            out = run_suite(pipe, args.suite, args.limit, text_file=args.text, **options)
     if args.json:
         print(json.dumps(out))
     else:

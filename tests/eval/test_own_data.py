@@ -187,3 +187,14 @@ def test_agreement_equals_transformers_between_two_models(tiny_bundle, rng):
     assert got["metrics"]["top1_agreement_pct"] == pytest.approx(100 * agree / positions, abs=100 / positions + 1e-9)
     assert got["metrics"]["mean_kl"] == pytest.approx(kl / positions, rel=1e-3)
     assert kl > 0
+
+
+def test_eval_agreement_on_a_lossless_bundle_agrees_with_its_source(tiny_bundle, tmp_path, capsys):
+    """`mmtrt eval --suite agreement`: the source in its own dtype, computing in float32 (compare/widening.py),
+    agrees with its lossless bundle on every position."""
+    (tmp_path / "prompts.txt").write_text("\n".join(PROMPTS) + "\n")
+    assert main(["eval", str(tiny_bundle), "--suite", "agreement", "--data", str(tmp_path / "prompts.txt"),
+                 "--max-new-tokens", "6", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert out["samples"]["prompts"] == 2 and out["metrics"]["top1_agreement_pct"] == 100.0
+    assert out["metrics"]["mean_kl"] < 1e-6
