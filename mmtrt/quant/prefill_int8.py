@@ -129,12 +129,10 @@ def prefill_graph(model: onnx.ModelProto, select: Callable[[str], bool], x_max: 
         first = x not in quantized_inputs
         nodes, codes, x_scale = quantized_inputs.setdefault(x, per_token_input(x))
         q, scales = quantize_columns(w)
-        new += [numpy_helper.from_array(q, f"{unit.name}.prefill_int8"),
-                numpy_helper.from_array(scales, f"{unit.name}.prefill_scale")]
+        weight, lent = _made_weight(q, f"{unit.name}.prefill_int8", made)
+        new += [weight, numpy_helper.from_array(scales, f"{unit.name}.prefill_scale")]
+        moved += lent
         del q, w
-        size = new[-2].ByteSize()
-        made(new[-2])
-        moved += size - new[-2].ByteSize()
         target = replace(unit, output=f"{unit.name}.int8_part") if keep.size else unit
         matmul = per_token_matmul(target, f"{unit.name}.prefill_int8", f"{unit.name}.prefill_scale", codes, x_scale)
         if keep.size:
@@ -156,6 +154,21 @@ def prefill_graph(model: onnx.ModelProto, select: Callable[[str], bool], x_max: 
     while new:  # each copied into the graph and dropped, never all of them twice
         graph.initializer.add().CopyFrom(new.pop())
     return out, report
+
+
+def _made_weight(array: np.ndarray, name: str, made: Callable[[onnx.TensorProto], None]
+                 ) -> tuple[onnx.TensorProto, int]:
+    """`array` as an initializer handed to `made`, and the bytes it moved out of memory. A moved tensor comes back
+    as a fresh message: protobuf's upb runtime keeps a cleared field's bytes in the message's arena until the
+    message is gone, and the graph's tensors wait in a list until the whole graph is made."""
+    tensor = numpy_helper.from_array(array, name)
+    size = tensor.ByteSize()
+    made(tensor)
+    if tensor.ByteSize() == size:
+        return tensor, 0
+    fresh = onnx.TensorProto()
+    fresh.CopyFrom(tensor)
+    return fresh, size - fresh.ByteSize()
 
 
 def outlier_channels(x_max: dict[str, np.ndarray] | None, x: str, count: int) -> np.ndarray:
