@@ -89,8 +89,12 @@ def round_linear(lin: Linear, weight: Callable[[slice | None], np.ndarray], dtyp
         q, scales, zp = (gptq_quantize(w, hessian, settings.grid, settings.act_order) if settings.method in GPTQ
                          else settings.grid.quantize(w, clip))
         if hessian is not None:
-            final = dequantize_groups(q, scales, zp, settings.grid.group)
-            error = {"rtn": sig(output_error(w, settings.grid.fake(w), hessian)),
+            grid = settings.grid
+
+            def final(rows: slice) -> np.ndarray:
+                return dequantize_groups(q[rows], scales[rows], None if zp is None else zp[rows], grid.group)
+
+            error = {"rtn": sig(output_error(w, lambda rows: grid.fake(w[rows]), hessian)),
                      "final": sig(output_error(w, final, hessian))}
     else:
         q, scales, zp = settings.grid.quantize_rows_of(lambda rows: weight(rows).T, (lin.n, lin.k), clip)

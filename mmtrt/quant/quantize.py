@@ -174,8 +174,14 @@ def _search(model, index, group: Group, ws: list[np.ndarray], stats: GroupStats,
     if settings.method in GPTQ:  # GPTQ rounds at lowering: its error is in the report's own_output_rel_mse
         report["final_rel_mse"] = report["scaled_rel_mse"]
         report["rounding"] = "gptq"
-    hessian = None
-    if settings.needs_hessian:
-        inv = 1.0 / result.scale.astype(np.float64)
-        hessian = gram * inv[:, None] * inv[None, :]
-    return GroupPlan(result.scale, clips, hessian), report
+    del loss  # its own factor of the Gram matrix, before the Hessian is made
+    return GroupPlan(result.scale, clips, None if gram is None else _scaled_hessian(gram, result.scale)), report
+
+
+def _scaled_hessian(gram: np.ndarray, scale: np.ndarray) -> np.ndarray:
+    """The Hessian of the scaled weights, S^-1 G S^-1, in the Gram matrix's own memory: at a 7B down projection's
+    11,008 channels each K x K copy is 0.97 GB."""
+    inv = 1.0 / scale.astype(np.float64)
+    gram *= inv[:, None]
+    gram *= inv[None, :]
+    return gram

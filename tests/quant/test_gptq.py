@@ -47,7 +47,22 @@ def test_gptq_matches_the_least_squares_recurrence_and_beats_rtn(rng, symmetric)
     np.testing.assert_array_equal(q, _reference(w, x, grid))
     gptq = dequantize_groups(q, scales, zp, grid.group)
     rtn = grid.fake(w)
-    assert output_error(w, gptq, x.T @ x) < 0.8 * output_error(w, rtn, x.T @ x)
+    assert output_error(w, gptq.__getitem__, x.T @ x) < 0.8 * output_error(w, rtn.__getitem__, x.T @ x)
+
+
+def test_the_output_error_a_block_of_rows_at_a_time_is_the_whole_weights(rng, monkeypatch):
+    """Summed over blocks of output channels (a 7B lm_head's float64 products were 3 GB at once), the relative
+    output error is ||X (W_hat - W)^T||^2 / ||X W^T||^2 computed on the captured inputs themselves."""
+    from mmtrt.quant import int4
+
+    monkeypatch.setattr(int4, "ROW_BLOCK_ELEMENTS", 3 * 40)
+    x = rng.normal(size=(300, 40))
+    w = rng.normal(size=(17, 40)).astype(np.float32)
+    w_hat = Grid(8).fake(w)
+    asked = []
+    got = output_error(w, lambda rows: asked.append(rows) or w_hat[rows], x.T @ x)
+    want = np.square(x @ (w_hat - w).T.astype(np.float64)).sum() / np.square(x @ w.T.astype(np.float64)).sum()
+    assert len(asked) == 6 and np.isclose(got, want, rtol=1e-10, atol=0)
 
 
 def test_one_column_left_takes_the_closed_form_update(rng):
