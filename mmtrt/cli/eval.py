@@ -13,7 +13,7 @@ from mmtrt.terminal import show
 
 
 def _eval(args) -> int:
-    from mmtrt.compare.widening import in_float32
+    from mmtrt.ir.source_float32 import in_float32
     from mmtrt.eval.options import cli_options
     from mmtrt.eval.suites import run_suite
     from mmtrt.eval.source import source_model
@@ -42,7 +42,7 @@ def _parity(args) -> dict:
     (a 2B model's float32 twins do not fit 24 GB). The source is held in its checkpoint's dtype and computes in
     float32, a layer at a time where the whole model in float32 would not fit (a 7B one on 24 GB)."""
     from mmtrt.bundle.manifest import image_side, read_manifest
-    from mmtrt.compare.widening import in_float32
+    from mmtrt.ir.source_float32 import in_float32
     from mmtrt.eval.parity import parity_references
     from mmtrt.eval.source import source_model
     from mmtrt.eval.suites import run_suite, suite_limit

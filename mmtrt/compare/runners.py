@@ -19,7 +19,7 @@ from polygraphy.common import TensorMetadata
 
 from mmtrt.compare import kv_layouts, qwen2_vl
 from mmtrt.compare.inputs import NUMPY
-from mmtrt.compare.widening import LayerWidening
+from mmtrt.ir.source_float32 import LayerWidening
 from mmtrt.ir.logits import LOGITS_FROM
 from mmtrt.runtime.executors import component_runner
 
@@ -131,7 +131,7 @@ class TorchPartition:
 
 
 class TorchRunner(FunctionRunner):
-    """A partition of the source model in float32 while active, a layer at a time (compare/widening.py)."""
+    """A partition of the source model in float32 while active, a layer at a time (ir/source_float32.py)."""
 
     def __init__(self, make: Callable[[], Any], modules: list, inputs: list[dict[str, Any]], name: str):
         super().__init__(make, inputs, name)

@@ -190,7 +190,7 @@ def test_agreement_equals_transformers_between_two_models(tiny_bundle, rng):
 
 
 def test_eval_agreement_on_a_lossless_bundle_agrees_with_its_source(tiny_bundle, tmp_path, capsys):
-    """`mmtrt eval --suite agreement`: the source in its own dtype, computing in float32 (compare/widening.py),
+    """`mmtrt eval --suite agreement`: the source in its own dtype, computing in float32 (ir/source_float32.py),
     agrees with its lossless bundle on every position."""
     (tmp_path / "prompts.txt").write_text("\n".join(PROMPTS) + "\n")
     assert main(["eval", str(tiny_bundle), "--suite", "agreement", "--data", str(tmp_path / "prompts.txt"),

@@ -8,7 +8,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 
 from mmtrt.compare.runners import TorchRunner
-from mmtrt.compare.widening import in_float32
+from mmtrt.ir.source_float32 import in_float32
 
 
 def _float32_layers(model) -> list[int]:

@@ -1,10 +1,11 @@
-"""The PyTorch source in float32 only where it runs: a 7B LLM held in bfloat16 is 13.5 GB, widened whole 27 GB,
-more than a 24 GB host has; widened a decoder layer at a time it adds one layer's 0.8 GB.
+"""The PyTorch source in float32 only where it runs: `compare` and `eval` hold it in its checkpoint's dtype, and a
+7B LLM held in bfloat16 is 13.5 GB, widened whole 27 GB, more than a 24 GB host has; widened a decoder layer at a
+time it adds one layer's 0.8 GB.
 
 Each child of a module's outermost ModuleLists (a decoder or encoder layer) is widened by a hook as it is called
 and handed its own tensors back when it returns; every other tensor (embeddings, norms, heads) is widened for as
-long as the partition's runner is active. Widening is exact (every bfloat16 or float16 is a float32), so the
-outputs are those of the model widened whole."""
+long as the block or the partition's runner lasts. Widening is exact (every bfloat16 or float16 is a float32), so
+the outputs are those of the model widened whole."""
 
 from __future__ import annotations
 
