@@ -36,14 +36,29 @@ def damped(hessian: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 def gptq_quantize(w: np.ndarray, hessian: np.ndarray, grid: Grid,
                   act_order: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """INT4 of `w` [N, K] with error compensation under `hessian` [K, K]: (q, scales, zero points) as
-    `Grid.quantize` returns them."""
-    w = np.array(w, np.float64)
+    `Grid.quantize` returns them. Each output channel's recurrence is its own, so the rows go a block at a time
+    (`row_blocks`): a 32,000 x 4,096 lm_head in float64 is 1 GB."""
     h, dead = damped(hessian)
-    w[:, dead] = 0
     if act_order:
+        w = np.array(w, np.float64)
+        w[:, dead] = 0
         return _static_groups(w, h, grid)
-    n, k = w.shape
     u = inverse_upper_factor(h)  # H^-1 = U^T U
+    q = np.empty(w.shape, np.int8)
+    scales, zero_points = [], []
+    for rows in row_blocks(*w.shape):
+        block = np.array(w[rows], np.float64)
+        block[:, dead] = 0
+        q[rows], s, z = _compensated(block, u, grid)
+        scales.append(s)
+        zero_points.append(z)
+    zp = None if zero_points[0] is None else np.concatenate(zero_points)
+    return q, np.concatenate(scales), zp
+
+
+def _compensated(w: np.ndarray, u: np.ndarray, grid: Grid) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """GPTQ's recurrence on the rows `w` (float64, changed in place) in natural column order."""
+    n, k = w.shape
     q = np.zeros((n, k), np.int8)
     scales, zero_points = [], []
     for start in range(0, k, grid.group):

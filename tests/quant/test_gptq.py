@@ -7,6 +7,7 @@ import pytest
 
 from mmtrt.quant.cholesky import inverse_upper_factor
 from mmtrt.quant.gptq import DAMP, gptq_quantize, output_error
+from mmtrt.quant import int4
 from mmtrt.quant.int4 import Grid, dequantize_groups
 
 
@@ -36,9 +37,14 @@ def _reference(w: np.ndarray, x: np.ndarray, grid: Grid) -> np.ndarray:
     return q
 
 
+@pytest.mark.parametrize("rows_a_block", [None, 5])
 @pytest.mark.parametrize("symmetric", [True, False])
-def test_gptq_matches_the_least_squares_recurrence_and_beats_rtn(rng, symmetric):
+def test_gptq_matches_the_least_squares_recurrence_and_beats_rtn(rng, symmetric, rows_a_block, monkeypatch):
+    """Whole, or a block of 5 output channels at a time (as a wide lm_head goes): each row's recurrence is its
+    own."""
     n, k, tokens = 12, 48, 200
+    if rows_a_block:
+        monkeypatch.setattr(int4, "ROW_BLOCK_ELEMENTS", rows_a_block * k)
     grid = Grid(16, symmetric)
     # correlated inputs with uneven channel scales, as activations are: compensation has something to use
     x = rng.normal(size=(tokens, k)) @ rng.normal(size=(k, k)) * rng.uniform(0.2, 3, size=k)
@@ -53,8 +59,6 @@ def test_gptq_matches_the_least_squares_recurrence_and_beats_rtn(rng, symmetric)
 def test_the_output_error_a_block_of_rows_at_a_time_is_the_whole_weights(rng, monkeypatch):
     """Summed over blocks of output channels (a 7B lm_head's float64 products were 3 GB at once), the relative
     output error is ||X (W_hat - W)^T||^2 / ||X W^T||^2 computed on the captured inputs themselves."""
-    from mmtrt.quant import int4
-
     monkeypatch.setattr(int4, "ROW_BLOCK_ELEMENTS", 3 * 40)
     x = rng.normal(size=(300, 40))
     w = rng.normal(size=(17, 40)).astype(np.float32)
