@@ -37,19 +37,17 @@ def gptq_quantize(w: np.ndarray, hessian: np.ndarray, grid: Grid,
                   act_order: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
     """INT4 of `w` [N, K] with error compensation under `hessian` [K, K]: (q, scales, zero points) as
     `Grid.quantize` returns them. Each output channel's recurrence is its own, so the rows go a block at a time
-    (`row_blocks`): a 32,000 x 4,096 lm_head in float64 is 1 GB."""
+    (`row_blocks`), on one factor of H^-1: a 32,000 x 4,096 lm_head in float64 is 1 GB."""
     h, dead = damped(hessian)
-    if act_order:
-        w = np.array(w, np.float64)
-        w[:, dead] = 0
-        return _static_groups(w, h, grid)
-    u = inverse_upper_factor(h)  # H^-1 = U^T U
+    order = np.argsort(-np.diag(h), kind="stable") if act_order else None
+    u = inverse_upper_factor(h if order is None else h[np.ix_(order, order)])  # H^-1 = U^T U, in column order
+    del h
     q = np.empty(w.shape, np.int8)
     scales, zero_points = [], []
     for rows in row_blocks(*w.shape):
         block = np.array(w[rows], np.float64)
         block[:, dead] = 0
-        q[rows], s, z = _compensated(block, u, grid)
+        q[rows], s, z = _compensated(block, u, grid) if order is None else _static_groups(block, u, order, grid)
         scales.append(s)
         zero_points.append(z)
     zp = None if zero_points[0] is None else np.concatenate(zero_points)
@@ -77,12 +75,11 @@ def _compensated(w: np.ndarray, u: np.ndarray, grid: Grid) -> tuple[np.ndarray, 
     return q, np.concatenate(scales, axis=1), zp
 
 
-def _static_groups(w: np.ndarray, h: np.ndarray, grid: Grid) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
-    """Act-order GPTQ: the columns permuted by decreasing H diagonal, each rounded on its own group's up-front
-    scale, the error moved onto the columns after it in that order."""
+def _static_groups(w: np.ndarray, u: np.ndarray, order: np.ndarray,
+                   grid: Grid) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
+    """Act-order GPTQ on the rows `w`: the columns taken in `order` (decreasing H diagonal; `u` factors H^-1 in
+    that order), each rounded on its own group's up-front scale, the error moved onto the columns after it."""
     _, scales, zero_points = grid.quantize(w.astype(np.float32))
-    order = np.argsort(-np.diag(h), kind="stable")
-    u = inverse_upper_factor(h[np.ix_(order, order)])
     w = w[:, order]
     q = np.zeros(w.shape, np.int8)
     for start in range(0, w.shape[1], grid.group):

@@ -112,8 +112,11 @@ def _act_order_reference(w: np.ndarray, x: np.ndarray, grid: Grid) -> tuple[np.n
     return q, scale
 
 
-def test_act_order_matches_the_least_squares_recurrence_with_static_groups(rng):
+@pytest.mark.parametrize("rows_a_block", [None, 4])
+def test_act_order_matches_the_least_squares_recurrence_with_static_groups(rng, rows_a_block, monkeypatch):
     n, k, tokens = 10, 48, 200
+    if rows_a_block:
+        monkeypatch.setattr(int4, "ROW_BLOCK_ELEMENTS", rows_a_block * k)
     grid = Grid(16)
     x = rng.normal(size=(tokens, k)) @ rng.normal(size=(k, k)) * rng.uniform(0.2, 3, size=k)
     w = rng.normal(size=(n, k)).astype(np.float32)
